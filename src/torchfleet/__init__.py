@@ -1,0 +1,45 @@
+"""torchfleet: train PyTorch models on one device, many processes or many machines.
+
+Change ``strategy=``, ``devices=`` and ``num_nodes=``; never the model code. Public names are
+imported on first use, so ``import torchfleet`` costs little more than ``import torch``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Trainer": "torchfleet.trainer.trainer",
+    "seed_everything": "torchfleet.trainer.trainer",
+    "Module": "torchfleet.module",
+    "DataModule": "torchfleet.data",
+    "Fleet": "torchfleet.fleet",
+    "ConfigurationError": "torchfleet.errors",
+    "CheckpointError": "torchfleet.errors",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchfleet' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:
+    from torchfleet.data import DataModule
+    from torchfleet.errors import CheckpointError, ConfigurationError
+    from torchfleet.fleet import Fleet
+    from torchfleet.module import Module
+    from torchfleet.trainer.trainer import Trainer, seed_everything

@@ -1,0 +1,51 @@
+"""The Accelerator interface: one kind of hardware (cpu, cuda, mps) and how to count and pick its devices."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+
+
+class Accelerator(ABC):
+    """One kind of device. Stateless apart from configuration; a Strategy holds exactly one."""
+
+    #: registry name, e.g. "cpu", "cuda", "mps"
+    name: ClassVar[str] = ""
+
+    def setup_device(self, device: torch.device) -> None:
+        """Make ``device`` current for this process (e.g. ``torch.cuda.set_device``). Called once per rank."""
+
+    def teardown(self) -> None:
+        """Release what ``setup_device`` took (caches, handles)."""
+
+    @staticmethod
+    @abstractmethod
+    def parse_devices(devices: Any) -> int | list[int]:
+        """Turn the user's ``devices`` spec into a process count (cpu) or a list of device ids (gpus).
+
+        Raises ConfigurationError with what was given and what is accepted.
+        """
+
+    @staticmethod
+    @abstractmethod
+    def get_parallel_devices(devices: Any) -> list[torch.device]:
+        """The torch devices for the parsed ``devices`` (one per local process)."""
+
+    @staticmethod
+    @abstractmethod
+    def auto_device_count() -> int:
+        """How many devices ``devices="auto"`` means."""
+
+    @staticmethod
+    @abstractmethod
+    def is_available() -> bool:
+        """Whether this kind of device exists here. Counts devices; never initialises one."""
+
+    def get_device_stats(self, device: torch.device) -> dict[str, Any]:
+        """Memory and utilisation figures for ``device``; empty where the backend reports none."""
+        return {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

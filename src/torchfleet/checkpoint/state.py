@@ -1,0 +1,48 @@
+"""Loading state dicts with errors that name the keys and shapes that do not match."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor, nn
+
+from torchfleet.errors import CheckpointError
+
+
+def _listing(keys: list[str], limit: int = 5) -> str:
+    shown = ", ".join(repr(k) for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def state_dict_mismatch(module: nn.Module, state: Mapping[str, Any], strict: bool = True) -> str | None:
+    """Describe how ``state`` fails to fit ``module`` (missing/unexpected keys, shape changes), or None."""
+    own = module.state_dict()
+    problems = []
+    if strict:
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        if missing:
+            problems.append(f"missing from the checkpoint: {_listing(missing)}")
+        if unexpected:
+            problems.append(f"in the checkpoint but not in the model: {_listing(unexpected)}")
+    shapes = [
+        f"{k!r} (checkpoint {tuple(v.shape)}, model {tuple(own[k].shape)})"
+        for k, v in state.items()
+        if k in own and isinstance(v, Tensor) and isinstance(own[k], Tensor) and v.shape != own[k].shape
+    ]
+    if shapes:
+        problems.append("shape differs for " + ", ".join(shapes[:5]) + (" ..." if len(shapes) > 5 else ""))
+    return "; ".join(problems) or None
+
+
+def load_state_dict_checked(module: nn.Module, state: Mapping[str, Any], strict: bool = True) -> None:
+    """``module.load_state_dict(state)``, raising CheckpointError that names the first mismatching keys."""
+    problem = state_dict_mismatch(module, state, strict=strict)
+    if problem:
+        raise CheckpointError(
+            f"The checkpoint's weights do not fit {type(module).__name__}: {problem}. The model's "
+            "architecture or its hyperparameters differ from the run that wrote the checkpoint; build the "
+            "model with the same arguments, or load with strict=False to skip missing and extra keys."
+        )
+    module.load_state_dict(state, strict=strict)

@@ -1,0 +1,161 @@
+"""resolve(): the Trainer's and Fleet's arguments in, one fully built Strategy out.
+
+A pure function: it reads its arguments and the machine (device counts, environment
+variables), never mutates global state, and raises every argument error before any process
+starts or any device is initialised.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from torchfleet.errors import ConfigurationError
+
+log = logging.getLogger(__name__)
+
+_PLUGIN_KINDS = ("precision", "checkpoint_io", "cluster_environment", "accelerator")
+
+
+def _plugin_kind(plugin: Any) -> str:
+    from torchfleet.accelerators.base import Accelerator
+    from torchfleet.checkpoint.io import CheckpointIO
+    from torchfleet.environments.base import ClusterEnvironment
+    from torchfleet.precision import Precision
+
+    for kind, cls in (
+        ("precision", Precision),
+        ("checkpoint_io", CheckpointIO),
+        ("cluster_environment", ClusterEnvironment),
+        ("accelerator", Accelerator),
+    ):
+        if isinstance(plugin, cls):
+            return kind
+    raise ConfigurationError(
+        f"plugins=[...] holds {plugin!r} of type {type(plugin).__name__}, which is not a plugin. Accepted plugins "
+        "are Precision, CheckpointIO and ClusterEnvironment objects (and an Accelerator)."
+    )
+
+
+def _collect_plugins(plugins: Any) -> dict[str, Any]:
+    if plugins is None:
+        return {}
+    if not isinstance(plugins, Iterable) or isinstance(plugins, (str, bytes)):
+        plugins = [plugins]
+    found: dict[str, Any] = {}
+    for plugin in plugins:
+        kind = _plugin_kind(plugin)
+        if kind in found:
+            raise ConfigurationError(
+                f"plugins=[...] holds two {kind} plugins: {found[kind]!r} and {plugin!r}. A strategy has exactly one "
+                f"{kind}; pass only one."
+            )
+        found[kind] = plugin
+    return found
+
+
+def _check_num_nodes(num_nodes: Any) -> int:
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
+        raise ConfigurationError(
+            f"num_nodes={num_nodes!r} is not valid: it is the number of machines, an int >= 1 (default 1)."
+        )
+    return num_nodes
+
+
+def resolve(
+    accelerator: Any = "auto",
+    devices: Any = "auto",
+    strategy: Any = "auto",
+    precision: Any = None,
+    num_nodes: int = 1,
+    plugins: Any = None,
+) -> Any:
+    """Build the Strategy that the Trainer/Fleet arguments describe, with all its parts attached.
+
+    ``strategy`` is a registered name or a Strategy object; ``accelerator`` a name or an
+    Accelerator; ``devices`` as in the devices table of the README; ``precision`` a precision
+    string/number or None (32-true unless a Precision plugin is given); ``plugins`` Precision,
+    CheckpointIO or ClusterEnvironment objects, at most one of each kind.
+    """
+    from torchfleet.accelerators import select_accelerator
+    from torchfleet.environments import detect_environment
+    from torchfleet.precision import normalize_precision, precision_for
+    from torchfleet.strategies.base import Strategy
+    from torchfleet.strategies.registry import StrategyRegistry
+
+    num_nodes = _check_num_nodes(num_nodes)
+    parts = _collect_plugins(plugins)
+
+    if precision is not None and "precision" in parts:
+        raise ConfigurationError(
+            f"precision={precision!r} and a Precision plugin ({parts['precision']!r}) were both given. Pass one."
+        )
+    precision_name = normalize_precision(precision) if precision is not None else None
+
+    # The strategy object: given, built from the registry, or chosen below ("auto").
+    if isinstance(strategy, Strategy):
+        built = strategy
+        for kind in ("precision", "checkpoint_io", "accelerator", "cluster_environment"):
+            if kind in parts and built.has_part(kind):
+                raise ConfigurationError(
+                    f"The {type(built).__name__} passed as strategy= already has a {kind} "
+                    f"({getattr(built, kind)!r}) and plugins=[...] gives another ({parts[kind]!r}). Pass it once."
+                )
+        if precision_name is not None and built.has_part("precision") and built.precision.name != precision_name:
+            raise ConfigurationError(
+                f"precision={precision!r} disagrees with the precision of the strategy object "
+                f"({built.precision.name!r}). Pass it once."
+            )
+    elif isinstance(strategy, str):
+        built = None
+        if strategy != "auto":
+            StrategyRegistry.entry(strategy)  # unknown names fail here, before devices are looked at
+    else:
+        raise ConfigurationError(
+            f"strategy={strategy!r} is not understood: pass a registered name ('auto', 'single_device', ...; see "
+            "`torchfleet strategies`) or a Strategy object."
+        )
+
+    # Accelerator: the strategy's own, else the argument, else a plugin.
+    acc_arg = parts.get("accelerator", accelerator)
+    if built is not None and built.accelerator is not None:
+        if acc_arg not in ("auto", None) and not (isinstance(acc_arg, str) and acc_arg == built.accelerator.name):
+            if not (acc_arg == "gpu" and built.accelerator.name in ("cuda", "mps")):
+                raise ConfigurationError(
+                    f"accelerator={acc_arg!r} disagrees with the strategy's accelerator {built.accelerator!r}."
+                )
+        acc = built.accelerator
+    else:
+        acc = select_accelerator(acc_arg if acc_arg is not None else "auto")
+
+    parsed = acc.parse_devices(devices)
+    device_list = acc.get_parallel_devices(parsed)
+    total = len(device_list) * num_nodes
+
+    if built is None:
+        name = strategy
+        if name == "auto":
+            if total == 1:
+                name = "single_device"
+            elif "ddp" in StrategyRegistry:
+                name = "ddp"
+            else:
+                raise ConfigurationError(
+                    f"devices={devices!r} x num_nodes={num_nodes} asks for {total} processes, but no multi-process "
+                    "strategy is installed in this version of torchfleet. Use devices=1."
+                )
+            log.debug("strategy='auto' chose %r for %d process(es)", name, total)
+        built = StrategyRegistry.get(name)
+
+    env = parts.get("cluster_environment") or detect_environment()
+    built.configure(device_list, num_nodes, env)
+    if built.accelerator is None:
+        built.accelerator = acc
+    if "checkpoint_io" in parts:
+        built.checkpoint_io = parts["checkpoint_io"]
+    if "precision" in parts:
+        built.precision = parts["precision"]
+    elif not built.has_part("precision"):
+        built.precision = precision_for(precision_name or "32-true", built.root_device.type)
+    return built

@@ -1,0 +1,46 @@
+"""DataModule: the data of a run — download once, split per stage, and the dataloaders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DataModule:
+    """Owns the datasets and returns dataloaders; ``prepare_data`` runs on one process, ``setup`` on all."""
+
+    def __init__(self) -> None:
+        self.trainer: Any = None
+
+    def prepare_data(self) -> None:
+        """Download or write files; runs on global rank 0 only (before the others' ``setup``)."""
+
+    def setup(self, stage: str) -> None:
+        """Build the datasets for ``stage`` ("fit", "validate", "test" or "predict") on every process."""
+
+    def teardown(self, stage: str) -> None:
+        """Release what ``setup`` built."""
+
+    def train_dataloader(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} defines no train_dataloader()")
+
+    def val_dataloader(self) -> Any:
+        return []
+
+    def test_dataloader(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} defines no test_dataloader()")
+
+    def predict_dataloader(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} defines no predict_dataloader()")
+
+    def state_dict(self) -> dict[str, Any]:
+        """State to keep in checkpoints (e.g. a curriculum position)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch

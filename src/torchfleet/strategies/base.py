@@ -1,0 +1,559 @@
+"""Strategy: one Accelerator, one Precision, one CheckpointIO (and, for parallel ones, a ClusterEnvironment).
+
+The Trainer and Fleet drive training only through the methods here; anything that differs between
+single-device, data-parallel and sharded training is a method that a subclass overrides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from torchfleet.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from torchfleet.accelerators.base import Accelerator
+    from torchfleet.checkpoint.io import CheckpointIO
+    from torchfleet.environments.base import ClusterEnvironment
+    from torchfleet.launchers.base import Launcher
+    from torchfleet.precision import Precision
+
+log = logging.getLogger(__name__)
+
+ReduceOp = str  # "mean" | "sum" | "max" | "min"
+REDUCE_OPS = ("mean", "sum", "max", "min")
+
+
+def move_to_device(data: Any, device: torch.device) -> Any:
+    """Move every tensor inside nested dicts, lists, tuples and namedtuples to ``device``."""
+    if isinstance(data, Tensor):
+        if data.device == device:
+            return data
+        return data.to(device, non_blocking=device.type == "cuda")
+    if isinstance(data, dict):
+        moved = {k: move_to_device(v, device) for k, v in data.items()}
+        return moved if type(data) is dict else type(data)(moved)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        return type(data)(*(move_to_device(v, device) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(move_to_device(v, device) for v in data)
+    return data
+
+
+class Strategy(ABC):
+    """How a model is placed, wrapped, stepped, synchronised and checkpointed.
+
+    A Strategy holds exactly one Accelerator, one Precision and one CheckpointIO. Each can be
+    passed to the constructor, or is filled in by ``torchfleet.connector.resolve`` from the
+    Trainer's or Fleet's arguments. Collectives (``reduce``, ``all_gather``, ``broadcast``,
+    ``barrier``, ``reduce_boolean_decision``) exist on every strategy; on one process they are
+    identities, so user code runs unchanged everywhere.
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+    ) -> None:
+        self._accelerator = accelerator
+        self._precision = precision
+        self._checkpoint_io = checkpoint_io
+        self._launcher: Launcher | None = None
+
+    # ------------------------------------------------------------------ parts
+    @property
+    def accelerator(self) -> Accelerator | None:
+        return self._accelerator
+
+    @accelerator.setter
+    def accelerator(self, accelerator: Accelerator | None) -> None:
+        self._accelerator = accelerator
+
+    @property
+    def precision(self) -> Precision:
+        if self._precision is None:
+            from torchfleet.precision import Precision
+
+            self._precision = Precision()
+        return self._precision
+
+    @precision.setter
+    def precision(self, precision: Precision | None) -> None:
+        self._precision = precision
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO:
+        if self._checkpoint_io is None:
+            from torchfleet.checkpoint.io import TorchCheckpointIO
+
+            self._checkpoint_io = TorchCheckpointIO()
+        return self._checkpoint_io
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, io: CheckpointIO | None) -> None:
+        self._checkpoint_io = io
+
+    def has_part(self, kind: str) -> bool:
+        """Whether the part ``kind`` ("accelerator", "precision", "checkpoint_io", ...) was set explicitly."""
+        return getattr(self, f"_{kind}", None) is not None
+
+    @property
+    def launcher(self) -> Launcher | None:
+        """What starts the processes; None when this process is the whole run."""
+        return self._launcher
+
+    def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:
+        """Receive the resolved devices for this node, the node count and the cluster environment."""
+
+    # --------------------------------------------------------------- topology
+    @property
+    @abstractmethod
+    def root_device(self) -> torch.device:
+        """The device this process computes on."""
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def global_rank(self) -> int:
+        return 0
+
+    @property
+    def local_rank(self) -> int:
+        return 0
+
+    @property
+    def node_rank(self) -> int:
+        return 0
+
+    @property
+    def num_nodes(self) -> int:
+        return 1
+
+    @property
+    def num_processes(self) -> int:
+        """Processes per node."""
+        return 1
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.global_rank == 0
+
+    @property
+    def device_ids(self) -> list[int]:
+        """Indices of the devices used on this node (CPU: one entry per process)."""
+        return [0]
+
+    # ------------------------------------------------------------------ setup
+    def setup_environment(self) -> None:
+        """Prepare this process: select its device (and, in parallel strategies, join the process group)."""
+        if self.accelerator is not None:
+            self.accelerator.setup_device(self.root_device)
+
+    def setup(self, module: nn.Module, optimizers: Sequence[Optimizer] = ()) -> tuple[nn.Module, list[Optimizer]]:
+        """Convert, place and wrap ``module``; prepare ``optimizers``. Returns the objects to train with."""
+        module = self.precision.convert_module(module)
+        module = self.module_to_device(module)
+        module = self.setup_module(module)
+        return module, [self.setup_optimizer(o) for o in optimizers]
+
+    def module_to_device(self, module: nn.Module) -> nn.Module:
+        """Place ``module`` on ``root_device``."""
+        return module.to(self.root_device)
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Wrap ``module`` for this strategy (DDP, fully_shard, ...). Single device: unchanged."""
+        return module
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Adapt an optimizer that was built over the module's parameters (sharded strategies rebuild it)."""
+        return optimizer
+
+    def unwrap(self, module: nn.Module) -> nn.Module:
+        """The user's module inside whatever ``setup_module`` wrapped it in."""
+        return module
+
+    def step_function(self, module: nn.Module, name: str) -> Callable[..., Any]:
+        """The callable that runs the user module's ``name`` hook ("training_step", ...) through the wrapper.
+
+        Wrappers that synchronise in forward (DDP) override this so the step runs inside their forward.
+        """
+        return getattr(self.unwrap(module), name)
+
+    def process_dataloader(self, dataloader: Any, stage: str) -> Any:
+        """Adapt a dataloader for this strategy (distributed strategies inject a sampler). Default: unchanged."""
+        return dataloader
+
+    def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
+        """Move tensors inside ``batch`` to ``device`` (default: ``root_device``) and apply precision."""
+        return self.precision.convert_input(move_to_device(batch, device or self.root_device))
+
+    # --------------------------------------------------------------- training
+    def forward_context(self) -> contextlib.AbstractContextManager:
+        """Context wrapping forward passes (autocast under mixed precision)."""
+        return self.precision.forward_context()
+
+    def backward(self, loss: Tensor, module: nn.Module | None = None, *args: Any, **kwargs: Any) -> None:
+        """Compute gradients of ``loss`` (through the precision's scaler when there is one)."""
+        self.precision.backward(loss, module, *args, **kwargs)
+
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        """Step ``optimizer``; ``closure`` computes the loss and gradients first when given."""
+        return self.precision.optimizer_step(optimizer, closure, **kwargs)
+
+    def _gradient_params(self, module: nn.Module | None, optimizer: Optimizer | None) -> list[Tensor]:
+        if optimizer is not None:
+            return [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        assert module is not None
+        return [p for p in module.parameters() if p.grad is not None]
+
+    def clip_gradients_norm(
+        self,
+        module: nn.Module | None,
+        optimizer: Optimizer | None,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = False,
+    ) -> Tensor:
+        """Scale gradients so their total ``norm_type`` norm is at most ``max_norm``; returns the norm before."""
+        if optimizer is not None:
+            self.precision.unscale_gradients(optimizer)
+        params = self._gradient_params(module, optimizer)
+        return torch.nn.utils.clip_grad_norm_(
+            params, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
+        )
+
+    def clip_gradients_value(self, module: nn.Module | None, optimizer: Optimizer | None, clip_val: float) -> None:
+        """Clamp every gradient element to ``[-clip_val, clip_val]``."""
+        if optimizer is not None:
+            self.precision.unscale_gradients(optimizer)
+        torch.nn.utils.clip_grad_value_(self._gradient_params(module, optimizer), clip_val)
+
+    @contextlib.contextmanager
+    def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
+        """Skip gradient synchronisation inside the block (gradient accumulation). One process: nothing to skip."""
+        yield
+
+    # ------------------------------------------------------------ collectives
+    def reduce(self, tensor: Tensor | float, op: ReduceOp = "mean") -> Tensor | float:
+        """Reduce ``tensor`` across all processes with ``op`` (mean, sum, max, min). One process: unchanged."""
+        _check_op(op)
+        return tensor
+
+    def all_gather(self, tensor: Tensor, sync_grads: bool = False) -> Tensor:
+        """Stack ``tensor`` from every process along a new first dimension. One process: ``tensor[None]``."""
+        return tensor.unsqueeze(0) if isinstance(tensor, Tensor) else tensor
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Return rank ``src``'s ``obj`` on every process. One process: ``obj``."""
+        return obj
+
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every process reaches this point. One process: returns at once."""
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        """Agree on a flag across processes: True if ``all`` (or, with all=False, any) of them said True."""
+        return bool(decision)
+
+    # ------------------------------------------------------------- checkpoint
+    def module_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """The full (unsharded) state dict of the user's module inside ``module``."""
+        return self.unwrap(module).state_dict()
+
+    def load_module_state_dict(self, module: nn.Module, state: Mapping[str, Any], strict: bool = True) -> None:
+        """Load ``state`` into the user's module inside ``module``."""
+        from torchfleet.checkpoint.state import load_state_dict_checked
+
+        load_state_dict_checked(self.unwrap(module), state, strict=strict)
+
+    def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, optimizer: Optimizer, state: Mapping[str, Any]) -> None:
+        optimizer.load_state_dict(state)
+
+    def state_for_saving(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """``state`` with its modules and optimizers replaced by their state dicts (as this strategy saves them)."""
+        out: dict[str, Any] = {}
+        for key, value in state.items():
+            if isinstance(value, nn.Module):
+                out[key] = self.module_state_dict(value)
+            elif isinstance(value, Optimizer):
+                out[key] = self.optimizer_state_dict(value)
+            elif isinstance(value, (list, tuple)) and value and all(isinstance(v, Optimizer) for v in value):
+                out[key] = [self.optimizer_state_dict(v) for v in value]
+            else:
+                out[key] = value
+        return out
+
+    def save_checkpoint(
+        self, path: str | os.PathLike, state: Mapping[str, Any], storage_options: Any | None = None
+    ) -> None:
+        """Write ``state`` to ``path``. Modules and optimizers in ``state`` are turned into state dicts here.
+
+        Every process calls this; the strategy decides who writes (here: rank 0).
+        """
+        plain = self.state_for_saving(state)
+        if self.is_global_zero:
+            from torchfleet.checkpoint.io import save_with
+
+            save_with(self.checkpoint_io, plain, path, storage_options)
+
+    def load_checkpoint(
+        self, path: str | os.PathLike, state: Mapping[str, Any] | None = None, strict: bool = True
+    ) -> dict[str, Any]:
+        """Read the checkpoint at ``path``, load it into the modules/optimizers in ``state``, return it whole."""
+        from torchfleet.checkpoint.io import load_with
+
+        checkpoint = load_with(self.checkpoint_io, path, map_location="cpu")
+        self.load_into(checkpoint, state or {}, strict=strict, path=path)
+        return checkpoint
+
+    def load_into(
+        self, checkpoint: Mapping[str, Any], state: Mapping[str, Any], strict: bool = True, path: Any = None
+    ) -> None:
+        """Load the entries of ``checkpoint`` into the modules and optimizers found under the same keys in ``state``."""
+        from torchfleet.errors import CheckpointError
+
+        for key, target in state.items():
+            is_object = isinstance(target, (nn.Module, Optimizer)) or (
+                isinstance(target, (list, tuple)) and target and all(isinstance(t, Optimizer) for t in target)
+            )
+            if not is_object:
+                continue
+            if key not in checkpoint:
+                raise CheckpointError(
+                    f"The checkpoint {path} has no entry {key!r} to load into the {type(target).__name__}. "
+                    f"Its entries are: {', '.join(map(repr, checkpoint))}."
+                )
+            if isinstance(target, nn.Module):
+                self.load_module_state_dict(target, checkpoint[key], strict=strict)
+            elif isinstance(target, Optimizer):
+                self.load_optimizer_state_dict(target, checkpoint[key])
+            else:
+                saved = checkpoint[key]
+                if len(saved) != len(target):
+                    raise CheckpointError(
+                        f"The checkpoint {path} holds {len(saved)} optimizer states under {key!r} but "
+                        f"{len(target)} optimizers were given to load them into."
+                    )
+                for opt, opt_state in zip(target, saved):
+                    self.load_optimizer_state_dict(opt, opt_state)
+
+    def remove_checkpoint(self, path: str | os.PathLike) -> None:
+        """Delete a checkpoint through the CheckpointIO (rank 0 only)."""
+        if self.is_global_zero:
+            self.checkpoint_io.remove_checkpoint(path)
+
+    # --------------------------------------------------------------- teardown
+    def teardown(self) -> None:
+        """Release what the run took: the precision's state, pending checkpoint writes, device caches."""
+        self.precision.teardown()
+        if self._checkpoint_io is not None:
+            self._checkpoint_io.teardown()
+        if self.accelerator is not None:
+            self.accelerator.teardown()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(accelerator={self.accelerator!r}, precision={self._precision!r})"
+
+
+def _check_op(op: str) -> None:
+    if op not in REDUCE_OPS:
+        raise ConfigurationError(
+            f"Unknown reduce operation {op!r}. Accepted operations are: {', '.join(map(repr, REDUCE_OPS))}."
+        )
+
+
+class SingleDeviceStrategy(Strategy):
+    """Train in this one process on one device (CPU, one CUDA GPU or MPS)."""
+
+    def __init__(
+        self,
+        device: str | torch.device | int | None = None,
+        accelerator: Accelerator | None = None,
+        precision: Precision | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+    ) -> None:
+        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        self._device = _as_device(device) if device is not None else None
+
+    def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:
+        if len(devices) * num_nodes != 1:
+            raise ConfigurationError(
+                f"strategy='single_device' trains in one process on one device, but devices={len(devices)} and "
+                f"num_nodes={num_nodes} ask for {len(devices) * num_nodes}. Use devices=1 and num_nodes=1, "
+                "or a multi-process strategy such as 'ddp'."
+            )
+        if self._device is None:
+            self._device = devices[0]
+
+    @property
+    def root_device(self) -> torch.device:
+        return self._device if self._device is not None else torch.device("cpu")
+
+    @property
+    def device_ids(self) -> list[int]:
+        return [self.root_device.index or 0]
+
+
+def _as_device(device: str | torch.device | int) -> torch.device:
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    return torch.device(device)
+
+
+class ParallelStrategy(Strategy, ABC):
+    """A strategy with one process per device, on one or more nodes, joined in a torch.distributed group.
+
+    Holds the ClusterEnvironment (who started the processes, where rank 0 listens) and the
+    launcher. Collectives go through ``torch.distributed``; subclasses decide how the module is
+    wrapped (DDP, fully_shard, DeepSpeed).
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+        process_group_backend: str | None = None,
+    ) -> None:
+        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        self.parallel_devices = parallel_devices
+        self._cluster_environment = cluster_environment
+        self._num_nodes = 1
+        self._process_group_backend = process_group_backend
+
+    @property
+    def cluster_environment(self) -> ClusterEnvironment | None:
+        return self._cluster_environment
+
+    @cluster_environment.setter
+    def cluster_environment(self, env: ClusterEnvironment | None) -> None:
+        self._cluster_environment = env
+
+    def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:
+        if self.parallel_devices is None:
+            self.parallel_devices = devices
+        self._num_nodes = num_nodes
+        if self._cluster_environment is None:
+            self._cluster_environment = cluster_environment
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.parallel_devices) if self.parallel_devices else 1
+
+    @property
+    def world_size(self) -> int:
+        env = self.cluster_environment
+        return env.world_size() if env is not None else self.num_processes * self.num_nodes
+
+    @property
+    def global_rank(self) -> int:
+        env = self.cluster_environment
+        return env.global_rank() if env is not None else 0
+
+    @property
+    def local_rank(self) -> int:
+        env = self.cluster_environment
+        return env.local_rank() if env is not None else 0
+
+    @property
+    def node_rank(self) -> int:
+        env = self.cluster_environment
+        return env.node_rank() if env is not None else 0
+
+    @property
+    def root_device(self) -> torch.device:
+        assert self.parallel_devices is not None, "configure() runs before root_device is read"
+        return self.parallel_devices[self.local_rank]
+
+    @property
+    def device_ids(self) -> list[int]:
+        devices = self.parallel_devices or []
+        return [d.index if d.index is not None else i for i, d in enumerate(devices)]
+
+    @property
+    def process_group_backend(self) -> str:
+        """The torch.distributed backend: the one given, else the default for the root device's type."""
+        if self._process_group_backend is not None:
+            return self._process_group_backend
+        import torch.distributed as dist
+
+        return dist.Backend.default_device_backend_map.get(self.root_device.type, "gloo")
+
+    @property
+    def distributed_ready(self) -> bool:
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized()
+
+    # A one-process world skips the collective calls entirely: identities, as on SingleDeviceStrategy.
+    def reduce(self, tensor: Tensor | float, op: ReduceOp = "mean") -> Tensor | float:
+        _check_op(op)
+        if self.world_size == 1 or not self.distributed_ready:
+            return tensor
+        import torch.distributed as dist
+
+        if not isinstance(tensor, Tensor):
+            tensor = torch.tensor(float(tensor), device=self.root_device)
+        out = tensor.detach().clone()
+        if not out.is_floating_point() and op == "mean":
+            out = out.float()
+        dist_op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+        dist.all_reduce(out, op=dist_op)
+        if op == "mean":
+            out = out / self.world_size
+        return out
+
+    def all_gather(self, tensor: Tensor, sync_grads: bool = False) -> Tensor:
+        if self.world_size == 1 or not self.distributed_ready:
+            return tensor.unsqueeze(0)
+        import torch.distributed as dist
+
+        tensor = tensor.contiguous()
+        if sync_grads:
+            from torch.distributed.nn.functional import all_gather as differentiable_all_gather
+
+            return torch.stack(differentiable_all_gather(tensor))
+        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(out, tensor)
+        return torch.stack(out)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if self.world_size == 1 or not self.distributed_ready:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def barrier(self, name: str | None = None) -> None:
+        if self.world_size == 1 or not self.distributed_ready:
+            return
+        import torch.distributed as dist
+
+        dist.barrier()
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        if self.world_size == 1 or not self.distributed_ready:
+            return bool(decision)
+        votes = self.reduce(torch.tensor(int(decision), device=self.root_device), op="sum")
+        return bool(votes == self.world_size) if all else bool(votes > 0)

@@ -1,0 +1,1 @@
+"""The Trainer, its loops, logging, callbacks and loggers."""

@@ -1,0 +1,155 @@
+"""What a Trainer checkpoint holds, and putting it back: weights, optimizers, schedulers, loop position, RNG."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import random
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchfleet.checkpoint.format import FORMAT_KEY, FORMAT_VERSION, check_checkpoint
+from torchfleet.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from torchfleet.trainer.trainer import Trainer
+
+log = logging.getLogger("torchfleet")
+
+
+def capture_rng() -> dict[str, Any]:
+    """The state of every random generator a training step may draw from."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Put back what ``capture_rng`` returned."""
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def dump_checkpoint(trainer: Trainer, weights_only: bool = False) -> dict[str, Any]:
+    """The checkpoint dict of the current run, modules and optimizers already turned into state dicts."""
+    import torchfleet
+
+    module = trainer.module
+    state: dict[str, Any] = {
+        FORMAT_KEY: {"version": torchfleet.__version__, "format": FORMAT_VERSION},
+        "epoch": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "state_dict": trainer._wrapped,
+        "hyper_parameters": dict(module.hparams),
+    }
+    if not weights_only:
+        state["optimizer_states"] = list(trainer.optimizers)
+        state["lr_schedulers"] = [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]
+        state["loops"] = {"fit": dict(trainer._progress)} if trainer._progress is not None else {}
+        state["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks if cb.state_dict()}
+        state["precision"] = trainer.strategy.precision.state_dict()
+        state["rng"] = capture_rng()
+        if trainer.datamodule is not None:
+            state["datamodule"] = trainer.datamodule.state_dict()
+    plain = trainer.strategy.state_for_saving(state)
+    if not weights_only:
+        for cb in trainer.callbacks:
+            cb.on_save_checkpoint(trainer, module, plain)
+    module.on_save_checkpoint(plain)
+    return plain
+
+
+def find_last_checkpoint(trainer: Trainer) -> str | None:
+    """The checkpoint ``ckpt_path="last"`` means: the checkpoint callbacks' last file, else the newest under default_root_dir."""
+    from torchfleet.trainer.callbacks import ModelCheckpoint
+
+    for cb in trainer.checkpoint_callbacks:
+        dirpath = cb.dirpath or os.path.join(trainer.log_dir, "checkpoints")
+        found = ModelCheckpoint.find_last(dirpath)
+        if found:
+            return found
+    candidates = glob.glob(os.path.join(trainer.default_root_dir, "**", "*.ckpt"), recursive=True)
+    candidates = [c for c in candidates if not os.path.basename(c).startswith(".")]
+    if not candidates:
+        return None
+    lasts = [c for c in candidates if os.path.basename(c) == "last.ckpt"]
+    return max(lasts or candidates, key=os.path.getmtime)
+
+
+def resolve_ckpt_path(trainer: Trainer, ckpt_path: Any, stage: str) -> str | None:
+    """Turn ``ckpt_path`` ("last", a path or None) into a file path, raising CheckpointError for a missing file."""
+    if ckpt_path is None:
+        return None
+    if ckpt_path == "last":
+        found = find_last_checkpoint(trainer)
+        if found is None:
+            log.warning(
+                "ckpt_path='last' found no checkpoint under %s; %s starts from the model as it is.",
+                trainer.default_root_dir, stage,
+            )
+        return found
+    path = os.fspath(ckpt_path)
+    if not os.path.exists(path):
+        parent = os.path.dirname(os.path.abspath(path))
+        near = sorted(glob.glob(os.path.join(parent, "*.ckpt")))[:5] if os.path.isdir(parent) else []
+        listing = f" Checkpoints in {parent}: {', '.join(os.path.basename(n) for n in near)}." if near else ""
+        raise CheckpointError(
+            f"ckpt_path={path!r} does not exist.{listing} Pass the path of a file written by ModelCheckpoint or "
+            "trainer.save_checkpoint, or ckpt_path='last' to resume from the newest one."
+        )
+    return path
+
+
+def restore(trainer: Trainer, path: str, full: bool) -> dict[str, Any]:
+    """Load ``path`` into the set-up run: weights always; with ``full``, everything needed to continue training."""
+    strategy = trainer.strategy
+    checkpoint = check_checkpoint(strategy.load_checkpoint(path), path)
+    module = trainer.module
+    module.on_load_checkpoint(checkpoint)
+    targets: dict[str, Any] = {"state_dict": trainer._wrapped}
+    if full:
+        for cb in trainer.callbacks:
+            cb.on_load_checkpoint(trainer, module, checkpoint)
+        if "optimizer_states" not in checkpoint:
+            raise CheckpointError(
+                f"{path!r} holds weights only (saved with weights_only=True): it cannot resume training. Load the "
+                "weights with Module.load_from_checkpoint and call fit without ckpt_path."
+            )
+        targets["optimizer_states"] = list(trainer.optimizers)
+    strategy.load_into(checkpoint, targets, path=path)
+    if not full:
+        return checkpoint
+    saved_scheds = checkpoint.get("lr_schedulers", [])
+    if len(saved_scheds) != len(trainer.lr_scheduler_configs):
+        raise CheckpointError(
+            f"{path!r} holds {len(saved_scheds)} LR scheduler states but configure_optimizers() returned "
+            f"{len(trainer.lr_scheduler_configs)} schedulers."
+        )
+    for config, sched_state in zip(trainer.lr_scheduler_configs, saved_scheds):
+        config.scheduler.load_state_dict(sched_state)
+    saved_cbs = checkpoint.get("callbacks", {})
+    for cb in trainer.callbacks:
+        if cb.state_key in saved_cbs:
+            cb.load_state_dict(saved_cbs[cb.state_key])
+    strategy.precision.load_state_dict(checkpoint.get("precision", {}))
+    if trainer.datamodule is not None and "datamodule" in checkpoint:
+        trainer.datamodule.load_state_dict(checkpoint["datamodule"])
+    trainer.current_epoch = checkpoint["epoch"]
+    trainer.global_step = checkpoint["global_step"]
+    trainer._resume = {"loops": checkpoint.get("loops", {}).get("fit"), "rng": checkpoint.get("rng")}
+    return checkpoint

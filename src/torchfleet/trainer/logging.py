@@ -1,0 +1,260 @@
+"""What ``self.log`` stores, and how logged values become step/epoch metrics (synced across ranks)."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
+
+if TYPE_CHECKING:
+    from torchfleet.strategies.base import Strategy
+
+_REDUCE_NAMES = {"mean": "mean", "avg": "mean", "sum": "sum", "max": "max", "min": "min"}
+_REDUCE_FNS = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min", max: "max", min: "min", sum: "sum"}
+
+
+def normalize_reduce_fx(reduce_fx: str | Callable) -> str:
+    """Map ``reduce_fx`` ("mean", "sum", "max", "min" or torch.mean/sum/max/min) to its name."""
+    if isinstance(reduce_fx, str) and reduce_fx.lower() in _REDUCE_NAMES:
+        return _REDUCE_NAMES[reduce_fx.lower()]
+    name = _REDUCE_FNS.get(reduce_fx) if callable(reduce_fx) else None  # type: ignore[call-overload]
+    if name is None:
+        raise ConfigurationError(
+            f"self.log(reduce_fx={reduce_fx!r}) is not supported. Accepted values are 'mean', 'sum', 'max', "
+            "'min' or the functions torch.mean, torch.sum, torch.max, torch.min."
+        )
+    return name
+
+
+# Where each *_step hook logs by default, as in Lightning: per step in training, per epoch elsewhere.
+FX_DEFAULTS: dict[str, tuple[bool, bool]] = {
+    "training_step": (True, False),
+    "on_train_batch_start": (True, False),
+    "on_train_batch_end": (True, False),
+    "on_before_backward": (True, False),
+    "on_after_backward": (True, False),
+    "on_before_optimizer_step": (True, False),
+    "on_before_zero_grad": (True, False),
+}
+EPOCH_DEFAULT = (False, True)
+
+
+@dataclass
+class LoggedValue:
+    """One logged name: options, latest value, and the running epoch aggregate."""
+
+    name: str
+    on_step: bool
+    on_epoch: bool
+    reduce_fx: str
+    sync_dist: bool
+    prog_bar: bool
+    logger: bool
+    latest: Tensor
+    total: Tensor | None = None
+    weight: float = 0.0
+    fresh: bool = True  # logged since the last step collection
+
+    def update(self, value: Tensor, batch_size: int) -> None:
+        self.latest = value
+        self.fresh = True
+        if not self.on_epoch:
+            return
+        fx = self.reduce_fx
+        if self.total is None:
+            self.total = value * batch_size if fx == "mean" else value.clone()
+            self.weight = batch_size
+        elif fx == "mean":
+            self.total = self.total + value * batch_size
+            self.weight += batch_size
+        elif fx == "sum":
+            self.total = self.total + value
+        elif fx == "max":
+            self.total = torch.maximum(self.total, value)
+        else:
+            self.total = torch.minimum(self.total, value)
+
+    def epoch_value(self) -> Tensor:
+        assert self.total is not None
+        return self.total / self.weight if self.reduce_fx == "mean" else self.total
+
+
+def _to_tensor(name: str, value: Any, device: torch.device) -> Tensor:
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise MisconfiguredModuleError(
+                f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}. Only single numbers can be "
+                "logged: reduce it first (for example value.mean()), or log its parts under separate names."
+            )
+        value = value.detach()
+        if value.dim():
+            value = value.reshape(())
+        return value if value.is_floating_point() else value.float()
+    if isinstance(value, numbers.Number) and not isinstance(value, bool):
+        return torch.tensor(float(value), device=device)
+    raise MisconfiguredModuleError(
+        f"self.log({name!r}, ...) got a value of type {type(value).__name__}. Accepted values are numbers and "
+        "single-element tensors; log the parts of a dict with self.log_dict."
+    )
+
+
+def infer_batch_size(batch: Any) -> int:
+    """Length of the first tensor found in ``batch`` (1 when there is none)."""
+    if isinstance(batch, Tensor):
+        return batch.shape[0] if batch.dim() else 1
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            size = infer_batch_size(item)
+            if size:
+                return size
+        return 1
+    return 0
+
+
+class Results:
+    """Everything logged in one stage ("train", "validate", "test") of one epoch."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+        self.values: dict[str, LoggedValue] = {}
+        self.batch: Any = None
+        self._batch_size: int | None = None
+        self.device = torch.device("cpu")
+
+    def new_batch(self, batch: Any) -> None:
+        self.batch = batch
+        self._batch_size = None
+
+    def batch_size(self) -> int:
+        if self._batch_size is None:
+            self._batch_size = infer_batch_size(self.batch) or 1
+        return self._batch_size
+
+    def log(
+        self,
+        fx: str,
+        name: str,
+        value: Any,
+        prog_bar: bool,
+        logger: bool,
+        on_step: bool | None,
+        on_epoch: bool | None,
+        reduce_fx: str | Callable,
+        sync_dist: bool,
+        batch_size: int | None,
+    ) -> None:
+        entry = self.values.get(name)
+        tensor = _to_tensor(name, value, self.device)
+        if entry is None:
+            default_step, default_epoch = FX_DEFAULTS.get(fx, EPOCH_DEFAULT)
+            on_step = default_step if on_step is None else on_step
+            on_epoch = default_epoch if on_epoch is None else on_epoch
+            if not on_step and not on_epoch:
+                raise ConfigurationError(
+                    f"self.log({name!r}, on_step=False, on_epoch=False) logs nowhere. Set on_step=True, "
+                    "on_epoch=True or both."
+                )
+            entry = LoggedValue(
+                name, on_step, on_epoch, normalize_reduce_fx(reduce_fx), sync_dist, prog_bar, logger, tensor
+            )
+            self.values[name] = entry
+        if entry.on_epoch:
+            size = batch_size if batch_size is not None else (self.batch_size() if entry.reduce_fx == "mean" else 1)
+        else:
+            size = 1
+        entry.update(tensor, size)
+
+    # ---------------------------------------------------------------- collection
+    def collect_step(self, strategy: Strategy | None) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
+        """Values logged on_step since the last collection: (for callbacks, for loggers, for the progress bar)."""
+        fresh = [v for v in self.values.values() if v.on_step and v.fresh]
+        for v in self.values.values():
+            v.fresh = False
+        if not fresh:
+            return {}, {}, {}
+        values = sync_values(strategy, [(v.latest, v.reduce_fx, v.sync_dist) for v in fresh])
+        callback, logged, bar = {}, {}, {}
+        for v, val in zip(fresh, values):
+            callback[v.name] = val
+            suffixed = f"{v.name}_step" if v.on_epoch else v.name
+            if v.logger:
+                logged[suffixed] = val
+            if v.prog_bar:
+                bar[suffixed] = val
+        return callback, logged, bar
+
+    def collect_epoch(self, strategy: Strategy | None) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
+        """Epoch aggregates of values logged on_epoch: (for callbacks, for loggers, for the progress bar)."""
+        entries = [v for v in self.values.values() if v.on_epoch and v.total is not None]
+        if not entries:
+            return {}, {}, {}
+        values = sync_epoch(strategy, entries)
+        callback, logged, bar = {}, {}, {}
+        for v, val in zip(entries, values):
+            callback[v.name] = val
+            suffixed = f"{v.name}_epoch" if v.on_step else v.name
+            if v.logger:
+                logged[suffixed] = val
+            if v.prog_bar:
+                bar[suffixed] = val
+        return callback, logged, bar
+
+    def reset(self) -> None:
+        self.values.clear()
+
+
+def _distributed(strategy: Strategy | None) -> bool:
+    return strategy is not None and strategy.world_size > 1
+
+
+def sync_values(strategy: Strategy | None, items: list[tuple[Tensor, str, bool]]) -> list[Tensor]:
+    """Reduce the ``sync_dist`` values across ranks: one collective per reduce op, not one per name."""
+    out = [t for t, _, _ in items]
+    if not _distributed(strategy):
+        return out
+    by_op: dict[str, list[int]] = {}
+    for i, (_, fx, sync) in enumerate(items):
+        if sync:
+            by_op.setdefault(fx, []).append(i)
+    for fx, idx in by_op.items():
+        stacked = torch.stack([out[i].to(strategy.root_device, torch.float32) for i in idx])  # type: ignore[union-attr]
+        reduced = strategy.reduce(stacked, op=fx)  # type: ignore[union-attr]
+        for j, i in enumerate(idx):
+            out[i] = reduced[j]
+    return out
+
+
+def sync_epoch(strategy: Strategy | None, entries: list[LoggedValue]) -> list[Tensor]:
+    """Epoch values, synced across ranks. Means are weighted by every rank's sample count (exact, not a mean of means)."""
+    out = [v.epoch_value() for v in entries]
+    if not _distributed(strategy):
+        return out
+    assert strategy is not None
+    dev = strategy.root_device
+    means = [i for i, v in enumerate(entries) if v.sync_dist and v.reduce_fx == "mean"]
+    if means:
+        packed = torch.stack(
+            [entries[i].total.to(dev, torch.float32) for i in means]  # type: ignore[union-attr]
+            + [torch.tensor(float(entries[i].weight), device=dev) for i in means]
+        )
+        summed = strategy.reduce(packed, op="sum")
+        n = len(means)
+        for j, i in enumerate(means):
+            out[i] = summed[j] / summed[n + j]
+    others = [(out[i], v.reduce_fx, True) for i, v in enumerate(entries) if v.sync_dist and v.reduce_fx != "mean"]
+    if others:
+        reduced = sync_values(strategy, others)
+        k = 0
+        for i, v in enumerate(entries):
+            if v.sync_dist and v.reduce_fx != "mean":
+                out[i] = reduced[k]
+                k += 1
+    return out

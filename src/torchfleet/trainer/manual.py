@@ -1,0 +1,41 @@
+"""The optimizer handle ``self.optimizers()`` returns: steps go through the strategy and count global steps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from torch.optim import Optimizer
+
+if TYPE_CHECKING:
+    from torchfleet.trainer.trainer import Trainer
+
+
+class ManualOptimizer:
+    """Wraps an optimizer for manual optimisation: ``step`` goes through the strategy (gradient scaling,
+    sharded engines) and advances ``trainer.global_step``; everything else is the optimizer's own."""
+
+    def __init__(self, optimizer: Optimizer, trainer: Trainer) -> None:
+        self._optimizer = optimizer
+        self._trainer = trainer
+
+    @property
+    def optimizer(self) -> Optimizer:
+        return self._optimizer
+
+    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        trainer = self._trainer
+        trainer._hooks.call("on_before_optimizer_step", trainer, self._optimizer)
+        out = trainer.strategy.optimizer_step(self._optimizer, closure, **kwargs)
+        trainer.global_step += 1
+        return out
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._trainer._hooks.call("on_before_zero_grad", self._trainer, self._optimizer)
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
+
+    def __repr__(self) -> str:
+        return f"ManualOptimizer({self._optimizer!r})"

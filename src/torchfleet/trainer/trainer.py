@@ -1,0 +1,473 @@
+"""Trainer: runs a Module's fit/validate/test/predict over any Strategy, with callbacks and loggers."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchfleet.errors import CheckpointError, ConfigurationError
+from torchfleet.trainer.hooks import HookDispatcher
+from torchfleet.trainer.logging import Results
+
+log = logging.getLogger("torchfleet")
+
+
+def _setup_logging() -> None:
+    # Show torchfleet's info messages (model summary, strategy choice) like a training tool should,
+    # unless the user configured logging for the "torchfleet" logger themselves.
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+_setup_logging()
+
+
+def _check_limit(name: str, value: Any) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+        isinstance(value, float) and value > 1.0
+    ):
+        raise ConfigurationError(
+            f"{name}={value!r} is not valid: give an int >= 0 (a number of batches) or a float in [0.0, 1.0] "
+            "(a fraction of the dataloader)."
+        )
+    return value
+
+
+class Trainer:
+    """Train, evaluate and predict with a ``Module`` on the strategy, devices and precision you choose.
+
+    The model code never changes between one CPU, one GPU, N processes or N machines: only
+    ``strategy=``, ``accelerator=``, ``devices=``, ``num_nodes=`` and ``precision=`` do.
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator: Any = "auto",
+        strategy: Any = "auto",
+        devices: Any = "auto",
+        num_nodes: int = 1,
+        precision: Any = None,
+        plugins: Any = None,
+        logger: Any = None,
+        callbacks: Any = None,
+        fast_dev_run: bool | int = False,
+        max_epochs: int | None = None,
+        min_epochs: int | None = None,
+        max_steps: int = -1,
+        min_steps: int | None = None,
+        limit_train_batches: int | float | None = None,
+        limit_val_batches: int | float | None = None,
+        limit_test_batches: int | float | None = None,
+        limit_predict_batches: int | float | None = None,
+        val_check_interval: int | float | None = None,
+        check_val_every_n_epoch: int | None = 1,
+        num_sanity_val_steps: int | None = None,
+        log_every_n_steps: int | None = None,
+        enable_checkpointing: bool | None = None,
+        enable_progress_bar: bool | None = None,
+        enable_model_summary: bool | None = None,
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+        deterministic: bool | str | None = None,
+        use_distributed_sampler: bool = True,
+        default_root_dir: str | os.PathLike | None = None,
+        inference_mode: bool = True,
+    ) -> None:
+        from torchfleet.connector import resolve
+
+        # Every argument error is raised here, before anything runs.
+        self.strategy = resolve(
+            accelerator=accelerator,
+            devices=devices,
+            strategy=strategy,
+            precision=precision,
+            num_nodes=num_nodes,
+            plugins=plugins,
+        )
+        self._validate_loop_args(
+            fast_dev_run, max_epochs, min_epochs, max_steps, accumulate_grad_batches, gradient_clip_val,
+            gradient_clip_algorithm, val_check_interval, check_val_every_n_epoch, log_every_n_steps,
+            num_sanity_val_steps, deterministic,
+        )
+        self.fast_dev_run = fast_dev_run
+        dev_batches = int(fast_dev_run) if fast_dev_run else 0
+        if dev_batches:
+            max_epochs, max_steps = 1, dev_batches
+            limit_train_batches = limit_val_batches = limit_test_batches = limit_predict_batches = dev_batches
+            num_sanity_val_steps, val_check_interval, check_val_every_n_epoch = 0, 1.0, 1
+            logger, enable_checkpointing = False, False
+        self.max_epochs = max_epochs if max_epochs is not None else (1000 if max_steps == -1 else -1)
+        self.min_epochs = min_epochs or 0
+        self.max_steps = max_steps
+        self.min_steps = min_steps or 0
+        self.limit_train_batches = _check_limit("limit_train_batches", 1.0 if limit_train_batches is None else limit_train_batches)
+        self.limit_val_batches = _check_limit("limit_val_batches", 1.0 if limit_val_batches is None else limit_val_batches)
+        self.limit_test_batches = _check_limit("limit_test_batches", 1.0 if limit_test_batches is None else limit_test_batches)
+        self.limit_predict_batches = _check_limit(
+            "limit_predict_batches", 1.0 if limit_predict_batches is None else limit_predict_batches
+        )
+        self.val_check_interval = 1.0 if val_check_interval is None else val_check_interval
+        self.check_val_every_n_epoch = check_val_every_n_epoch
+        self.num_sanity_val_steps = 2 if num_sanity_val_steps is None else num_sanity_val_steps
+        self.log_every_n_steps = 50 if log_every_n_steps is None else log_every_n_steps
+        self.accumulate_grad_batches = accumulate_grad_batches
+        self.gradient_clip_val = gradient_clip_val
+        self.gradient_clip_algorithm = gradient_clip_algorithm or "norm"
+        self.deterministic = deterministic
+        self.use_distributed_sampler = use_distributed_sampler
+        self.inference_mode = inference_mode
+        self.default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
+        self.enable_progress_bar = True if enable_progress_bar is None else enable_progress_bar
+        self.enable_checkpointing = True if enable_checkpointing is None else enable_checkpointing
+        self.enable_model_summary = True if enable_model_summary is None else enable_model_summary
+
+        self.loggers = self._build_loggers(logger)
+        self.callbacks = self._build_callbacks(callbacks)
+
+        # run state
+        self.current_epoch = 0
+        self.global_step = 0
+        self.should_stop = False
+        self.stage: str | None = None
+        self.sanity_checking = False
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.lr_scheduler_configs: list[Any] = []
+        self.num_training_batches: int | float = float("inf")
+        self.num_val_batches: list[int] = []
+        self.num_test_batches: list[int] = []
+        self.num_predict_batches: list[int] = []
+        self.module: Any = None
+        self.datamodule: Any = None
+        self.ckpt_path: str | None = None
+        self.logged_metrics: dict[str, Any] = {}
+        self._epoch_metrics: dict[str, torch.Tensor] = {}
+        self._bar_metrics: dict[str, Any] = {}
+        self._train_results: Results | None = None
+        self._hooks = HookDispatcher()
+        self._wrapped: nn.Module | None = None
+        self._progress: dict[str, Any] | None = None
+        self._resume: dict[str, Any] | None = None
+        self._manual_optimizers: list[Any] | None = None
+
+    def _current_fx(self, name: str) -> None:
+        # which hook is running decides where self.log records by default
+        self.module._current_fx = name
+
+    def _manual_backward(self, module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        hooks = self._hooks
+        hooks.call("on_before_backward", self, loss)
+        self.strategy.backward(loss, self._wrapped, *args, **kwargs)
+        hooks.call("on_after_backward", self)
+
+    def _manual_optimizer_list(self) -> list[Any]:
+        from torchfleet.trainer.manual import ManualOptimizer
+
+        if self._manual_optimizers is None or len(self._manual_optimizers) != len(self.optimizers):
+            self._manual_optimizers = [ManualOptimizer(o, self) for o in self.optimizers]
+        return self._manual_optimizers
+
+    # ------------------------------------------------------------------ setup helpers
+    @staticmethod
+    def _validate_loop_args(
+        fast_dev_run: Any, max_epochs: Any, min_epochs: Any, max_steps: Any, accumulate: Any, clip_val: Any,
+        clip_algo: Any, val_check_interval: Any, check_val_every_n_epoch: Any, log_every_n_steps: Any,
+        num_sanity_val_steps: Any, deterministic: Any,
+    ) -> None:
+        def positive_int(name: str, value: Any, minimum: int = 1, allow_none: bool = True) -> None:
+            if value is None and allow_none:
+                return
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ConfigurationError(f"{name}={value!r} is not valid: it must be an int >= {minimum}.")
+
+        if not isinstance(fast_dev_run, (bool, int)) or (not isinstance(fast_dev_run, bool) and fast_dev_run < 0):
+            raise ConfigurationError(f"fast_dev_run={fast_dev_run!r} is not valid: give True/False or a number of batches.")
+        if max_epochs is not None and max_epochs != -1:
+            positive_int("max_epochs", max_epochs, 0)
+        positive_int("min_epochs", min_epochs, 0)
+        if max_steps != -1:
+            positive_int("max_steps", max_steps, 0, allow_none=False)
+        positive_int("accumulate_grad_batches", accumulate)
+        positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
+        positive_int("log_every_n_steps", log_every_n_steps)
+        if num_sanity_val_steps is not None and num_sanity_val_steps != -1:
+            positive_int("num_sanity_val_steps", num_sanity_val_steps, 0)
+        if clip_val is not None and (isinstance(clip_val, bool) or not isinstance(clip_val, (int, float)) or clip_val < 0):
+            raise ConfigurationError(f"gradient_clip_val={clip_val!r} is not valid: give a number >= 0 or None.")
+        if clip_algo not in (None, "norm", "value"):
+            raise ConfigurationError(
+                f"gradient_clip_algorithm={clip_algo!r} is not supported. Accepted values are 'norm' and 'value'."
+            )
+        if val_check_interval is not None:
+            ok = (isinstance(val_check_interval, float) and 0.0 < val_check_interval <= 1.0) or (
+                isinstance(val_check_interval, int) and not isinstance(val_check_interval, bool) and val_check_interval >= 1
+            )
+            if not ok:
+                raise ConfigurationError(
+                    f"val_check_interval={val_check_interval!r} is not valid: a float in (0.0, 1.0] validates after "
+                    "that fraction of each training epoch, an int >= 1 after that many training batches."
+                )
+        if deterministic not in (None, True, False, "warn"):
+            raise ConfigurationError(f"deterministic={deterministic!r} is not valid: give True, False or 'warn'.")
+
+    def _build_loggers(self, logger: Any) -> list[Any]:
+        if logger is False:
+            return []
+        if logger is None or logger is True:
+            from torchfleet.trainer.loggers import CSVLogger
+
+            return [CSVLogger(self.default_root_dir, name="logs")]
+        return list(logger) if isinstance(logger, Iterable) else [logger]
+
+    def _build_callbacks(self, callbacks: Any) -> list[Any]:
+        from torchfleet.trainer.callbacks import Callback, ModelCheckpoint, ProgressBar
+
+        cbs = list(callbacks) if isinstance(callbacks, Iterable) else ([callbacks] if callbacks else [])
+        for cb in cbs:
+            if not isinstance(cb, Callback):
+                raise ConfigurationError(
+                    f"callbacks=[...] holds {cb!r} of type {type(cb).__name__}; callbacks must subclass "
+                    "torchfleet.callbacks.Callback."
+                )
+        if self.enable_progress_bar and not any(isinstance(c, ProgressBar) for c in cbs):
+            cbs.append(ProgressBar())
+        if not self.enable_progress_bar:
+            cbs = [c for c in cbs if not isinstance(c, ProgressBar)]
+        if self.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in cbs):
+            cbs.append(ModelCheckpoint())
+        if not self.enable_checkpointing and any(isinstance(c, ModelCheckpoint) for c in cbs):
+            raise ConfigurationError(
+                "enable_checkpointing=False but callbacks=[...] holds a ModelCheckpoint. Remove one of the two."
+            )
+        return cbs
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def accelerator(self) -> Any:
+        return self.strategy.accelerator
+
+    @property
+    def precision(self) -> str:
+        return self.strategy.precision.name
+
+    @property
+    def device_ids(self) -> list[int]:
+        return self.strategy.device_ids
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.device_ids)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.strategy.num_nodes
+
+    @property
+    def world_size(self) -> int:
+        return self.strategy.world_size
+
+    @property
+    def global_rank(self) -> int:
+        return self.strategy.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.strategy.local_rank
+
+    @property
+    def node_rank(self) -> int:
+        return self.strategy.node_rank
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.strategy.is_global_zero
+
+    @property
+    def logger(self) -> Any:
+        return self.loggers[0] if self.loggers else None
+
+    @property
+    def log_dir(self) -> str:
+        if self.loggers and getattr(self.loggers[0], "log_dir", None):
+            return self.loggers[0].log_dir
+        return self.default_root_dir
+
+    @property
+    def training(self) -> bool:
+        return self.stage == "fit" and not self.sanity_checking and self._in_train
+
+    @property
+    def validating(self) -> bool:
+        return self.stage == "validate" or (self.stage == "fit" and not self._in_train)
+
+    @property
+    def testing(self) -> bool:
+        return self.stage == "test"
+
+    @property
+    def predicting(self) -> bool:
+        return self.stage == "predict"
+
+    _in_train = False
+
+    @property
+    def callback_metrics(self) -> dict[str, torch.Tensor]:
+        """Latest value of everything logged (epoch aggregates after an epoch end)."""
+        out: dict[str, torch.Tensor] = {}
+        if self._train_results is not None:
+            for v in self._train_results.values.values():
+                if v.on_step:
+                    out[v.name] = v.latest
+        out.update(self._epoch_metrics)
+        return out
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """What the progress bar shows: values logged with prog_bar=True, as floats."""
+        out: dict[str, float] = {}
+        if self._train_results is not None:
+            for v in self._train_results.values.values():
+                if v.prog_bar and v.on_step:
+                    out[f"{v.name}_step" if v.on_epoch else v.name] = float(v.latest)
+        for k, v in self._bar_metrics.items():
+            out[k] = float(v) if isinstance(v, torch.Tensor) else v
+        return out
+
+    @property
+    def checkpoint_callbacks(self) -> list[Any]:
+        from torchfleet.trainer.callbacks import ModelCheckpoint
+
+        return [c for c in self.callbacks if isinstance(c, ModelCheckpoint)]
+
+    @property
+    def checkpoint_callback(self) -> Any:
+        cbs = self.checkpoint_callbacks
+        return cbs[0] if cbs else None
+
+    @property
+    def early_stopping_callback(self) -> Any:
+        from torchfleet.trainer.callbacks import EarlyStopping
+
+        return next((c for c in self.callbacks if isinstance(c, EarlyStopping)), None)
+
+    @property
+    def estimated_stepping_batches(self) -> int | float:
+        """Optimizer steps the fit will take (max_steps, or epochs x batches per epoch / accumulation)."""
+        if self.max_steps != -1:
+            return self.max_steps
+        if self.max_epochs == -1 or math.isinf(self.num_training_batches):
+            return float("inf")
+        per_epoch = math.ceil(self.num_training_batches / self.accumulate_grad_batches)
+        return per_epoch * self.max_epochs
+
+    # ------------------------------------------------------------------ entry points
+    def fit(
+        self,
+        model: nn.Module,
+        train_dataloaders: Any = None,
+        val_dataloaders: Any = None,
+        datamodule: Any = None,
+        ckpt_path: str | os.PathLike | None = None,
+    ) -> None:
+        """Train ``model``; ``ckpt_path`` (a file, or "last") resumes a run exactly where it stopped."""
+        self._run("fit", model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+
+    def validate(
+        self, model: nn.Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
+        verbose: bool = True, datamodule: Any = None,
+    ) -> list[dict[str, float]]:
+        """Run the validation loop once; returns one dict of epoch metrics per dataloader."""
+        return self._run("validate", model, None, dataloaders, datamodule, ckpt_path, verbose=verbose)
+
+    def test(
+        self, model: nn.Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
+        verbose: bool = True, datamodule: Any = None,
+    ) -> list[dict[str, float]]:
+        """Run the test loop once; returns one dict of epoch metrics per dataloader."""
+        return self._run("test", model, None, dataloaders, datamodule, ckpt_path, verbose=verbose)
+
+    def predict(
+        self, model: nn.Module | None = None, dataloaders: Any = None, datamodule: Any = None,
+        return_predictions: bool = True, ckpt_path: str | None = None,
+    ) -> list[Any] | None:
+        """Run ``predict_step`` over the dataloaders; returns the predictions (a list per dataloader when several)."""
+        return self._run("predict", model, None, dataloaders, datamodule, ckpt_path, return_predictions=return_predictions)
+
+    def _run(self, stage: str, model: Any, train_dl: Any, eval_dl: Any, datamodule: Any, ckpt_path: Any, **kw: Any) -> Any:
+        from torchfleet.trainer.loops import run_stage
+
+        model = self._connect(stage, model, train_dl, eval_dl, datamodule)
+        launcher = self.strategy.launcher
+        if launcher is not None:
+            return launcher.launch(run_stage, self, stage, model, train_dl, eval_dl, ckpt_path, kw)
+        return run_stage(self, stage, model, train_dl, eval_dl, ckpt_path, kw)
+
+    def _connect(self, stage: str, model: Any, train_dl: Any, eval_dl: Any, datamodule: Any) -> Any:
+        from torchfleet.module import Module
+
+        if model is None:
+            if self.module is None:
+                raise ConfigurationError(
+                    f"trainer.{stage}() was called without a model, and this Trainer has not been given one before. "
+                    f"Pass it: trainer.{stage}(model, ...)."
+                )
+            model = self.module
+        if not isinstance(model, Module):
+            raise ConfigurationError(
+                f"trainer.{stage}() needs a torchfleet.Module, got {type(model).__name__}. Subclass "
+                "torchfleet.Module (a LightningModule ports by changing its import and base class), or use Fleet "
+                "for a plain nn.Module in your own loop."
+            )
+        if datamodule is not None and (train_dl is not None or eval_dl is not None):
+            raise ConfigurationError(
+                f"trainer.{stage}() got both dataloaders and a datamodule. Pass one of them."
+            )
+        self.module = model
+        self.datamodule = datamodule
+        return model
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(
+        self, filepath: str | os.PathLike, weights_only: bool = False, storage_options: Any = None
+    ) -> None:
+        """Write a checkpoint of the current run to ``filepath``. Every rank calls it; the strategy decides who writes."""
+        from torchfleet.trainer.checkpointing import dump_checkpoint
+
+        if self.module is None or self._wrapped is None:
+            raise RuntimeError("trainer.save_checkpoint() needs a running fit/validate/test: there is no model set up yet.")
+        state = dump_checkpoint(self, weights_only)
+        self.strategy.save_checkpoint(filepath, state, storage_options=storage_options)
+        self.strategy.barrier("save_checkpoint")
+
+
+def seed_everything(seed: int | None = None, workers: bool = False) -> int:
+    """Seed Python's, NumPy's and torch's generators (every process alike); returns the seed used."""
+    if seed is None:
+        env = os.environ.get("TF_GLOBAL_SEED")
+        seed = int(env) if env is not None else random.randint(0, 2**31 - 1)
+    if not isinstance(seed, int) or not (0 <= seed < 2**32):
+        raise ConfigurationError(f"seed={seed!r} is not valid: give an int in [0, 2**32).")
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:
+        pass
+    torch.manual_seed(seed)
+    # children started by our launchers inherit the seed this way; it is a value, not configuration
+    os.environ["TF_GLOBAL_SEED"] = str(seed)
+    os.environ["TF_SEED_WORKERS"] = "1" if workers else "0"
+    return seed

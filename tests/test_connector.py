@@ -1,0 +1,128 @@
+"""connector.resolve: every argument error is raised at Trainer/Fleet construction; choices are right."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchfleet.checkpoint import TorchCheckpointIO
+from torchfleet.connector import resolve
+from torchfleet.environments import LocalEnvironment
+from torchfleet.errors import ConfigurationError
+from torchfleet.precision import Precision, precision_for
+from torchfleet.strategies import SingleDeviceStrategy
+
+
+@pytest.fixture
+def four_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True, raising=False)
+
+
+def test_auto_on_cpu_is_single_device():
+    s = resolve()
+    assert isinstance(s, SingleDeviceStrategy)
+    assert s.root_device == torch.device("cpu")
+    assert s.precision.name == "32-true"
+    assert isinstance(s.checkpoint_io, TorchCheckpointIO)
+    assert s.accelerator.name == "cpu"
+
+
+def test_auto_prefers_cuda_when_present(four_gpus):
+    s = resolve(devices=1)
+    assert s.accelerator.name == "cuda" and s.root_device == torch.device("cuda", 0)
+    assert not torch.cuda.is_initialized()
+
+
+def test_gpu_device_selection_without_initialising_cuda(four_gpus):
+    s = resolve(accelerator="gpu", devices="2,")
+    assert s.root_device == torch.device("cuda", 2) and s.device_ids == [2]
+    s = resolve(accelerator="cuda", devices=[3])
+    assert s.root_device == torch.device("cuda", 3)
+    assert not torch.cuda.is_initialized()
+
+
+def test_gpu_requested_where_none_exists(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ConfigurationError, match="(?i)no .*gpu|cuda.*not available"):
+        resolve(accelerator="gpu")
+    with pytest.raises(ConfigurationError, match="(?i)cuda"):
+        resolve(accelerator="cuda")
+
+
+def test_gpu_id_beyond_count(four_gpus):
+    with pytest.raises(ConfigurationError, match="4"):
+        resolve(accelerator="cuda", devices=[5])
+
+
+def test_several_devices_without_a_multi_process_strategy_is_explained():
+    from torchfleet.strategies import StrategyRegistry
+
+    if "ddp" in StrategyRegistry:
+        pytest.skip("a multi-process strategy is registered, so 'auto' picks it")
+    with pytest.raises(ConfigurationError, match="2 processes"):
+        resolve(accelerator="cpu", devices=2)
+
+
+def test_single_device_with_two_devices_is_refused():
+    with pytest.raises(ConfigurationError, match="single_device"):
+        resolve(strategy="single_device", accelerator="cpu", devices=2)
+
+
+def test_unknown_names_suggest_the_closest():
+    with pytest.raises(ConfigurationError, match="single_device"):
+        resolve(strategy="singel_device")
+    with pytest.raises(ConfigurationError, match="'cuda'"):
+        resolve(accelerator="cdua")
+    with pytest.raises(ConfigurationError, match="bf16-mixed"):
+        resolve(precision="bf16mixed")
+
+
+def test_precision_aliases_are_normalised():
+    assert resolve(precision=64).precision.name == "64-true"
+    assert resolve(precision="32").precision.name == "32-true"
+    assert resolve(precision="bf16").precision.name == "bf16-mixed"
+    assert resolve(precision="bf16-true").precision.name == "bf16-true"
+
+
+@pytest.mark.parametrize("num_nodes", [0, -1, 1.5, "2", True])
+def test_bad_num_nodes(num_nodes):
+    with pytest.raises(ConfigurationError, match="num_nodes"):
+        resolve(num_nodes=num_nodes)
+
+
+def test_plugins_fill_parts_and_duplicates_fail():
+    io = TorchCheckpointIO()
+    env = LocalEnvironment()
+    prec = precision_for("bf16-mixed", "cpu")
+    s = resolve(plugins=[io, prec, env])
+    assert s.checkpoint_io is io and s.precision is prec
+    with pytest.raises(ConfigurationError, match="two checkpoint_io plugins"):
+        resolve(plugins=[TorchCheckpointIO(), TorchCheckpointIO()])
+    with pytest.raises(ConfigurationError, match="two precision plugins"):
+        resolve(plugins=[Precision(), Precision()])
+    with pytest.raises(ConfigurationError, match="not a plugin"):
+        resolve(plugins=["fast"])
+    with pytest.raises(ConfigurationError, match="both given"):
+        resolve(precision="bf16-mixed", plugins=[Precision()])
+
+
+def test_strategy_object_parts_win_and_conflicts_fail():
+    io = TorchCheckpointIO()
+    strategy = SingleDeviceStrategy(checkpoint_io=io)
+    assert resolve(strategy=strategy).checkpoint_io is io
+    with pytest.raises(ConfigurationError, match="already has a checkpoint_io"):
+        resolve(strategy=SingleDeviceStrategy(checkpoint_io=io), plugins=[TorchCheckpointIO()])
+    with pytest.raises(ConfigurationError, match="disagrees"):
+        resolve(strategy=SingleDeviceStrategy(precision=precision_for("64-true", "cpu")), precision="bf16-mixed")
+
+
+def test_strategy_argument_type_checked():
+    with pytest.raises(ConfigurationError, match="registered name"):
+        resolve(strategy=3)
+
+
+def test_resolve_builds_fresh_strategies():
+    assert resolve() is not resolve()

@@ -1,0 +1,420 @@
+"""Trainer behaviour on one CPU device: loops, limits, accumulation, clipping, schedulers, hooks, errors."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from tests.helpers import RegressionData, Regressor, loader, make_data, quiet
+from torchfleet import Module, Trainer
+from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
+
+
+def raw_sgd_run(model: nn.Module, batches, lr=0.05, momentum=0.9, accumulate=1, clip=None, epochs=1):
+    """The reference: a hand-written PyTorch loop with the same optimizer."""
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    for _ in range(epochs):
+        for i, (x, y) in enumerate(batches):
+            loss = nn.functional.mse_loss(model(x), y) / accumulate
+            loss.backward()
+            if (i + 1) % accumulate == 0 or i + 1 == len(batches):
+                if clip:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+                opt.step()
+                opt.zero_grad()
+    return model
+
+
+def test_fit_matches_hand_written_loop_bitwise():
+    torch.manual_seed(0)
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    Trainer(max_epochs=2, **quiet()).fit(model, loader())
+    raw_sgd_run(reference, list(loader()), epochs=2)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("accumulate", [2, 3])
+def test_gradient_accumulation_matches_reference(accumulate):
+    torch.manual_seed(0)
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    trainer = Trainer(max_epochs=1, accumulate_grad_batches=accumulate, **quiet())
+    trainer.fit(model, loader())
+    raw_sgd_run(reference, list(loader()), accumulate=accumulate)
+    assert trainer.global_step == -(-8 // accumulate)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_gradient_clipping_by_norm_matches_reference():
+    torch.manual_seed(0)
+    model = Regressor(lr=0.5)
+    reference = copy.deepcopy(model)
+    Trainer(max_epochs=1, gradient_clip_val=0.01, **quiet()).fit(model, loader())
+    raw_sgd_run(reference, list(loader()), lr=0.5, clip=0.01)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_gradient_clipping_by_value_bounds_gradients():
+    seen = []
+
+    class Spy(Regressor):
+        def on_before_optimizer_step(self, optimizer):
+            pass
+
+        def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+            seen.append(max(p.grad.abs().max().item() for p in self.parameters()))
+            optimizer.zero_grad()
+
+    Trainer(max_epochs=1, gradient_clip_val=1e-3, gradient_clip_algorithm="value", **quiet()).fit(Spy(lr=1.0), loader())
+    assert seen and max(seen) <= 1e-3 + 1e-9
+
+
+def test_limits_max_steps_and_global_step():
+    trainer = Trainer(max_epochs=5, limit_train_batches=3, **quiet())
+    trainer.fit(Regressor(), loader())
+    assert trainer.global_step == 15 and trainer.current_epoch == 5
+    trainer = Trainer(max_steps=7, **quiet())
+    trainer.fit(Regressor(), loader())
+    assert trainer.global_step == 7
+    trainer = Trainer(max_epochs=1, limit_train_batches=0.5, **quiet())
+    trainer.fit(Regressor(), loader())
+    assert trainer.global_step == 4
+
+
+def test_min_epochs_overrides_should_stop():
+    class StopAtOnce(Regressor):
+        def on_train_epoch_start(self):
+            self.trainer.should_stop = True
+
+    trainer = Trainer(max_epochs=10, min_epochs=3, **quiet())
+    trainer.fit(StopAtOnce(), loader())
+    assert trainer.current_epoch == 2  # stopped in the third epoch (0-based 2)
+
+
+def test_validation_schedule_and_metrics():
+    calls = []
+
+    class Counting(Regressor):
+        def on_validation_epoch_end(self):
+            calls.append((self.current_epoch, self.global_step))
+
+    trainer = Trainer(max_epochs=4, check_val_every_n_epoch=2, **quiet())
+    trainer.fit(Counting(), datamodule=RegressionData())
+    assert calls == [(1, 16), (3, 32)]
+    assert "val_loss" in trainer.callback_metrics and "train_loss" in trainer.callback_metrics
+
+    calls.clear()
+    Trainer(max_epochs=1, val_check_interval=0.25, **quiet()).fit(Counting(), datamodule=RegressionData())
+    assert calls == [(0, 2), (0, 4), (0, 6), (0, 8)]
+
+    calls.clear()
+    Trainer(max_epochs=1, val_check_interval=3, **quiet()).fit(Counting(), datamodule=RegressionData())
+    assert calls == [(0, 3), (0, 6)]
+
+
+def test_epoch_metric_is_sample_weighted_mean():
+    class Logs(Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(1))
+
+        def validation_step(self, batch, batch_idx):
+            (x,) = batch
+            self.log("mean_x", x.mean())
+
+    data = torch.utils.data.TensorDataset(torch.arange(10, dtype=torch.float32))
+    out = Trainer(**quiet()).validate(Logs(), torch.utils.data.DataLoader(data, batch_size=4))
+    # batches of 4, 4, 2: the weighted mean is the true mean 4.5 (a mean of batch means would be 4.83)
+    assert out[0]["mean_x"] == pytest.approx(4.5)
+
+
+def test_on_step_and_on_epoch_names():
+    class Both(Regressor):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("both", loss, on_step=True, on_epoch=True, prog_bar=True)
+            return loss
+
+    trainer = Trainer(max_epochs=1, log_every_n_steps=1, **quiet())
+    trainer.fit(Both(), loader())
+    assert "both" in trainer.callback_metrics
+    assert "both_epoch" in trainer.logged_metrics
+    assert "both_epoch" in trainer.progress_bar_metrics
+
+
+def test_step_and_epoch_schedulers():
+    trainer = Trainer(max_epochs=2, **quiet())
+    model = Regressor(scheduler="step")
+    trainer.fit(model, loader())
+    # 16 steps, StepLR(step_size=3, gamma=0.5) stepped per optimizer step: 5 halvings
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.05 * 0.5 ** 5)
+    trainer = Trainer(max_epochs=3, **quiet())
+    trainer.fit(Regressor(scheduler="epoch"), loader())
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.05 * 0.5 ** 3)
+
+
+def test_reduce_on_plateau_needs_logged_monitor():
+    class Plateau(Regressor):
+        def configure_optimizers(self):
+            opt = torch.optim.SGD(self.parameters(), lr=0.1)
+            sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "monitor": "nope"}}
+
+    with pytest.raises(MisconfiguredModuleError, match="'nope'.*train_loss"):
+        Trainer(max_epochs=1, **quiet()).fit(Plateau(), loader())
+
+
+def test_training_step_none_skips_batch():
+    class SkipOdd(Regressor):
+        def training_step(self, batch, batch_idx):
+            return None if batch_idx % 2 else super().training_step(batch, batch_idx)
+
+    trainer = Trainer(max_epochs=1, **quiet())
+    trainer.fit(SkipOdd(), loader())
+    assert trainer.global_step == 4
+
+
+def test_training_step_dict_with_loss():
+    class DictOut(Regressor):
+        def training_step(self, batch, batch_idx):
+            return {"loss": super().training_step(batch, batch_idx), "extra": 1}
+
+    trainer = Trainer(max_epochs=1, **quiet())
+    trainer.fit(DictOut(), loader())
+    assert trainer.global_step == 8
+
+
+@pytest.mark.parametrize(
+    "output, match",
+    [
+        (lambda loss: loss.item(), "returned a float"),
+        (lambda loss: {"not_loss": loss}, "without 'loss'"),
+        (lambda loss: loss.detach(), "does not require grad"),
+        (lambda loss: torch.stack([loss, loss]), "shape"),
+        (lambda loss: "loss", "returned a str"),
+    ],
+)
+def test_bad_training_step_output(output, match):
+    class Bad(Regressor):
+        def training_step(self, batch, batch_idx):
+            return output(super().training_step(batch, batch_idx))
+
+    with pytest.raises(MisconfiguredModuleError, match=match):
+        Trainer(max_epochs=1, **quiet()).fit(Bad(), loader())
+
+
+@pytest.mark.parametrize(
+    "config, match",
+    [
+        (lambda m: "adam", "not understood"),
+        (lambda m: {"optim": torch.optim.SGD(m.parameters(), lr=1)}, "no 'optimizer'"),
+        (lambda m: {"optimizer": 3}, "not a torch.optim.Optimizer"),
+        (lambda m: {"optimizer": torch.optim.SGD(m.parameters(), lr=1), "lr_scheduler": 5}, "LR scheduler"),
+        (lambda m: [torch.optim.SGD(m.parameters(), lr=1), torch.optim.SGD(m.parameters(), lr=1)], "automatic optimisation"),
+    ],
+)
+def test_bad_optimizer_configuration(config, match):
+    class Bad(Regressor):
+        def configure_optimizers(self):
+            return config(self)
+
+    with pytest.raises(MisconfiguredModuleError, match=match):
+        Trainer(max_epochs=1, **quiet()).fit(Bad(), loader())
+
+
+def test_manual_optimization_two_optimizers():
+    class GANish(Module):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+            self.a = nn.Linear(8, 1)
+            self.b = nn.Linear(8, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            opt_a, opt_b = self.optimizers()
+            for opt, layer in ((opt_a, self.a), (opt_b, self.b)):
+                opt.zero_grad()
+                loss = nn.functional.mse_loss(layer(x), y)
+                self.manual_backward(loss)
+                opt.step()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.a.parameters(), lr=0.1), torch.optim.SGD(self.b.parameters(), lr=0.1)
+
+    model = GANish()
+    before = copy.deepcopy(model.state_dict())
+    trainer = Trainer(max_epochs=1, **quiet())
+    trainer.fit(model, loader())
+    assert trainer.global_step == 16  # two optimizer steps per batch
+    assert not torch.equal(before["a.weight"], model.a.weight) and not torch.equal(before["b.weight"], model.b.weight)
+
+
+def test_manual_backward_requires_manual_mode():
+    class Wrong(Regressor):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.manual_backward(loss)
+            return loss
+
+    with pytest.raises(ConfigurationError, match="automatic_optimization = False"):
+        Trainer(max_epochs=1, **quiet()).fit(Wrong(), loader())
+
+
+def test_hook_order():
+    order = []
+    names = ["on_fit_start", "on_train_start", "on_train_epoch_start", "on_train_batch_start", "on_before_backward",
+             "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad", "on_train_batch_end",
+             "on_validation_start", "on_validation_epoch_start", "on_validation_batch_start",
+             "on_validation_batch_end", "on_validation_epoch_end", "on_validation_end", "on_train_epoch_end",
+             "on_train_end", "on_fit_end"]
+
+    class Recorder(Regressor):
+        pass
+
+    for name in names:
+        def hook(self, *args, _name=name):
+            order.append(_name)
+        setattr(Recorder, name, hook)
+    trainer = Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, **quiet())
+    trainer.fit(Recorder(), datamodule=RegressionData())
+    assert order == names
+
+
+def test_validate_test_predict():
+    model = Regressor()
+    trainer = Trainer(**quiet())
+    val = trainer.validate(model, loader(32))
+    test = trainer.test(model, loader(32))
+    assert set(val[0]) == {"val_loss"} and set(test[0]) == {"test_loss"}
+    assert val[0]["val_loss"] == pytest.approx(test[0]["test_loss"])
+    preds = trainer.predict(model, loader(32))
+    assert len(preds) == 4 and preds[0].shape == (8, 1)
+    x = torch.cat([b[0] for b in loader(32)])
+    torch.testing.assert_close(torch.cat(preds), model(x).detach())
+
+
+def test_validate_with_two_dataloaders_suffixes_names():
+    with pytest.raises(MisconfiguredModuleError, match="dataloader_idx"):
+        Trainer(**quiet()).validate(Regressor(), [loader(16), loader(32, seed=3)])
+
+    class TwoLoaders(Regressor):
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            return super().validation_step(batch, batch_idx)
+
+    out = Trainer(**quiet()).validate(TwoLoaders(), [loader(16), loader(32, seed=3)])
+    assert len(out) == 2
+    assert "val_loss/dataloader_idx_0" in out[0] and "val_loss/dataloader_idx_1" in out[1]
+
+
+def test_fast_dev_run_runs_one_batch_and_writes_nothing(tmp_path):
+    trainer = Trainer(fast_dev_run=True, default_root_dir=tmp_path, enable_progress_bar=False)
+    trainer.fit(Regressor(), datamodule=RegressionData())
+    assert trainer.global_step == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sanity_check_runs_and_is_not_logged():
+    steps = []
+
+    class Spy(Regressor):
+        def validation_step(self, batch, batch_idx):
+            steps.append(self.trainer.sanity_checking)
+            return super().validation_step(batch, batch_idx)
+
+    trainer = Trainer(max_epochs=1, **{**quiet(), "num_sanity_val_steps": 2})
+    trainer.fit(Spy(), datamodule=RegressionData())
+    assert steps[:2] == [True, True] and steps[2:] == [False] * 4
+
+
+def test_log_errors():
+    class BadLog(Regressor):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("vec", torch.ones(3))
+            return loss
+
+    with pytest.raises(MisconfiguredModuleError, match="shape"):
+        Trainer(max_epochs=1, **quiet()).fit(BadLog(), loader())
+
+    class BadReduce(Regressor):
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.log("x", loss, reduce_fx="median")
+            return loss
+
+    with pytest.raises(ConfigurationError, match="median"):
+        Trainer(max_epochs=1, **quiet()).fit(BadReduce(), loader())
+
+
+def test_trainer_reports_what_was_resolved():
+    trainer = Trainer(accelerator="cpu", devices=1, precision="bf16", **quiet())
+    assert trainer.precision == "bf16-mixed"
+    assert trainer.device_ids == [0] and trainer.num_devices == 1 and trainer.num_nodes == 1
+    assert trainer.world_size == 1 and trainer.global_rank == 0 and trainer.local_rank == 0
+    assert trainer.is_global_zero
+    assert type(trainer.strategy).__name__ == "SingleDeviceStrategy"
+    assert trainer.accelerator.name == "cpu"
+    assert trainer.strategy.root_device == torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_epochs": -3}, "max_epochs"),
+        ({"accumulate_grad_batches": 0}, "accumulate_grad_batches"),
+        ({"val_check_interval": 1.5}, "val_check_interval"),
+        ({"gradient_clip_algorithm": "l2"}, "'norm' and 'value'"),
+        ({"limit_train_batches": 1.5}, "limit_train_batches"),
+        ({"limit_val_batches": -1}, "limit_val_batches"),
+        ({"num_nodes": 0}, "num_nodes"),
+        ({"deterministic": "yes"}, "deterministic"),
+        ({"callbacks": [object()]}, "Callback"),
+    ],
+)
+def test_bad_trainer_arguments(kwargs, match):
+    with pytest.raises(ConfigurationError, match=match):
+        Trainer(**{**quiet(), **kwargs})
+
+
+def test_fit_needs_module_and_data():
+    with pytest.raises(ConfigurationError, match="torchfleet.Module"):
+        Trainer(**quiet()).fit(nn.Linear(2, 2), loader())
+    with pytest.raises(ConfigurationError, match="no training data"):
+        Trainer(**quiet()).fit(Regressor())
+
+
+def test_deterministic_mode_sets_torch_flag():
+    try:
+        Trainer(max_epochs=1, deterministic=True, **quiet()).fit(Regressor(), loader())
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_fit_twice_continues_training():
+    model = Regressor()
+    trainer = Trainer(max_epochs=1, **quiet())
+    trainer.fit(model, loader())
+    w1 = model.net[0].weight.detach().clone()
+    trainer.fit(model, loader())
+    assert not torch.equal(w1, model.net[0].weight)
+
+
+def test_estimated_stepping_batches():
+    seen = {}
+
+    class Peek(Regressor):
+        def configure_optimizers(self):
+            seen["steps"] = self.trainer.estimated_stepping_batches
+            return super().configure_optimizers()
+
+    Trainer(max_epochs=3, accumulate_grad_batches=3, **quiet()).fit(Peek(), loader())
+    assert seen["steps"] == 3 * 3  # ceil(8 / 3) = 3 steps per epoch
