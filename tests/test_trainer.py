@@ -418,3 +418,25 @@ def test_estimated_stepping_batches():
 
     Trainer(max_epochs=3, accumulate_grad_batches=3, **quiet()).fit(Peek(), loader())
     assert seen["steps"] == 3 * 3  # ceil(8 / 3) = 3 steps per epoch
+
+
+def test_lbfgs_gets_a_closure_that_recomputes():
+    class WithLBFGS(Regressor):
+        def configure_optimizers(self):
+            return torch.optim.LBFGS(self.parameters(), lr=0.5, max_iter=4)
+
+    model = WithLBFGS()
+    x, y = make_data(64).tensors
+    before = nn.functional.mse_loss(model(x), y).item()
+    calls = []
+    original = WithLBFGS.training_step
+
+    def counting(self, batch, batch_idx):
+        calls.append(batch_idx)
+        return original(self, batch, batch_idx)
+
+    WithLBFGS.training_step = counting
+    Trainer(max_epochs=2, **quiet()).fit(model, loader())
+    after = nn.functional.mse_loss(model(x), y).item()
+    assert after < before * 0.5
+    assert len(calls) > 16  # LBFGS evaluated the loss several times per batch through the closure

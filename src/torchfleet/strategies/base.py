@@ -42,9 +42,12 @@ def move_to_device(data: Any, device: torch.device) -> Any:
         moved = {k: move_to_device(v, device) for k, v in data.items()}
         return moved if type(data) is dict else type(data)(moved)
     if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
-        return type(data)(*(move_to_device(v, device) for v in data))
+        return type(data)(*[move_to_device(v, device) for v in data])
     if isinstance(data, (list, tuple)):
-        return type(data)(move_to_device(v, device) for v in data)
+        for v in data:
+            if not (isinstance(v, Tensor) and v.device == device):
+                return type(data)([move_to_device(v, device) for v in data])
+        return data  # the common (x, y) batch already in place: no copy of the container
     return data
 
 
@@ -64,8 +67,13 @@ class Strategy(ABC):
         precision: Precision | None = None,
         checkpoint_io: CheckpointIO | None = None,
     ) -> None:
+        from torchfleet.precision import Precision as _FullPrecision
+
+        self._explicit = {k for k, v in (("accelerator", accelerator), ("precision", precision),
+                                         ("checkpoint_io", checkpoint_io)) if v is not None}
         self._accelerator = accelerator
-        self._precision = precision
+        # never None, so the per-step methods below read it without a check
+        self._precision: Precision = precision if precision is not None else _FullPrecision()
         self._checkpoint_io = checkpoint_io
         self._launcher: Launcher | None = None
 
@@ -80,14 +88,10 @@ class Strategy(ABC):
 
     @property
     def precision(self) -> Precision:
-        if self._precision is None:
-            from torchfleet.precision import Precision
-
-            self._precision = Precision()
         return self._precision
 
     @precision.setter
-    def precision(self, precision: Precision | None) -> None:
+    def precision(self, precision: Precision) -> None:
         self._precision = precision
 
     @property
@@ -103,8 +107,8 @@ class Strategy(ABC):
         self._checkpoint_io = io
 
     def has_part(self, kind: str) -> bool:
-        """Whether the part ``kind`` ("accelerator", "precision", "checkpoint_io", ...) was set explicitly."""
-        return getattr(self, f"_{kind}", None) is not None
+        """Whether the part ``kind`` ("accelerator", "precision", "checkpoint_io", ...) was given to the constructor."""
+        return kind in self._explicit
 
     @property
     def launcher(self) -> Launcher | None:
@@ -196,20 +200,20 @@ class Strategy(ABC):
 
     def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
         """Move tensors inside ``batch`` to ``device`` (default: ``root_device``) and apply precision."""
-        return self.precision.convert_input(move_to_device(batch, device or self.root_device))
+        return self._precision.convert_input(move_to_device(batch, device or self.root_device))
 
     # --------------------------------------------------------------- training
     def forward_context(self) -> contextlib.AbstractContextManager:
         """Context wrapping forward passes (autocast under mixed precision)."""
-        return self.precision.forward_context()
+        return self._precision.forward_context()
 
     def backward(self, loss: Tensor, module: nn.Module | None = None, *args: Any, **kwargs: Any) -> None:
         """Compute gradients of ``loss`` (through the precision's scaler when there is one)."""
-        self.precision.backward(loss, module, *args, **kwargs)
+        self._precision.backward(loss, module, *args, **kwargs)
 
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         """Step ``optimizer``; ``closure`` computes the loss and gradients first when given."""
-        return self.precision.optimizer_step(optimizer, closure, **kwargs)
+        return self._precision.optimizer_step(optimizer, closure, **kwargs)
 
     def _gradient_params(self, module: nn.Module | None, optimizer: Optimizer | None) -> list[Tensor]:
         if optimizer is not None:

@@ -66,8 +66,17 @@ class HookDispatcher:
             fn(trainer, self.module, *args)
         fn = self.mod(name)
         if fn is not None:
-            trainer._current_fx(name)
-            fn(*args)
+            self.call_module(trainer, name, fn, *args)
+
+    def call_module(self, trainer: Any, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run the Module hook ``fn`` with ``self.log`` defaults of ``name``, then restore the running hook's."""
+        module = self.module
+        previous = module._current_fx
+        trainer._current_fx(name)
+        try:
+            return fn(*args)
+        finally:
+            trainer._current_fx(previous)
 
     def call_module_between(self, name: str, trainer: Any, *args: Any, between: Callable[[], None] | None = None) -> None:
         """Ordinary callbacks, the Module, ``between()``, then the monitoring callbacks (they see what the Module logged)."""
@@ -76,8 +85,7 @@ class HookDispatcher:
             fn(trainer, self.module, *args)
         mod = self.mod(name)
         if mod is not None:
-            trainer._current_fx(name)
-            mod(*args)
+            self.call_module(trainer, name, mod, *args)
         if between is not None:
             between()
         for fn in monitoring:

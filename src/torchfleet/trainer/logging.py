@@ -126,17 +126,20 @@ class Results:
         self.stage = stage
         self.values: dict[str, LoggedValue] = {}
         self.batch: Any = None
+        self._sized: Any = object()
         self._batch_size: int | None = None
         self.device = torch.device("cpu")
 
     def new_batch(self, batch: Any) -> None:
         self.batch = batch
-        self._batch_size = None
 
     def batch_size(self) -> int:
-        if self._batch_size is None:
-            self._batch_size = infer_batch_size(self.batch) or 1
-        return self._batch_size
+        # cached per batch object: the loop only assigns ``self.batch`` (cheap), the size is found on demand
+        batch = self.batch
+        if self._sized is not batch:
+            self._sized = batch
+            self._batch_size = infer_batch_size(batch) or 1
+        return self._batch_size  # type: ignore[return-value]
 
     def log(
         self,
@@ -152,6 +155,10 @@ class Results:
         batch_size: int | None,
     ) -> None:
         entry = self.values.get(name)
+        if entry is not None and not entry.on_epoch and type(value) is Tensor and value.dim() == 0:
+            entry.latest = value.detach()  # the per-step hot path: a scalar logged before
+            entry.fresh = True
+            return
         tensor = _to_tensor(name, value, self.device)
         if entry is None:
             default_step, default_epoch = FX_DEFAULTS.get(fx, EPOCH_DEFAULT)

@@ -207,6 +207,16 @@ def _sanity_check(trainer: Trainer, model: Any, val_loaders: list[Any]) -> None:
     trainer._bar_metrics.clear()
 
 
+def _needs_closure(optimizer: Any) -> bool:
+    """Whether ``optimizer.step`` must get the closure: it re-evaluates the loss (LBFGS) or is not torch's.
+
+    torch's other optimizers call a closure once, before the update, which would only return the loss
+    already computed; skipping it saves the closure's enable_grad bookkeeping on every step.
+    """
+    cls = type(optimizer)
+    return cls.__module__.split(".")[:2] != ["torch", "optim"] or isinstance(optimizer, torch.optim.LBFGS)
+
+
 class _ReplayClosure:
     """Returns the already computed loss on the first call; recomputes forward+backward on later calls (LBFGS)."""
 
@@ -242,6 +252,22 @@ class FitLoop:
                     "Use a value <= the epoch length, or a float fraction."
                 )
             self.val_every = interval
+        # which optional hooks exist, decided once: the per-step path then costs nothing for the rest
+        hooks = trainer._hooks
+
+        def present(name: str) -> bool:
+            return bool(hooks.cb(name)) or hooks.mod(name) is not None
+
+        self._has_before_backward = present("on_before_backward")
+        self._has_after_backward = present("on_after_backward")
+        self._has_before_step = present("on_before_optimizer_step")
+        self._has_before_zero_grad = present("on_before_zero_grad")
+        self._custom_clipping = hooks.mod("configure_gradient_clipping")
+        self._custom_zero_grad = hooks.mod("optimizer_zero_grad")
+        self._closure = _ReplayClosure(None, None)
+        self._closure_needed = bool(trainer.optimizers) and _needs_closure(trainer.optimizers[0])
+        self._forward_context = self.strategy.forward_context
+        self._has_step_schedulers = any(c.interval == "step" for c in trainer.lr_scheduler_configs)
 
     # -- progress, saved in checkpoints as loops["fit"] ----------------------------------------
     def _set_progress(self, **kw: Any) -> None:
@@ -323,6 +349,7 @@ class FitLoop:
         batch_end_mod = hooks.mod("on_train_batch_end")
         transfer = self._transfer_fn()
         progress = trainer._progress
+        trainer._current_fx("training_step")
         window_has_grads = False
         batch_idx = start_batch - 1
         is_last = False
@@ -336,8 +363,7 @@ class FitLoop:
             for fn in batch_start_cbs:
                 fn(trainer, model, batch, batch_idx)
             if batch_start_mod is not None:
-                trainer._current_fx("on_train_batch_start")
-                skip_rest = batch_start_mod(batch, batch_idx) == -1
+                skip_rest = hooks.call_module(trainer, "on_train_batch_start", batch_start_mod, batch, batch_idx) == -1
             if skip_rest:
                 break
             if automatic:
@@ -352,7 +378,6 @@ class FitLoop:
                 else:
                     outputs = loss
             else:
-                trainer._current_fx("training_step")
                 outputs = step_fn(batch, batch_idx)
                 boundary = True
             progress["batches_done"] = batch_idx + 1
@@ -365,8 +390,7 @@ class FitLoop:
             for fn in batch_end_cbs:
                 fn(trainer, model, outputs, batch, batch_idx)
             if batch_end_mod is not None:
-                trainer._current_fx("on_train_batch_end")
-                batch_end_mod(outputs, batch, batch_idx)
+                hooks.call_module(trainer, "on_train_batch_end", batch_end_mod, outputs, batch, batch_idx)
             if validate_now:
                 self._validate()
             if trainer.should_stop and self._may_stop():
@@ -417,53 +441,54 @@ class FitLoop:
 
     def _forward_backward(self, step_fn: Any, batch: Any, batch_idx: int, accumulate: int, boundary: bool) -> Tensor | None:
         trainer, strategy = self.trainer, self.strategy
-        trainer._current_fx("training_step")
-        with strategy.forward_context():
+        with self._forward_context():
             output = step_fn(batch, batch_idx)
         loss = _extract_loss(output)
         if loss is None:
             return None
         hooks = trainer._hooks
         scaled = loss / accumulate if accumulate > 1 else loss
-        before = hooks.cb("on_before_backward")
-        if before or hooks.mod("on_before_backward"):
+        if self._has_before_backward:
             hooks.call("on_before_backward", trainer, scaled)
         if boundary:
             strategy.backward(scaled, trainer._wrapped)
         else:
             with strategy.no_backward_sync(trainer._wrapped):
                 strategy.backward(scaled, trainer._wrapped)
-        if hooks.cb("on_after_backward") or hooks.mod("on_after_backward"):
+        if self._has_after_backward:
             hooks.call("on_after_backward", trainer)
         return loss.detach()
 
     def _optimizer_step(self, opt: Any, loss: Tensor | None, step_fn: Any, batch: Any, batch_idx: int) -> None:
         trainer, strategy, model, hooks = self.trainer, self.strategy, self.model, self.trainer._hooks
-        if hooks.cb("on_before_optimizer_step") or hooks.mod("on_before_optimizer_step"):
+        if self._has_before_step:
             hooks.call("on_before_optimizer_step", trainer, opt)
-        if trainer.gradient_clip_val:
-            clip = hooks.mod("configure_gradient_clipping")
-            if clip is not None:
-                clip(opt, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
-            else:
-                model.clip_gradients(opt, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
-        elif hooks.mod("configure_gradient_clipping") is not None:
-            model.configure_gradient_clipping(opt, None, None)
+        clip = self._custom_clipping
+        if clip is not None:
+            clip(opt, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+        elif trainer.gradient_clip_val:
+            model.clip_gradients(opt, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
 
-        def recompute() -> Any:
-            opt.zero_grad(set_to_none=True)
-            return self._forward_backward(step_fn, batch, batch_idx, 1, True)
+        if self._closure_needed:
+            def recompute() -> Any:
+                opt.zero_grad(set_to_none=True)
+                return self._forward_backward(step_fn, batch, batch_idx, 1, True)
 
-        strategy.optimizer_step(opt, _ReplayClosure(loss, recompute))
-        if hooks.cb("on_before_zero_grad") or hooks.mod("on_before_zero_grad"):
+            closure = self._closure
+            closure.loss, closure.recompute, closure.used = loss, recompute, False
+            strategy.optimizer_step(opt, closure)
+        else:
+            strategy.optimizer_step(opt)
+        if self._has_before_zero_grad:
             hooks.call("on_before_zero_grad", trainer, opt)
-        zero = hooks.mod("optimizer_zero_grad")
+        zero = self._custom_zero_grad
         if zero is not None:
             zero(trainer.current_epoch, batch_idx, opt)
         else:
             opt.zero_grad(set_to_none=True)
         trainer.global_step += 1
-        self._step_schedulers("step")
+        if self._has_step_schedulers:
+            self._step_schedulers("step")
 
     def _step_schedulers(self, interval: str) -> None:
         trainer = self.trainer
@@ -500,6 +525,7 @@ class FitLoop:
         trainer._in_train = False
         EvalLoop(trainer, self.model, "validate", self.val_loaders, trainer.num_val_batches,
                  on_metrics=lambda: self._set_progress(val_pending=False)).run()
+        trainer._current_fx("training_step")
         trainer._in_train = True
         self.model._results = trainer._train_results
         self.model.train()
@@ -540,6 +566,8 @@ def _publish_epoch(trainer: Trainer, results: Results, suffix: str = "") -> dict
 
 
 def _extract_loss(output: Any) -> Tensor | None:
+    if type(output) is Tensor and output.requires_grad and output.dim() == 0:
+        return output  # the common case, checked first
     if output is None:
         return None
     if isinstance(output, Tensor):
@@ -593,6 +621,7 @@ class EvalLoop:
         hooks.call(f"on_{hook}_start", trainer)
         hooks.call(f"on_{hook}_epoch_start", trainer)
         step_fn = strategy.step_function(trainer._wrapped, step_name)
+        trainer._current_fx(step_name)
         multi = len(self.loaders) > 1
         if multi:
             _check_takes_dataloader_idx(getattr(model, step_name), step_name, len(self.loaders))
@@ -622,9 +651,7 @@ class EvalLoop:
                     for fn in start_cbs:
                         fn(trainer, model, batch, batch_idx, dl_idx)
                     if start_mod is not None:
-                        trainer._current_fx(f"on_{hook}_batch_start")
-                        start_mod(batch, batch_idx, *extra)
-                    trainer._current_fx(step_name)
+                        hooks.call_module(trainer, f"on_{hook}_batch_start", start_mod, batch, batch_idx, *extra)
                     with strategy.forward_context():
                         out = step_fn(batch, batch_idx, *extra)
                     if self.collect:
@@ -632,8 +659,7 @@ class EvalLoop:
                     for fn in end_cbs:
                         fn(trainer, model, out, batch, batch_idx, dl_idx)
                     if end_mod is not None:
-                        trainer._current_fx(f"on_{hook}_batch_end")
-                        end_mod(out, batch, batch_idx, *extra)
+                        hooks.call_module(trainer, f"on_{hook}_batch_end", end_mod, out, batch, batch_idx, *extra)
             self.predictions.append(preds)
         model._results = results_by_loader[0] if results_by_loader else results
         if self.stage != "predict":

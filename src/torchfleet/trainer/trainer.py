@@ -163,8 +163,9 @@ class Trainer:
         self._manual_optimizers: list[Any] | None = None
 
     def _current_fx(self, name: str) -> None:
-        # which hook is running decides where self.log records by default
-        self.module._current_fx = name
+        # which hook is running decides where self.log records by default; a plain attribute
+        # write (nn.Module.__setattr__ costs microseconds, and this runs every step)
+        object.__setattr__(self.module, "_current_fx", name)
 
     def _manual_backward(self, module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         hooks = self._hooks
