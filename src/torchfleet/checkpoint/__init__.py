@@ -1,0 +1,5 @@
+"""Checkpoint storage: CheckpointIO and its implementations."""
+
+from torchfleet.checkpoint.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO, load_with, save_with
+
+__all__ = ["CheckpointIO", "TorchCheckpointIO", "AsyncCheckpointIO", "save_with", "load_with"]
