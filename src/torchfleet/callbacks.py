@@ -1,0 +1,12 @@
+"""Public callbacks: ``from torchfleet.callbacks import ModelCheckpoint, EarlyStopping, ...``."""
+
+from torchfleet.trainer.callbacks import (
+    Callback,
+    EarlyStopping,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    ProgressBar,
+    ThroughputMonitor,
+)
+
+__all__ = ["Callback", "ModelCheckpoint", "EarlyStopping", "ProgressBar", "LearningRateMonitor", "ThroughputMonitor"]

@@ -1,0 +1,5 @@
+"""Public loggers: ``from torchfleet.loggers import CSVLogger, TensorBoardLogger``."""
+
+from torchfleet.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
+
+__all__ = ["Logger", "CSVLogger", "TensorBoardLogger"]

@@ -1,0 +1,266 @@
+"""ModelCheckpoint: save checkpoints periodically, keep the best k by a monitored metric, and last.ckpt."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import math
+import os
+import re
+import time
+from typing import Any
+
+import torch
+
+from torchfleet.errors import ConfigurationError
+from torchfleet.trainer.callbacks.base import Callback
+
+log = logging.getLogger("torchfleet")
+
+_FIELD = re.compile(r"\{([^{}:!]+)((?:![rsa])?(?::[^{}]*)?)\}")
+
+
+class ModelCheckpoint(Callback):
+    """Save a checkpoint after validation (or each training epoch, or every n steps), keeping the best ``save_top_k``.
+
+    ``filename`` is a template of logged metric names, ``epoch`` and ``step``, e.g.
+    ``"{epoch}-{val_loss:.2f}"`` -> ``epoch=3-val_loss=0.52.ckpt``. Every rank takes the same
+    decision (rank 0's monitored value is broadcast); only rank 0 writes and deletes files,
+    through the strategy's CheckpointIO.
+    """
+
+    FILE_EXTENSION = ".ckpt"
+    CHECKPOINT_NAME_LAST = "last"
+
+    def __init__(
+        self,
+        dirpath: str | os.PathLike | None = None,
+        filename: str | None = None,
+        monitor: str | None = None,
+        verbose: bool = False,
+        save_last: bool | None = None,
+        save_top_k: int = 1,
+        save_weights_only: bool = False,
+        mode: str = "min",
+        auto_insert_metric_name: bool = True,
+        every_n_train_steps: int | None = None,
+        train_time_interval: float | None = None,
+        every_n_epochs: int | None = None,
+        save_on_train_epoch_end: bool | None = None,
+        enable_version_counter: bool = True,
+    ) -> None:
+        if mode not in ("min", "max"):
+            raise ConfigurationError(f"ModelCheckpoint(mode={mode!r}) is not valid: use 'min' or 'max'.")
+        if save_top_k < -1:
+            raise ConfigurationError(f"ModelCheckpoint(save_top_k={save_top_k}) is not valid: use -1 (all), 0 or k >= 1.")
+        if monitor is None and save_top_k not in (-1, 0, 1):
+            raise ConfigurationError(
+                f"ModelCheckpoint(save_top_k={save_top_k}) needs a metric to rank checkpoints by: pass monitor='...'. "
+                "Without one, save_top_k=1 keeps the latest and -1 keeps all."
+            )
+        chosen = [x for x in (every_n_train_steps, train_time_interval, every_n_epochs) if x]
+        if len(chosen) > 1:
+            raise ConfigurationError(
+                "ModelCheckpoint takes one of every_n_train_steps, train_time_interval and every_n_epochs, not several."
+            )
+        self.dirpath = os.fspath(dirpath) if dirpath is not None else None
+        self.filename = filename
+        self.monitor, self.mode, self.verbose = monitor, mode, verbose
+        self.save_last, self.save_top_k, self.save_weights_only = save_last, save_top_k, save_weights_only
+        self.auto_insert_metric_name = auto_insert_metric_name
+        self.every_n_train_steps = every_n_train_steps or 0
+        self.train_time_interval = train_time_interval
+        self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if chosen else 1)
+        self.save_on_train_epoch_end = save_on_train_epoch_end
+        self.enable_version_counter = enable_version_counter
+        self.best_k_models: dict[str, float] = {}
+        self.best_model_path = ""
+        self.best_model_score: torch.Tensor | None = None
+        self.kth_best_model_path = ""
+        self.kth_value: float = math.inf if mode == "min" else -math.inf
+        self.last_model_path = ""
+        self._last_global_step_saved = -1
+        self._last_time = time.monotonic()
+        self._validated_epoch = -1
+
+    # ----------------------------------------------------------------- state
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(
+            monitor=self.monitor, mode=self.mode, every_n_train_steps=self.every_n_train_steps,
+            every_n_epochs=self.every_n_epochs, train_time_interval=self.train_time_interval,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "monitor": self.monitor, "best_model_score": self.best_model_score, "best_model_path": self.best_model_path,
+            "best_k_models": dict(self.best_k_models), "kth_best_model_path": self.kth_best_model_path,
+            "kth_value": self.kth_value, "last_model_path": self.last_model_path, "dirpath": self.dirpath,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("dirpath") != self.dirpath and self.dirpath is not None:
+            # another directory: the old files are not ours to rank or delete
+            return
+        self.best_model_score = state_dict["best_model_score"]
+        self.best_model_path = state_dict["best_model_path"]
+        self.best_k_models = dict(state_dict["best_k_models"])
+        self.kth_best_model_path = state_dict["kth_best_model_path"]
+        self.kth_value = state_dict["kth_value"]
+        self.last_model_path = state_dict["last_model_path"]
+
+    # ----------------------------------------------------------------- hooks
+    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+        if self.dirpath is None:
+            self.dirpath = os.path.join(trainer.log_dir, "checkpoints")
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        step = trainer.global_step
+        if step == self._last_global_step_saved or step == 0:
+            return
+        due = bool(self.every_n_train_steps) and step % self.every_n_train_steps == 0
+        if self.train_time_interval:
+            now = time.monotonic()
+            elapsed = trainer.strategy.broadcast(now - self._last_time >= self.train_time_interval)
+            if elapsed:
+                self._last_time = now
+                due = True
+        if due:
+            self._save(trainer)
+
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        if trainer.sanity_checking or trainer.stage != "fit" or self.every_n_train_steps or self.train_time_interval:
+            return
+        self._validated_epoch = trainer.current_epoch
+        if self._on_train_epoch_end(trainer) or not self._epoch_due(trainer):
+            return
+        self._save(trainer)
+
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        if self.every_n_train_steps or self.train_time_interval or not self._epoch_due(trainer):
+            return
+        if self._on_train_epoch_end(trainer) or self._validated_epoch != trainer.current_epoch:
+            self._save(trainer)
+
+    def on_train_end(self, trainer: Any, module: Any) -> None:
+        # a run that stops between periodic saves still leaves its last state behind
+        if self.save_last and trainer.global_step != self._last_global_step_saved and trainer.global_step > 0:
+            self._save_last(trainer)
+
+    def _epoch_due(self, trainer: Any) -> bool:
+        return bool(self.every_n_epochs) and (trainer.current_epoch + 1) % self.every_n_epochs == 0
+
+    def _on_train_epoch_end(self, trainer: Any) -> bool:
+        if self.save_on_train_epoch_end is not None:
+            return self.save_on_train_epoch_end
+        return not any(trainer.num_val_batches)
+
+    # ----------------------------------------------------------------- saving
+    def _metrics(self, trainer: Any) -> dict[str, Any]:
+        metrics = dict(trainer.callback_metrics)
+        metrics["epoch"] = trainer.current_epoch
+        metrics["step"] = trainer.global_step
+        return metrics
+
+    def format_checkpoint_name(self, metrics: dict[str, Any], filename: str | None = None) -> str:
+        """The file name (with extension) the template gives for ``metrics``."""
+        template = filename or self.filename or "{epoch}-{step}"
+
+        def replace(match: re.Match[str]) -> str:
+            name, spec = match.group(1), match.group(2)
+            value = metrics.get(name)
+            if isinstance(value, torch.Tensor):
+                value = value.item()
+            text = format(value, spec[1:] if spec.startswith(":") else "") if value is not None else "None"
+            return f"{name}={text}" if self.auto_insert_metric_name else text
+
+        name = _FIELD.sub(replace, template).replace("/", "_")
+        return name + self.FILE_EXTENSION
+
+    def _unique(self, trainer: Any, path: str) -> str:
+        if not self.enable_version_counter:
+            return path
+        exists = trainer.strategy.broadcast(os.path.exists(path))
+        version = 1
+        base = path[: -len(self.FILE_EXTENSION)]
+        while exists and path not in self.best_k_models and path != self.last_model_path:
+            path = f"{base}-v{version}{self.FILE_EXTENSION}"
+            version += 1
+            exists = trainer.strategy.broadcast(os.path.exists(path))
+        return path
+
+    def _save(self, trainer: Any) -> None:
+        metrics = self._metrics(trainer)
+        assert self.dirpath is not None
+        if self.save_top_k != 0:
+            if self.monitor is None:
+                path = self._unique(trainer, os.path.join(self.dirpath, self.format_checkpoint_name(metrics)))
+                previous = self.best_model_path
+                trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+                self.best_model_path = self.last_saved = path
+                if self.save_top_k == 1 and previous and previous != path:
+                    trainer.strategy.remove_checkpoint(previous)
+                if self.save_top_k == -1:
+                    self.best_k_models[path] = float(trainer.global_step)
+            else:
+                self._save_top_k(trainer, metrics)
+        self._last_global_step_saved = trainer.global_step
+        if self.save_last:
+            self._save_last(trainer)
+
+    def _score(self, trainer: Any, metrics: dict[str, Any]) -> float:
+        if self.monitor not in metrics:
+            logged = sorted(k for k in metrics if k not in ("epoch", "step"))
+            raise ConfigurationError(
+                f"ModelCheckpoint(monitor={self.monitor!r}) found no metric {self.monitor!r}. Logged metrics: "
+                f"{', '.join(logged) or 'none'}. Log it with self.log (in validation_step for a validation metric), "
+                "or change monitor."
+            )
+        # rank 0's value decides for everyone
+        return float(trainer.strategy.broadcast(float(metrics[self.monitor]), src=0))
+
+    def _better(self, a: float, b: float) -> bool:
+        return a < b if self.mode == "min" else a > b
+
+    def _save_top_k(self, trainer: Any, metrics: dict[str, Any]) -> None:
+        score = self._score(trainer, metrics)
+        if math.isnan(score):
+            if self.verbose and trainer.is_global_zero:
+                log.info("ModelCheckpoint: %s is NaN at step %d; not saved.", self.monitor, trainer.global_step)
+            return
+        full = self.save_top_k != -1 and len(self.best_k_models) >= self.save_top_k
+        if full and not self._better(score, self.kth_value):
+            return
+        path = self._unique(trainer, os.path.join(self.dirpath, self.format_checkpoint_name(metrics)))
+        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+        self.best_k_models[path] = score
+        if full:
+            worst = self.kth_best_model_path
+            self.best_k_models.pop(worst, None)
+            if worst and worst != path:
+                trainer.strategy.remove_checkpoint(worst)
+        ranked = sorted(self.best_k_models.items(), key=lambda kv: kv[1], reverse=self.mode == "max")
+        self.best_model_path, best = ranked[0]
+        self.best_model_score = torch.tensor(best)
+        self.kth_best_model_path, self.kth_value = ranked[-1]
+        if self.verbose and trainer.is_global_zero:
+            log.info("ModelCheckpoint: %s = %.6g saved to %s", self.monitor, score, path)
+
+    def _save_last(self, trainer: Any) -> None:
+        assert self.dirpath is not None
+        path = os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
+        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+        self.last_model_path = path
+        self._last_global_step_saved = trainer.global_step
+
+    # ----------------------------------------------------------------- finding
+    @staticmethod
+    def find_last(dirpath: str | os.PathLike) -> str | None:
+        """``last.ckpt`` in ``dirpath`` if present, else its newest checkpoint file, else None."""
+        dirpath = os.fspath(dirpath)
+        last = os.path.join(dirpath, ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION)
+        if os.path.isfile(last):
+            return last
+        files = [f for f in glob.glob(os.path.join(dirpath, "*" + ModelCheckpoint.FILE_EXTENSION))
+                 if not os.path.basename(f).startswith(".")]
+        return max(files, key=os.path.getmtime) if files else None

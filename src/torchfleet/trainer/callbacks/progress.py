@@ -1,0 +1,140 @@
+"""ProgressBar: tqdm bars for training, validation, test and predict, on rank 0 only."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from torchfleet.trainer.callbacks.base import Callback
+
+
+class ProgressBar(Callback):
+    """A tqdm bar per epoch showing step, loss and everything logged with ``prog_bar=True``.
+
+    Per batch it only counts; the bar is redrawn (and the metrics formatted) at most every
+    ``refresh_interval`` seconds, so it costs about a microsecond per step.
+    """
+
+    def __init__(self, refresh_interval: float | None = None, leave: bool = True) -> None:
+        interactive = sys.stderr.isatty()
+        # in a log file, a line every 10 s is plenty; on a terminal, 10 redraws a second
+        self.refresh_interval = refresh_interval if refresh_interval is not None else (0.1 if interactive else 10.0)
+        self.leave = leave
+        self._enabled = True
+        self._bar: Any = None
+        self._eval_bar: Any = None
+        self._n = 0
+        self._next_refresh = 0.0
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    @property
+    def is_enabled(self) -> bool:
+        return self._enabled
+
+    def _new_bar(self, desc: str, total: Any, leave: bool, position: int = 0) -> Any:
+        from tqdm.auto import tqdm
+
+        total = None if total is None or total == float("inf") else int(total)
+        return tqdm(desc=desc, total=total, leave=leave, position=position, dynamic_ncols=True, file=sys.stderr,
+                    mininterval=self.refresh_interval, smoothing=0.1)
+
+    def _active(self, trainer: Any) -> bool:
+        return self._enabled and trainer.is_global_zero
+
+    # --------------------------------------------------------------- training
+    def on_train_epoch_start(self, trainer: Any, module: Any) -> None:
+        if not self._active(trainer):
+            return
+        self._close(self._bar)
+        total = trainer.num_training_batches
+        self._bar = self._new_bar(f"Epoch {trainer.current_epoch}", total, self.leave)
+        self._n = 0
+        self._next_refresh = time.monotonic() + self.refresh_interval
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self._bar is None:
+            return
+        self._n += 1
+        now = time.monotonic()
+        if now >= self._next_refresh:
+            self._next_refresh = now + self.refresh_interval
+            self._redraw(trainer)
+
+    def _redraw(self, trainer: Any) -> None:
+        bar = self._bar
+        bar.n = self._n
+        postfix = {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in trainer.progress_bar_metrics.items()}
+        postfix["step"] = trainer.global_step
+        bar.set_postfix(postfix, refresh=False)
+        bar.refresh()
+
+    def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
+        if self._bar is not None:
+            self._redraw(trainer)
+            self._close(self._bar)
+            self._bar = None
+
+    def on_train_end(self, trainer: Any, module: Any) -> None:
+        self._close(self._bar)
+        self._bar = None
+
+    # ------------------------------------------------------------- evaluation
+    def _eval_start(self, trainer: Any, desc: str, totals: list[Any]) -> None:
+        if not self._active(trainer) or trainer.sanity_checking:
+            return
+        total = sum(t for t in totals if t != float("inf")) if totals else None
+        self._eval_bar = self._new_bar(desc, total, leave=self._bar is None, position=1 if self._bar else 0)
+
+    def _eval_batch(self) -> None:
+        if self._eval_bar is not None:
+            self._eval_bar.update(1)
+
+    def _eval_end(self, trainer: Any) -> None:
+        if self._eval_bar is not None:
+            self._close(self._eval_bar)
+            self._eval_bar = None
+            if self._bar is not None and trainer.stage == "fit":
+                self._redraw(trainer)
+
+    def on_validation_start(self, trainer: Any, module: Any) -> None:
+        self._eval_start(trainer, "Validation", trainer.num_val_batches)
+
+    def on_validation_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_batch()
+
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        self._eval_end(trainer)
+
+    def on_test_start(self, trainer: Any, module: Any) -> None:
+        self._eval_start(trainer, "Test", trainer.num_test_batches)
+
+    def on_test_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_batch()
+
+    def on_test_end(self, trainer: Any, module: Any) -> None:
+        self._eval_end(trainer)
+
+    def on_predict_start(self, trainer: Any, module: Any) -> None:
+        self._eval_start(trainer, "Predict", trainer.num_predict_batches)
+
+    def on_predict_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_batch()
+
+    def on_predict_end(self, trainer: Any, module: Any) -> None:
+        self._eval_end(trainer)
+
+    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+        self._close(self._eval_bar)
+        self._close(self._bar)
+        self._bar = self._eval_bar = None
+
+    @staticmethod
+    def _close(bar: Any) -> None:
+        if bar is not None:
+            bar.close()

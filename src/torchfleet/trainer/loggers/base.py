@@ -1,0 +1,79 @@
+"""Logger: where logged metrics and hyperparameters go. The Trainer calls loggers on global rank 0 only."""
+
+from __future__ import annotations
+
+import os
+import re
+from abc import ABC, abstractmethod
+from argparse import Namespace
+from collections.abc import Mapping
+from typing import Any
+
+
+def next_version(root: str) -> int:
+    """The first unused N for ``<root>/version_N``."""
+    if not os.path.isdir(root):
+        return 0
+    used = [int(m.group(1)) for d in os.listdir(root) if (m := re.fullmatch(r"version_(\d+)", d))]
+    return max(used) + 1 if used else 0
+
+
+def plain_params(params: Mapping[str, Any] | Namespace | None) -> dict[str, Any]:
+    """Hyperparameters as plain YAML-safe values (anything else becomes its repr)."""
+    if params is None:
+        return {}
+    if isinstance(params, Namespace):
+        params = vars(params)
+
+    def clean(v: Any) -> Any:
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        if isinstance(v, Mapping):
+            return {str(k): clean(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [clean(x) for x in v]
+        return repr(v)
+
+    return {str(k): clean(v) for k, v in params.items()}
+
+
+class Logger(ABC):
+    """Receives metrics (``log_metrics``) and hyperparameters; writes them somewhere.
+
+    The Trainer calls loggers on global rank 0 only, so implementations need not check ranks.
+    """
+
+    @property
+    @abstractmethod
+    def name(self) -> str: ...
+
+    @property
+    @abstractmethod
+    def version(self) -> int | str: ...
+
+    @property
+    def save_dir(self) -> str | None:
+        return None
+
+    @property
+    def log_dir(self) -> str | None:
+        return None
+
+    @abstractmethod
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Record ``metrics`` at ``step``."""
+
+    def log_hyperparams(self, params: Mapping[str, Any] | Namespace) -> None:
+        """Record the run's hyperparameters."""
+
+    def save(self) -> None:
+        """Flush what is buffered."""
+
+    def finalize(self, status: str) -> None:
+        """The run ended with ``status`` ("success" or "failed"): flush and close."""
+        self.save()
+
+    @property
+    def experiment(self) -> Any:
+        """The underlying writer object."""
+        return None

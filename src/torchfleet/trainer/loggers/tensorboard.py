@@ -1,0 +1,83 @@
+"""TensorBoardLogger: event files for TensorBoard (needs the optional tensorboard package)."""
+
+from __future__ import annotations
+
+import os
+from argparse import Namespace
+from collections.abc import Mapping
+from typing import Any
+
+from torchfleet.errors import ConfigurationError
+from torchfleet.trainer.loggers.base import Logger, next_version, plain_params
+
+
+class TensorBoardLogger(Logger):
+    """Writes TensorBoard event files to ``<save_dir>/<name>/version_<n>/``."""
+
+    def __init__(self, save_dir: str | os.PathLike, name: str = "logs", version: int | str | None = None,
+                 **writer_kwargs: Any) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+        except ImportError as exc:
+            raise ConfigurationError(
+                "TensorBoardLogger needs the tensorboard package, which is not installed. Install it with "
+                "`pip install torchfleet[tensorboard]` (or `pip install tensorboard`), or use CSVLogger."
+            ) from exc
+        self._save_dir = os.fspath(save_dir)
+        self._name = name
+        self._version = version
+        self._writer_kwargs = writer_kwargs
+        self._writer: Any = None
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def version(self) -> int | str:
+        if self._version is None:
+            self._version = next_version(os.path.join(self._save_dir, self._name))
+        return self._version
+
+    @property
+    def save_dir(self) -> str:
+        return self._save_dir
+
+    @property
+    def log_dir(self) -> str:
+        version = self.version
+        return os.path.join(self._save_dir, self._name, version if isinstance(version, str) else f"version_{version}")
+
+    @property
+    def experiment(self) -> Any:
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            os.makedirs(self.log_dir, exist_ok=True)
+            self._writer = SummaryWriter(log_dir=self.log_dir, **self._writer_kwargs)
+        return self._writer
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        writer = self.experiment
+        for key, value in metrics.items():
+            writer.add_scalar(key, value, global_step=step)
+
+    def log_hyperparams(self, params: Mapping[str, Any] | Namespace) -> None:
+        import yaml
+
+        clean = plain_params(params)
+        if clean:
+            self.experiment.add_text("hparams", "```yaml\n" + yaml.safe_dump(clean, sort_keys=False) + "```")
+        os.makedirs(self.log_dir, exist_ok=True)
+        with open(os.path.join(self.log_dir, "hparams.yaml"), "w") as f:
+            yaml.safe_dump(clean, f, sort_keys=False)
+
+    def save(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def finalize(self, status: str) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None

@@ -1,0 +1,60 @@
+"""Strategy base behaviour on one process: collectives are identities, batches move, state round-trips."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import pytest
+import torch
+from torch import nn
+
+from torchfleet.errors import CheckpointError, ConfigurationError
+from torchfleet.strategies import SingleDeviceStrategy
+from torchfleet.strategies.base import move_to_device
+
+
+def test_collectives_are_identities_on_one_device():
+    s = SingleDeviceStrategy(device="cpu")
+    t = torch.arange(3.0)
+    assert s.reduce(t) is t and s.reduce(t, op="sum") is t
+    assert s.all_gather(t).shape == (1, 3)
+    assert s.broadcast({"a": 1}) == {"a": 1}
+    s.barrier("x")
+    assert s.reduce_boolean_decision(True) is True and s.reduce_boolean_decision(False, all=False) is False
+    with pytest.raises(ConfigurationError, match="'avg'"):
+        s.reduce(t, op="avg")
+
+
+def test_move_to_device_keeps_structure():
+    Pair = namedtuple("Pair", "x y")
+    batch = {"a": [torch.ones(1), (torch.zeros(2), "text")], "b": Pair(torch.ones(1), 3)}
+    out = move_to_device(batch, torch.device("meta"))
+    assert out["a"][0].device.type == "meta" and out["a"][1][0].device.type == "meta"
+    assert out["a"][1][1] == "text" and isinstance(out["b"], Pair) and out["b"].y == 3
+    cpu = [torch.ones(1), torch.ones(2)]
+    assert move_to_device(cpu, torch.device("cpu")) is cpu  # nothing to move: the same object
+
+
+def test_save_and_load_checkpoint_round_trip(tmp_path):
+    s = SingleDeviceStrategy(device="cpu")
+    model = nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    s.save_checkpoint(tmp_path / "c.pt", {"model": model, "opt": opt, "step": 7})
+    fresh = nn.Linear(3, 2)
+    fresh_opt = torch.optim.Adam(fresh.parameters())
+    out = s.load_checkpoint(tmp_path / "c.pt", {"model": fresh, "opt": fresh_opt})
+    assert out["step"] == 7
+    assert torch.equal(fresh.weight, model.weight)
+    assert fresh_opt.state_dict()["state"][0]["step"] == 1
+    with pytest.raises(CheckpointError, match="no entry 'other'"):
+        s.load_checkpoint(tmp_path / "c.pt", {"other": fresh})
+    with pytest.raises(CheckpointError, match=r"weight.*\(2, 3\).*\(5, 3\)"):
+        s.load_checkpoint(tmp_path / "c.pt", {"model": nn.Linear(3, 5)})
+
+
+def test_single_device_refuses_several_devices():
+    s = SingleDeviceStrategy()
+    with pytest.raises(ConfigurationError, match="devices=2"):
+        s.configure([torch.device("cpu")] * 2, 1, None)
