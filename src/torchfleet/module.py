@@ -325,21 +325,16 @@ class Module(nn.Module):
         With names as ``args``, store only those; ``ignore`` lists names to leave out.
         """
         frame = frame or inspect.currentframe().f_back  # type: ignore[union-attr]
-        # walk up to the outermost __init__ of this object so subclasses' arguments are seen
-        init_frame = None
+        # every __init__ of this object on the stack contributes (a subclass's arguments override its
+        # parent's), so a parent that calls save_hyperparameters() also records the subclass's arguments
+        values: dict[str, Any] = {}
         f = frame
         while f is not None:
             if f.f_code.co_name == "__init__" and f.f_locals.get("self") is self:
-                init_frame = f
+                values.update(_init_args(f))
             f = f.f_back
-        init_frame = init_frame or frame
-        code = init_frame.f_code
-        arg_names = code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount]
-        local = init_frame.f_locals
-        values = {n: local[n] for n in arg_names if n in local}
-        if code.co_flags & inspect.CO_VARKEYWORDS:
-            kw_name = code.co_varnames[code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS)]
-            values.update(local.get(kw_name, {}))
+        if not values:
+            values = _init_args(frame)
         if args:
             if len(args) == 1 and isinstance(args[0], Mapping):
                 values = dict(args[0])
@@ -388,6 +383,19 @@ class Module(nn.Module):
         load_state_dict_checked(model, checkpoint["state_dict"], strict=strict)
         model.on_load_checkpoint(checkpoint)
         return model
+
+
+def _init_args(frame: Any) -> dict[str, Any]:
+    """The named arguments (and expanded ``**kwargs``) of the function running in ``frame``."""
+    code = frame.f_code
+    local = frame.f_locals
+    n_named = code.co_argcount + code.co_kwonlyargcount
+    names = code.co_varnames[1:n_named]
+    values = {n: local[n] for n in names if n in local}
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        kw_name = code.co_varnames[n_named + bool(code.co_flags & inspect.CO_VARARGS)]
+        values.update(local.get(kw_name, {}))
+    return values
 
 
 def _apply_tensors(data: Any, fn: Callable[[Tensor], Any]) -> Any:

@@ -96,6 +96,7 @@ class ModelCheckpoint(Callback):
             "monitor": self.monitor, "best_model_score": self.best_model_score, "best_model_path": self.best_model_path,
             "best_k_models": dict(self.best_k_models), "kth_best_model_path": self.kth_best_model_path,
             "kth_value": self.kth_value, "last_model_path": self.last_model_path, "dirpath": self.dirpath,
+            "last_global_step_saved": self._last_global_step_saved, "validated_epoch": self._validated_epoch,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -108,6 +109,8 @@ class ModelCheckpoint(Callback):
         self.kth_best_model_path = state_dict["kth_best_model_path"]
         self.kth_value = state_dict["kth_value"]
         self.last_model_path = state_dict["last_model_path"]
+        self._last_global_step_saved = state_dict.get("last_global_step_saved", -1)
+        self._validated_epoch = state_dict.get("validated_epoch", -1)
 
     # ----------------------------------------------------------------- hooks
     def setup(self, trainer: Any, module: Any, stage: str) -> None:
@@ -139,6 +142,8 @@ class ModelCheckpoint(Callback):
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
         if self.every_n_train_steps or self.train_time_interval or not self._epoch_due(trainer):
             return
+        if trainer.global_step == self._last_global_step_saved:
+            return  # already saved at this step (after validation, or before a resume)
         if self._on_train_epoch_end(trainer) or self._validated_epoch != trainer.current_epoch:
             self._save(trainer)
 

@@ -1,0 +1,213 @@
+"""ModelCheckpoint, EarlyStopping, ProgressBar, LearningRateMonitor and ThroughputMonitor in real Trainer runs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.helpers import RegressionData, Regressor, loader, quiet
+from torchfleet import Trainer
+from torchfleet.callbacks import (
+    Callback,
+    EarlyStopping,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    ProgressBar,
+    ThroughputMonitor,
+)
+from torchfleet.errors import ConfigurationError
+from torchfleet.loggers import Logger
+
+
+class ScriptedVal(Regressor):
+    """Logs a scripted val_loss per epoch, so which checkpoints are best is known in advance."""
+
+    def __init__(self, values, **kw):
+        super().__init__(**kw)
+        self.values = values
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", float(self.values[self.current_epoch]))
+
+
+def _fit(model, callbacks, tmp_path, epochs, **kw):
+    trainer = Trainer(max_epochs=epochs, default_root_dir=tmp_path, callbacks=callbacks,
+                      enable_progress_bar=False, enable_model_summary=False, logger=False, num_sanity_val_steps=0, **kw)
+    trainer.fit(model, datamodule=RegressionData())
+    return trainer
+
+
+def test_top_k_keeps_exactly_the_best(tmp_path):
+    values = [0.9, 0.5, 0.7, 0.3, 0.8, 0.4]
+    ck = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=2, filename="{epoch}-{val_loss:.2f}",
+                         save_last=True)
+    _fit(ScriptedVal(values), [ck], tmp_path, epochs=6)
+    files = sorted(os.listdir(tmp_path / "ck"))
+    assert files == ["epoch=3-val_loss=0.30.ckpt", "epoch=5-val_loss=0.40.ckpt", "last.ckpt"]
+    assert ck.best_model_path.endswith("epoch=3-val_loss=0.30.ckpt")
+    assert ck.best_model_score.item() == pytest.approx(0.3)
+    assert ck.kth_best_model_path.endswith("epoch=5-val_loss=0.40.ckpt")
+    last = torch.load(tmp_path / "ck" / "last.ckpt", weights_only=False)
+    assert last["epoch"] == 5 and last["global_step"] == 48
+
+
+def test_max_mode_and_nan_is_never_best(tmp_path):
+    values = [0.1, float("nan"), 0.6, 0.2]
+    ck = ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", mode="max", save_top_k=1)
+    _fit(ScriptedVal(values), [ck], tmp_path, epochs=4)
+    assert os.path.basename(ck.best_model_path) == "epoch=2-step=24.ckpt"
+    assert sorted(f for f in os.listdir(tmp_path) if f.endswith(".ckpt")) == ["epoch=2-step=24.ckpt"]
+
+
+def test_every_n_train_steps_without_monitor_keeps_latest(tmp_path):
+    ck = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=5)
+    _fit(Regressor(), [ck], tmp_path, epochs=2)
+    assert os.listdir(tmp_path) == ["epoch=1-step=15.ckpt"]
+    ck_all = ModelCheckpoint(dirpath=tmp_path / "all", every_n_train_steps=5, save_top_k=-1)
+    _fit(Regressor(), [ck_all], tmp_path, epochs=2)
+    assert sorted(os.listdir(tmp_path / "all")) == ["epoch=0-step=5.ckpt", "epoch=1-step=10.ckpt", "epoch=1-step=15.ckpt"]
+
+
+def test_default_checkpoint_dir_is_under_the_logger(tmp_path):
+    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Regressor(), datamodule=RegressionData())
+    assert trainer.checkpoint_callback.dirpath == os.path.join(tmp_path, "logs", "version_0", "checkpoints")
+    assert os.listdir(trainer.checkpoint_callback.dirpath) == ["epoch=0-step=8.ckpt"]
+
+
+def test_missing_monitor_lists_logged_metrics(tmp_path):
+    ck = ModelCheckpoint(dirpath=tmp_path, monitor="val_acc")
+    with pytest.raises(ConfigurationError, match=r"'val_acc'.*train_loss.*val_loss"):
+        _fit(Regressor(), [ck], tmp_path, epochs=1)
+
+
+def test_bad_checkpoint_arguments():
+    with pytest.raises(ConfigurationError, match="mode"):
+        ModelCheckpoint(mode="lowest")
+    with pytest.raises(ConfigurationError, match="monitor"):
+        ModelCheckpoint(save_top_k=3)
+    with pytest.raises(ConfigurationError, match="one of"):
+        ModelCheckpoint(every_n_train_steps=2, every_n_epochs=1)
+
+
+def test_checkpoint_state_survives_resume(tmp_path):
+    values = [0.9, 0.2, 0.7, 0.5]
+    ck = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=1, save_last=True)
+    _fit(ScriptedVal(values), [ck], tmp_path, epochs=2)
+    ck2 = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=1, save_last=True)
+    trainer = Trainer(max_epochs=4, default_root_dir=tmp_path, callbacks=[ck2], enable_progress_bar=False,
+                      enable_model_summary=False, logger=False, num_sanity_val_steps=0)
+    trainer.fit(ScriptedVal(values), datamodule=RegressionData(), ckpt_path=tmp_path / "ck" / "last.ckpt")
+    # epoch 1's 0.2 stays the best: the resumed callback remembered it and did not replace it with 0.5
+    assert os.path.basename(ck2.best_model_path) == "epoch=1-step=16.ckpt"
+    assert sorted(os.listdir(tmp_path / "ck")) == ["epoch=1-step=16.ckpt", "last.ckpt"]
+
+
+def test_two_checkpoint_callbacks_keep_separate_state():
+    a = ModelCheckpoint(monitor="val_loss")
+    b = ModelCheckpoint(monitor="train_loss")
+    assert a.state_key != b.state_key
+
+
+def test_early_stopping_after_patience(tmp_path):
+    es = EarlyStopping(monitor="val_loss", patience=2)
+    trainer = _fit(ScriptedVal([1.0, 0.5, 0.6, 0.55, 0.4, 0.3]), [es], tmp_path, epochs=6)
+    assert trainer.should_stop and es.stopped_epoch == 3 and trainer.current_epoch == 3
+    assert es.best_score.item() == pytest.approx(0.5)
+    assert "did not improve" in es.stopping_reason
+
+
+def test_early_stopping_thresholds_and_min_delta(tmp_path):
+    es = EarlyStopping(monitor="val_loss", stopping_threshold=0.25, patience=100)
+    trainer = _fit(ScriptedVal([1.0, 0.5, 0.2, 0.1]), [es], tmp_path, epochs=4)
+    assert es.stopped_epoch == 2 and "threshold" in es.stopping_reason
+    es = EarlyStopping(monitor="val_loss", min_delta=0.1, patience=1)
+    _fit(ScriptedVal([1.0, 0.95, 0.5, 0.4]), [es], tmp_path, epochs=4)
+    assert es.stopped_epoch == 1  # 0.95 is not 0.1 better than 1.0
+    es = EarlyStopping(monitor="val_loss", patience=5)
+    _fit(ScriptedVal([1.0, float("nan"), 0.5]), [es], tmp_path, epochs=3)
+    assert es.stopped_epoch == 1 and "not finite" in es.stopping_reason
+    del trainer
+
+
+def test_early_stopping_missing_metric(tmp_path):
+    with pytest.raises(ConfigurationError, match="'acc'"):
+        _fit(Regressor(), [EarlyStopping(monitor="acc")], tmp_path, epochs=1)
+    _fit(Regressor(), [EarlyStopping(monitor="acc", strict=False)], tmp_path, epochs=1)
+
+
+def test_early_stopping_respects_min_epochs(tmp_path):
+    es = EarlyStopping(monitor="val_loss", patience=1)
+    trainer = _fit(ScriptedVal([1.0, 2.0, 3.0, 4.0, 5.0]), [es], tmp_path, epochs=5, min_epochs=4)
+    assert trainer.current_epoch == 3
+
+
+class Recorder(Logger):
+    def __init__(self):
+        self.rows = []
+
+    name = "rec"
+    version = 0
+
+    def log_metrics(self, metrics, step=None):
+        self.rows.append((step, dict(metrics)))
+
+
+def test_lr_monitor_logs_scheduled_values(tmp_path):
+    rec = Recorder()
+    trainer = Trainer(max_epochs=3, logger=rec, callbacks=[LearningRateMonitor()], **{k: v for k, v in quiet().items() if k != "logger"})
+    trainer.fit(Regressor(scheduler="epoch"), loader())
+    lrs = [m["lr-SGD"] for _, m in rec.rows if "lr-SGD" in m]
+    assert lrs == pytest.approx([0.05, 0.025, 0.0125])
+
+
+def test_throughput_monitor_counts_samples(tmp_path):
+    tm = ThroughputMonitor(length_fn=lambda batch: batch[0].numel(), flops_per_batch=1000.0, window_size=4)
+    Trainer(max_epochs=1, callbacks=[tm], **quiet()).fit(Regressor(), loader(64, batch_size=8))
+    m = tm.metrics
+    assert tm.samples == 64 and tm.tokens == 64 * 8
+    assert m["throughput/samples_per_sec"] == pytest.approx(8 * m["throughput/batches_per_sec"])
+    assert m["throughput/tokens_per_sec"] == pytest.approx(64 * m["throughput/batches_per_sec"])
+    assert m["throughput/flops_per_sec"] == pytest.approx(1000 * m["throughput/batches_per_sec"])
+    assert m["throughput/global_samples_per_sec"] == m["throughput/samples_per_sec"]
+
+
+def test_progress_bar_shows_metrics(tmp_path, capsys):
+    bar = ProgressBar(refresh_interval=0.0)
+    trainer = Trainer(max_epochs=1, callbacks=[bar], enable_progress_bar=True, enable_model_summary=False, logger=False,
+                      enable_checkpointing=False, num_sanity_val_steps=0)
+    trainer.fit(Regressor(), datamodule=RegressionData())
+    err = capsys.readouterr().err
+    assert "Epoch 0" in err and "train_loss" in err and "8/8" in err and "Validation" in err
+
+
+def test_progress_bar_off_removes_it():
+    trainer = Trainer(enable_progress_bar=False, **{k: v for k, v in quiet().items() if k != "enable_progress_bar"})
+    assert not any(isinstance(c, ProgressBar) for c in trainer.callbacks)
+
+
+def test_callback_hooks_receive_trainer_and_module():
+    seen = []
+
+    class Spy(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            seen.append((trainer.global_step, type(module).__name__, float(outputs) > 0, batch_idx))
+
+        def on_save_checkpoint(self, trainer, module, checkpoint):
+            checkpoint["spy"] = True
+
+    Trainer(max_epochs=1, limit_train_batches=2, callbacks=[Spy()], **quiet()).fit(Regressor(), loader())
+    assert seen == [(1, "Regressor", True, 0), (2, "Regressor", True, 1)]
+
+
+def test_configure_callbacks_from_model_replaces_same_type(tmp_path):
+    class WithOwnCheckpoint(Regressor):
+        def configure_callbacks(self):
+            return [ModelCheckpoint(dirpath=tmp_path / "own", filename="mine")]
+
+    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
+                      logger=False)
+    trainer.fit(WithOwnCheckpoint(), datamodule=RegressionData())
+    assert len(trainer.checkpoint_callbacks) == 1 and os.listdir(tmp_path / "own") == ["mine.ckpt"]

@@ -1,0 +1,85 @@
+"""CSVLogger and TensorBoardLogger write what was logged; hyperparameters land beside them."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import os
+
+import pytest
+import yaml
+
+from tests.helpers import RegressionData, Regressor
+from torchfleet import Trainer
+from torchfleet.errors import ConfigurationError
+from torchfleet.loggers import CSVLogger, TensorBoardLogger
+
+
+def _fit(tmp_path, logger, **kw):
+    trainer = Trainer(max_epochs=2, default_root_dir=tmp_path, logger=logger, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                      log_every_n_steps=4, **kw)
+    trainer.fit(Regressor(hidden=5), datamodule=RegressionData())
+    return trainer
+
+
+def test_csv_logger_default(tmp_path):
+    trainer = _fit(tmp_path, None)
+    log_dir = os.path.join(tmp_path, "logs", "version_0")
+    assert trainer.log_dir == log_dir
+    with open(os.path.join(log_dir, "metrics.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert {"step", "epoch", "train_loss", "val_loss"} <= set(rows[0])
+    train_steps = [int(r["step"]) for r in rows if r["train_loss"]]
+    assert train_steps == [4, 8, 12, 16]
+    val_rows = [r for r in rows if r["val_loss"]]
+    assert [int(r["epoch"]) for r in val_rows] == [0, 1]
+    with open(os.path.join(log_dir, "hparams.yaml")) as f:
+        assert yaml.safe_load(f)["hidden"] == 5
+    _fit(tmp_path, None)
+    assert os.path.isdir(os.path.join(tmp_path, "logs", "version_1"))
+
+
+def test_csv_header_grows_with_new_columns(tmp_path):
+    logger = CSVLogger(tmp_path, flush_logs_every_n_steps=1)
+    logger.log_metrics({"a": 1.0}, step=0)
+    logger.log_metrics({"a": 2.0, "b": 3.0}, step=1)
+    logger.save()
+    with open(logger.metrics_file) as f:
+        rows = list(csv.DictReader(f))
+    assert rows == [{"step": "0", "a": "1.0", "b": ""}, {"step": "1", "a": "2.0", "b": "3.0"}]
+
+
+def test_tensorboard_logger_writes_events(tmp_path):
+    logger = TensorBoardLogger(tmp_path, name="tb")
+    _fit(tmp_path, logger)
+    events = glob.glob(os.path.join(tmp_path, "tb", "version_0", "events.out.tfevents.*"))
+    assert events and os.path.getsize(events[0]) > 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(os.path.dirname(events[0]))
+    acc.Reload()
+    assert "train_loss" in acc.Tags()["scalars"] and "val_loss" in acc.Tags()["scalars"]
+
+
+def test_tensorboard_missing_says_how_to_install(tmp_path, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tensorboard(name, *args, **kwargs):
+        if name.startswith("torch.utils.tensorboard"):
+            raise ImportError("No module named 'tensorboard'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorboard)
+    with pytest.raises(ConfigurationError, match=r"pip install torchfleet\[tensorboard\]"):
+        TensorBoardLogger(tmp_path)
+
+
+def test_several_loggers(tmp_path):
+    csv_logger = CSVLogger(tmp_path, name="a")
+    tb = TensorBoardLogger(tmp_path, name="b")
+    trainer = _fit(tmp_path, [csv_logger, tb])
+    assert trainer.logger is csv_logger and trainer.loggers == [csv_logger, tb]
+    assert os.path.exists(csv_logger.metrics_file)
