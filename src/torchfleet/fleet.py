@@ -23,6 +23,15 @@ from torch.optim import Optimizer
 from torchfleet.errors import ConfigurationError
 
 
+def _no_context() -> Any:
+    from torchfleet.precision import Precision
+
+    return Precision().forward_context()
+
+
+_NO_CONTEXT = _no_context()
+
+
 class FleetModule(nn.Module):
     """The user's module after ``Fleet.setup``: forward runs under the strategy's precision context.
 
@@ -34,8 +43,9 @@ class FleetModule(nn.Module):
         super().__init__()
         self._forward_module = wrapped
         self._original_module = original
-        # plain attribute (not a submodule or buffer), read on every forward
+        # plain attributes (not submodule lookups through nn.Module.__getattr__), read on every call
         object.__setattr__(self, "_forward_context", forward_context)
+        object.__setattr__(self, "_target", wrapped)
 
     @property
     def module(self) -> nn.Module:
@@ -45,6 +55,15 @@ class FleetModule(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         with self._forward_context():
             return self._forward_module(*args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Skips nn.Module's call machinery for this thin wrapper (hooks live on the wrapped module)
+        # and the context manager when the precision has none: the per-step budget is microseconds.
+        context = self._forward_context()
+        if context is _NO_CONTEXT:
+            return self._target(*args, **kwargs)
+        with context:
+            return self._target(*args, **kwargs)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
         return self._original_module.state_dict(*args, **kwargs)
@@ -292,7 +311,7 @@ class Fleet:
                 "fleet.backward() was called before fleet.setup(model, optimizer): set up the model first, so the "
                 "strategy can scale and synchronise its gradients."
             )
-        self.strategy.backward(loss, _unwrap(model), *args, **kwargs)
+        self.strategy.backward(loss, model if model is None else _unwrap(model), *args, **kwargs)
 
     def clip_gradients(
         self,

@@ -44,8 +44,10 @@ def move_to_device(data: Any, device: torch.device) -> Any:
     if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
         return type(data)(*[move_to_device(v, device) for v in data])
     if isinstance(data, (list, tuple)):
+        on_cpu = device.type == "cpu"
         for v in data:
-            if not (isinstance(v, Tensor) and v.device == device):
+            # Tensor.is_cpu is much cheaper than building and comparing device objects
+            if not (isinstance(v, Tensor) and (v.is_cpu if on_cpu else v.device == device)):
                 return type(data)([move_to_device(v, device) for v in data])
         return data  # the common (x, y) batch already in place: no copy of the container
     return data
