@@ -110,6 +110,11 @@ class Registry(Generic[T]):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def load_entry_points(self) -> None:
+        """Register what installed packages declare in the entry-point group (once)."""
+        if not self._entry_points_loaded:
+            self._load_entry_points()
+
     def _load_entry_points(self) -> None:
         self._entry_points_loaded = True
         from importlib.metadata import entry_points

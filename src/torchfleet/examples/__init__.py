@@ -1,0 +1,1 @@
+"""The bundled example: a small transformer that learns multi-digit addition (``torchfleet fit``)."""

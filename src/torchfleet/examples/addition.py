@@ -1,0 +1,162 @@
+"""A small transformer that learns multi-digit addition from examples generated in code.
+
+Each example is ``a + b = c`` written as digit tokens: ``a`` and ``b`` zero-padded to ``digits``
+digits, then the sum with its digits reversed (least significant first), which is the order in
+which a carry is computed. The model is a decoder-only (causal) transformer built from
+``nn.TransformerEncoderLayer``; it is trained only on the answer tokens.
+
+    torchfleet fit                         # trains this with the defaults below (~2 min on 2 CPU cores)
+    torchfleet fit --model.digits=4 --trainer.max_epochs=5
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from torchfleet import DataModule, Module
+
+PLUS, EQUALS = 10, 11
+VOCAB = 12  # digits 0-9, '+', '='
+
+
+def sequence_length(digits: int) -> int:
+    """Tokens in one example: a, '+', b, '=', and the (digits + 1)-digit sum."""
+    return 2 * digits + 2 + digits + 1
+
+
+def _digits(x: Tensor, count: int, reverse: bool = False) -> Tensor:
+    d = torch.stack([(x // 10**i) % 10 for i in range(count)], dim=1)  # least significant first
+    return d if reverse else d.flip(1)
+
+
+def make_examples(n: int, digits: int, seed: int) -> Tensor:
+    """``n`` random additions as a LongTensor of shape (n, sequence_length(digits))."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randint(0, 10**digits, (n,), generator=g)
+    b = torch.randint(0, 10**digits, (n,), generator=g)
+    return torch.cat(
+        [_digits(a, digits), torch.full((n, 1), PLUS), _digits(b, digits), torch.full((n, 1), EQUALS),
+         _digits(a + b, digits + 1, reverse=True)],
+        dim=1,
+    )
+
+
+def decode(tokens: Tensor, digits: int) -> str:
+    """One example back to text, e.g. "123+456=579"."""
+    t = tokens.tolist()
+    a = "".join(map(str, t[:digits]))
+    b = "".join(map(str, t[digits + 1 : 2 * digits + 1]))
+    c = "".join(map(str, reversed(t[2 * digits + 2 :]))).lstrip("0") or "0"
+    return f"{a}+{b}={c}"
+
+
+class AdditionData(DataModule):
+    """Train and validation additions; the two sets share no (a, b) pair."""
+
+    def __init__(self, digits: int = 3, num_train: int = 170_000, num_val: int = 2_000, batch_size: int = 256,
+                 seed: int = 0, num_workers: int = 0) -> None:
+        super().__init__()
+        self.digits, self.num_train, self.num_val = digits, num_train, num_val
+        self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
+
+    def setup(self, stage: str) -> None:
+        val = make_examples(self.num_val, self.digits, self.seed + 1)
+        train = make_examples(self.num_train + self.num_val, self.digits, self.seed)
+        # drop training examples whose question also appears in validation
+        q = 2 * self.digits + 1
+        weights = 10 ** torch.arange(q - 1, -1, -1, dtype=torch.float64)
+        val_keys = set((val[:, :q].double() @ weights).long().tolist())
+        train_keys = (train[:, :q].double() @ weights).long()
+        keep = torch.tensor([k not in val_keys for k in train_keys.tolist()])
+        self.train_set = TensorDataset(train[keep][: self.num_train])
+        self.val_set = TensorDataset(val)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=1000, num_workers=self.num_workers)
+
+
+class AdditionTransformer(Module):
+    """A causal transformer over digit tokens that predicts the digits of the sum."""
+
+    def __init__(self, digits: int = 3, d_model: int = 128, nhead: int = 4, num_layers: int = 2,
+                 dim_feedforward: int = 512, lr: float = 3e-3, weight_decay: float = 0.01,
+                 warmup_fraction: float = 0.1) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.digits = digits
+        self.length = sequence_length(digits)
+        self.answer_start = 2 * digits + 2
+        self.embed = nn.Embedding(VOCAB, d_model)
+        self.position = nn.Parameter(torch.randn(self.length, d_model) * 0.02)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout=0.0, batch_first=True, norm_first=True)
+            for _ in range(num_layers)
+        )
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, VOCAB)
+        self.register_buffer("causal_mask", nn.Transformer.generate_square_subsequent_mask(self.length), persistent=False)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """Next-token logits for every position of ``tokens`` (batch, time)."""
+        t = tokens.shape[1]
+        h = self.embed(tokens) + self.position[:t]
+        mask = self.causal_mask[:t, :t]
+        for layer in self.layers:
+            h = layer(h, src_mask=mask, is_causal=True)
+        return self.head(self.norm(h))
+
+    def _answer_logits(self, tokens: Tensor) -> Tensor:
+        # position i predicts token i + 1: the answer's predictions start one before it
+        return self(tokens[:, :-1])[:, self.answer_start - 1 :]
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        (tokens,) = batch
+        logits = self._answer_logits(tokens)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, self.answer_start :].reshape(-1))
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        (tokens,) = batch
+        logits = self._answer_logits(tokens)
+        target = tokens[:, self.answer_start :]
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
+        # Greedy decoding is exact iff every teacher-forced argmax is right: until its first wrong
+        # digit a greedy decode sees the true prefix. So one forward pass gives exact-match accuracy.
+        exact = (logits.argmax(-1) == target).all(dim=1).float().mean()
+        self.log("val_loss", loss, prog_bar=True, sync_dist=True)
+        self.log("val_acc", exact, prog_bar=True, sync_dist=True)
+
+    @torch.no_grad()
+    def generate(self, questions: Tensor) -> Tensor:
+        """Greedy-decode the answers to ``questions`` (the first 2*digits+2 tokens of examples)."""
+        tokens = questions
+        for _ in range(self.digits + 1):
+            nxt = self(tokens)[:, -1].argmax(-1, keepdim=True)
+            tokens = torch.cat([tokens, nxt], dim=1)
+        return tokens
+
+    def configure_optimizers(self) -> Any:
+        decay = [p for n, p in self.named_parameters() if p.dim() >= 2 and "position" not in n]
+        no_decay = [p for n, p in self.named_parameters() if p.dim() < 2 or "position" in n]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": self.hparams.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=self.hparams.lr)
+        total = self.trainer.estimated_stepping_batches
+        if math.isinf(total):
+            return opt
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=self.hparams.lr, total_steps=int(total),
+                                                    pct_start=self.hparams.warmup_fraction)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def default_trainer_kwargs() -> dict[str, Any]:
+    """Trainer settings the example is tuned for: about two minutes on a 2-core CPU, > 95% exact match."""
+    return {"max_epochs": 3, "log_every_n_steps": 20}
