@@ -52,7 +52,7 @@ class CheckpointIO(ABC):
         return f"{type(self).__name__}()"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _accepted(method: Any, name: str) -> bool:
     try:
         params = inspect.signature(method).parameters

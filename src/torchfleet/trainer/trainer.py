@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchfleet.errors import CheckpointError, ConfigurationError
+from torchfleet.errors import ConfigurationError
 from torchfleet.trainer.hooks import HookDispatcher
 from torchfleet.trainer.logging import Results
 
