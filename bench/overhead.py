@@ -130,7 +130,7 @@ def main() -> None:
     parser.add_argument("--only", choices=list(SIZES))
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    torch.set_num_threads(1)
+    cores = torch.get_num_threads()
     tmp = tempfile.mkdtemp()
     variants = {
         "raw PyTorch loop": run_raw,
@@ -139,12 +139,12 @@ def main() -> None:
         "Trainer (self.log, CSV logger)": lambda w, b, s, c: run_trainer(w, b, s, c, logger=True, root=tmp),
         "Fleet": run_fleet,
     }
-    print(f"torch {torch.__version__}, torchfleet {torchfleet.__version__}, threads {torch.get_num_threads()}")
+    print(f"torch {torch.__version__}, torchfleet {torchfleet.__version__}")
     for size, (widths, batch) in SIZES.items():
         if args.only and size != args.only:
             continue
-        if size == "big":
-            torch.set_num_threads(torch.get_num_threads() if args.only else 2)
+        # the tiny model measures framework overhead on one thread; the big one uses every core
+        torch.set_num_threads(1 if size == "tiny" else cores)
         steps = args.steps if size == "tiny" else args.big_steps
         results: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(args.repeats):
@@ -154,7 +154,7 @@ def main() -> None:
                 results[name].append(clock.us_per_step())
         base = statistics.median(results["raw PyTorch loop"])
         print(f"\n({'a' if size == 'tiny' else 'b'}) {size} MLP {'-'.join(map(str, widths))}, batch {batch}, "
-              f"{steps} steps, {args.repeats} repeats")
+              f"{steps} steps, {args.repeats} repeats, {torch.get_num_threads()} thread(s)")
         print(f"{'variant':<34} {'us/step':>10} {'x raw':>7}")
         for name, ts in results.items():
             med = statistics.median(ts)
