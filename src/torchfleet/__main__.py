@@ -1,5 +1,7 @@
 """``python -m torchfleet`` runs the torchfleet command."""
 
+from __future__ import annotations
+
 import sys
 
 from torchfleet.cli import main
