@@ -8,7 +8,13 @@ import os
 import torch
 
 from torchfleet import Trainer, seed_everything
-from torchfleet.examples.addition import AdditionData, AdditionTransformer, decode, make_examples, sequence_length
+from torchfleet.examples.addition import (
+    AdditionData,
+    AdditionTransformer,
+    decode,
+    make_examples,
+    sequence_length,
+)
 
 
 def test_examples_are_correct_sums():
