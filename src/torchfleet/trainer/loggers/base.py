@@ -77,3 +77,31 @@ class Logger(ABC):
     def experiment(self) -> Any:
         """The underlying writer object."""
         return None
+
+
+class FolderLogger(Logger):
+    """A logger writing into ``<save_dir>/<name>/version_<n>/`` (n: the first unused, unless given)."""
+
+    def __init__(self, save_dir: str | os.PathLike, name: str = "logs", version: int | str | None = None) -> None:
+        self._save_dir = os.fspath(save_dir)
+        self._name = name
+        self._version = version
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def version(self) -> int | str:
+        if self._version is None:
+            self._version = next_version(os.path.join(self._save_dir, self._name))
+        return self._version
+
+    @property
+    def save_dir(self) -> str:
+        return self._save_dir
+
+    @property
+    def log_dir(self) -> str:
+        version = self.version
+        return os.path.join(self._save_dir, self._name, version if isinstance(version, str) else f"version_{version}")

@@ -8,10 +8,10 @@ from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
 
-from torchfleet.trainer.loggers.base import Logger, next_version, plain_params
+from torchfleet.trainer.loggers.base import FolderLogger, plain_params
 
 
-class CSVLogger(Logger):
+class CSVLogger(FolderLogger):
     """Writes ``<save_dir>/<name>/version_<n>/metrics.csv`` and ``hparams.yaml``.
 
     Rows are buffered and written every ``flush_logs_every_n_steps`` steps and at the end, so a
@@ -20,35 +20,13 @@ class CSVLogger(Logger):
 
     def __init__(self, save_dir: str | os.PathLike, name: str = "logs", version: int | str | None = None,
                  flush_logs_every_n_steps: int = 100) -> None:
-        self._save_dir = os.fspath(save_dir)
-        self._name = name
-        self._version = version
+        super().__init__(save_dir, name, version)
         self.flush_every = flush_logs_every_n_steps
         self._rows: dict[int, dict[str, Any]] = {}
         self._written: list[dict[str, Any]] = []
         self._columns: list[str] = []
         self._file_columns: list[str] = []
         self._pending = 0
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def version(self) -> int | str:
-        if self._version is None:
-            self._version = next_version(os.path.join(self._save_dir, self._name))
-        return self._version
-
-    @property
-    def save_dir(self) -> str:
-        return self._save_dir
-
-    @property
-    def log_dir(self) -> str:
-        version = self.version
-        folder = version if isinstance(version, str) else f"version_{version}"
-        return os.path.join(self._save_dir, self._name, folder)
 
     @property
     def metrics_file(self) -> str:

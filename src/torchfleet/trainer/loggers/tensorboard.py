@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchfleet.errors import ConfigurationError
-from torchfleet.trainer.loggers.base import Logger, next_version, plain_params
+from torchfleet.trainer.loggers.base import FolderLogger, plain_params
 
 
-class TensorBoardLogger(Logger):
+class TensorBoardLogger(FolderLogger):
     """Writes TensorBoard event files to ``<save_dir>/<name>/version_<n>/``."""
 
     def __init__(self, save_dir: str | os.PathLike, name: str = "logs", version: int | str | None = None,
@@ -23,30 +23,9 @@ class TensorBoardLogger(Logger):
                 "TensorBoardLogger needs the tensorboard package, which is not installed. Install it with "
                 "`pip install torchfleet[tensorboard]` (or `pip install tensorboard`), or use CSVLogger."
             ) from exc
-        self._save_dir = os.fspath(save_dir)
-        self._name = name
-        self._version = version
+        super().__init__(save_dir, name, version)
         self._writer_kwargs = writer_kwargs
         self._writer: Any = None
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def version(self) -> int | str:
-        if self._version is None:
-            self._version = next_version(os.path.join(self._save_dir, self._name))
-        return self._version
-
-    @property
-    def save_dir(self) -> str:
-        return self._save_dir
-
-    @property
-    def log_dir(self) -> str:
-        version = self.version
-        return os.path.join(self._save_dir, self._name, version if isinstance(version, str) else f"version_{version}")
 
     @property
     def experiment(self) -> Any:
