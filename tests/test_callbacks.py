@@ -211,3 +211,16 @@ def test_configure_callbacks_from_model_replaces_same_type(tmp_path):
                       logger=False)
     trainer.fit(WithOwnCheckpoint(), datamodule=RegressionData())
     assert len(trainer.checkpoint_callbacks) == 1 and os.listdir(tmp_path / "own") == ["mine.ckpt"]
+
+
+def test_async_checkpoint_io_with_top_k(tmp_path):
+    from torchfleet.checkpoint import AsyncCheckpointIO
+
+    values = [0.9, 0.5, 0.7, 0.3]
+    ck = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=2, save_last=True)
+    trainer = Trainer(max_epochs=4, default_root_dir=tmp_path, callbacks=[ck], plugins=[AsyncCheckpointIO()],
+                      enable_progress_bar=False, enable_model_summary=False, logger=False, num_sanity_val_steps=0)
+    trainer.fit(ScriptedVal(values), datamodule=RegressionData())
+    # every background write finished by the end of fit, and deletions waited for them
+    assert sorted(os.listdir(tmp_path / "ck")) == ["epoch=1-step=16.ckpt", "epoch=3-step=32.ckpt", "last.ckpt"]
+    assert torch.load(tmp_path / "ck" / "last.ckpt", weights_only=False)["global_step"] == 32
