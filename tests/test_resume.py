@@ -124,3 +124,19 @@ def test_weights_only_checkpoint_cannot_resume_but_loads(tmp_path):
     loaded = Regressor.load_from_checkpoint(str(tmp_path / "w.ckpt"))
     assert loaded.hparams.hidden == 12
     _assert_same(loaded, model)
+
+
+def test_test_with_best_checkpoint(tmp_path):
+    from torchfleet.callbacks import ModelCheckpoint
+
+    trainer = Trainer(max_epochs=3, default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
+                      logger=False, num_sanity_val_steps=0, callbacks=[ModelCheckpoint(monitor="val_loss")])
+    with pytest.raises(CheckpointError, match="best"):
+        trainer.test(Regressor(), datamodule=RegressionData(), ckpt_path="best")
+    model = Regressor()
+    trainer.fit(model, datamodule=RegressionData())
+    best = torch.load(trainer.checkpoint_callback.best_model_path, weights_only=False)
+    out = trainer.test(model, datamodule=RegressionData(), ckpt_path="best")
+    assert set(out[0]) == {"test_loss"}
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, best["state_dict"][name])

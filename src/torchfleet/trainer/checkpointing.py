@@ -92,9 +92,17 @@ def find_last_checkpoint(trainer: Trainer) -> str | None:
 
 
 def resolve_ckpt_path(trainer: Trainer, ckpt_path: Any, stage: str) -> str | None:
-    """Turn ``ckpt_path`` ("last", a path or None) into a file path, raising CheckpointError for a missing file."""
+    """Turn ``ckpt_path`` ("best", "last", a path or None) into a file path; CheckpointError for a missing file."""
     if ckpt_path is None:
         return None
+    if ckpt_path == "best":
+        ck = trainer.checkpoint_callback
+        if ck is None or not ck.best_model_path:
+            raise CheckpointError(
+                f"ckpt_path='best' needs a ModelCheckpoint that has saved a checkpoint in this Trainer, and there is "
+                f"none yet. Run fit first, or pass the path of a checkpoint to {stage}."
+            )
+        return ck.best_model_path
     if ckpt_path == "last":
         found = find_last_checkpoint(trainer)
         if found is None:
