@@ -351,8 +351,6 @@ class FitLoop:
         progress = trainer._progress
         trainer._current_fx("training_step")
         window_has_grads = False
-        batch_idx = start_batch - 1
-        is_last = False
         for batch_idx, batch in enumerate(iterator, start_batch):
             if batch_idx >= limit:
                 break
@@ -397,12 +395,9 @@ class FitLoop:
                 break
             if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
                 break
-        else:
-            is_last = True
         del iterator
         # epoch end: ordinary callbacks and the Module, then epoch metrics and epoch schedulers,
         # then ModelCheckpoint/EarlyStopping, which see all of that.
-        trainer._in_train = True
         model._results = results
 
         def finish_epoch() -> None:

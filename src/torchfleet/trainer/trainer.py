@@ -143,6 +143,7 @@ class Trainer:
         self.should_stop = False
         self.stage: str | None = None
         self.sanity_checking = False
+        self._in_train = False  # inside the training part of fit (not its validation)
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_scheduler_configs: list[Any] = []
         self.num_training_batches: int | float = float("inf")
@@ -320,8 +321,6 @@ class Trainer:
     @property
     def predicting(self) -> bool:
         return self.stage == "predict"
-
-    _in_train = False
 
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
