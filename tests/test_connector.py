@@ -126,3 +126,14 @@ def test_strategy_argument_type_checked():
 
 def test_resolve_builds_fresh_strategies():
     assert resolve() is not resolve()
+
+
+def test_auto_devices_fall_back_to_one_without_a_multi_process_strategy(four_gpus):
+    from torchfleet.strategies import StrategyRegistry
+
+    if "ddp" in StrategyRegistry:
+        pytest.skip("a multi-process strategy is registered, so devices='auto' uses every GPU")
+    s = resolve()
+    assert isinstance(s, SingleDeviceStrategy) and s.root_device == torch.device("cuda", 0)
+    with pytest.raises(ConfigurationError, match="4 processes"):
+        resolve(devices=4)

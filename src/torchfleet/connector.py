@@ -132,6 +132,14 @@ def resolve(
     parsed = acc.parse_devices(devices)
     device_list = acc.get_parallel_devices(parsed)
     total = len(device_list) * num_nodes
+    if built is None and strategy == "auto" and devices == "auto" and total > 1 and "ddp" not in StrategyRegistry:
+        # "all devices" is a default, not a request: without a multi-process strategy, use one
+        log.warning(
+            "devices='auto' found %d %s devices, but no multi-process strategy is installed; training on one.",
+            len(device_list), acc.name,
+        )
+        device_list = device_list[:1]
+        total = num_nodes
 
     if built is None:
         name = strategy
