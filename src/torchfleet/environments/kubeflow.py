@@ -5,41 +5,21 @@ from __future__ import annotations
 import os
 
 from torchfleet.environments._common import check_world_size
-from torchfleet.environments.base import ClusterEnvironment
+from torchfleet.environments.torchelastic import TorchElasticEnvironment
 
 
-class KubeflowEnvironment(ClusterEnvironment):
-    """The Kubeflow training operator sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK (one rank per pod)."""
+class KubeflowEnvironment(TorchElasticEnvironment):
+    """The Kubeflow training operator sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE and RANK (one rank per pod).
 
-    @property
-    def creates_processes_externally(self) -> bool:
-        return True
-
-    @property
-    def main_address(self) -> str:
-        return os.environ["MASTER_ADDR"]
-
-    @property
-    def main_port(self) -> int:
-        return int(os.environ["MASTER_PORT"])
+    Those variables are read as torchrun's are; what differs is that each pod runs one process,
+    so its local rank is 0 and its node rank is its global rank.
+    """
 
     @staticmethod
     def detect() -> bool:
         needed = ("KUBERNETES_PORT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
         # LOCAL_RANK/GROUP_RANK would mean torchrun inside the pod: that is torchelastic, not this
         return all(k in os.environ for k in needed) and not any(k in os.environ for k in ("LOCAL_RANK", "GROUP_RANK"))
-
-    def world_size(self) -> int:
-        return int(os.environ["WORLD_SIZE"])
-
-    def set_world_size(self, size: int) -> None:
-        pass
-
-    def global_rank(self) -> int:
-        return int(os.environ["RANK"])
-
-    def set_global_rank(self, rank: int) -> None:
-        pass
 
     def local_rank(self) -> int:
         return 0
