@@ -1,0 +1,127 @@
+"""One pass of validation_step/test_step/predict_step over dataloaders, and publishing epoch metrics."""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchfleet.errors import MisconfiguredModuleError
+from torchfleet.trainer.logging import Results
+
+if TYPE_CHECKING:
+    from torchfleet.trainer.trainer import Trainer
+
+_STEP_NAME = {"validate": "validation_step", "test": "test_step", "sanity_check": "validation_step", "predict": "predict_step"}
+_HOOK_STAGE = {"validate": "validation", "sanity_check": "validation", "test": "test", "predict": "predict"}
+
+
+def publish_epoch(trainer: Trainer, results: Results, suffix: str = "") -> dict[str, float]:
+    """Reduce ``results`` to epoch metrics, record them on the trainer and send them to the loggers."""
+    callback, logged, bar = results.collect_epoch(trainer.strategy)
+    if suffix:
+        callback = {k + suffix: v for k, v in callback.items()}
+        logged = {k + suffix: v for k, v in logged.items()}
+        bar = {k + suffix: v for k, v in bar.items()}
+    trainer._epoch_metrics.update(callback)
+    trainer._bar_metrics.update(bar)
+    if logged:
+        trainer.logged_metrics = logged
+        if trainer.is_global_zero and not trainer.sanity_checking:
+            metrics = {k: float(v) for k, v in logged.items()}
+            metrics["epoch"] = trainer.current_epoch
+            for lg in trainer.loggers:
+                lg.log_metrics(metrics, step=trainer.global_step)
+    return {k: float(v) for k, v in callback.items()}
+
+
+class EvalLoop:
+    """One pass of validation_step/test_step/predict_step over dataloaders, without gradients."""
+
+    def __init__(self, trainer: Trainer, model: Any, stage: str, loaders: list[Any], limits: list[Any],
+                 on_metrics: Any = None, collect: bool = False) -> None:
+        self.trainer, self.model, self.stage = trainer, model, stage
+        self.loaders, self.limits = loaders, limits
+        self.on_metrics = on_metrics
+        self.collect = collect
+        self.predictions: list[list[Any]] = []
+
+    def run(self) -> list[dict[str, float]]:
+        trainer, model, strategy, hooks = self.trainer, self.model, self.trainer.strategy, self.trainer._hooks
+        hook = _HOOK_STAGE[self.stage]
+        step_name = _STEP_NAME[self.stage]
+        was_training = model.training
+        model.eval()
+        hooks.call(f"on_{hook}_start", trainer)
+        hooks.call(f"on_{hook}_epoch_start", trainer)
+        step_fn = strategy.step_function(trainer._wrapped, step_name)
+        trainer._current_fx(step_name)
+        multi = len(self.loaders) > 1
+        if multi:
+            _check_takes_dataloader_idx(getattr(model, step_name), step_name, len(self.loaders))
+        per_loader: list[dict[str, float]] = []
+        results = Results(self.stage)
+        results.device = strategy.root_device
+        start_cbs, end_cbs = hooks.cb(f"on_{hook}_batch_start"), hooks.cb(f"on_{hook}_batch_end")
+        start_mod, end_mod = hooks.mod(f"on_{hook}_batch_start"), hooks.mod(f"on_{hook}_batch_end")
+        grad_ctx = torch.inference_mode if trainer.inference_mode else torch.no_grad
+        results_by_loader = []
+        for dl_idx, (loader, limit) in enumerate(zip(self.loaders, self.limits)):
+            res = results if not multi else Results(self.stage)
+            res.device = strategy.root_device
+            results_by_loader.append(res)
+            model._results = res
+            preds: list[Any] = []
+            extra = (dl_idx,) if multi else ()
+            if not limit:
+                self.predictions.append(preds)
+                continue
+            with grad_ctx():
+                for batch_idx, batch in enumerate(loader):
+                    if batch_idx >= limit:
+                        break
+                    batch = strategy.batch_to_device(batch)
+                    res.new_batch(batch)
+                    for fn in start_cbs:
+                        fn(trainer, model, batch, batch_idx, dl_idx)
+                    if start_mod is not None:
+                        hooks.call_module(trainer, f"on_{hook}_batch_start", start_mod, batch, batch_idx, *extra)
+                    with strategy.forward_context():
+                        out = step_fn(batch, batch_idx, *extra)
+                    if self.collect:
+                        preds.append(out)
+                    for fn in end_cbs:
+                        fn(trainer, model, out, batch, batch_idx, dl_idx)
+                    if end_mod is not None:
+                        hooks.call_module(trainer, f"on_{hook}_batch_end", end_mod, out, batch, batch_idx, *extra)
+            self.predictions.append(preds)
+        model._results = results_by_loader[0] if results_by_loader else results
+        if self.stage != "predict":
+            def publish() -> None:
+                per_loader.clear()
+                for i, res in enumerate(results_by_loader):
+                    per_loader.append(publish_epoch(trainer, res, f"/dataloader_idx_{i}" if multi else ""))
+                if self.on_metrics is not None:
+                    self.on_metrics()
+
+            hooks.call_module_between(f"on_{hook}_epoch_end", trainer, between=publish)
+        else:
+            hooks.call(f"on_{hook}_epoch_end", trainer)
+        model._results = None
+        hooks.call(f"on_{hook}_end", trainer)
+        if was_training:
+            model.train()
+        return per_loader
+
+
+def _check_takes_dataloader_idx(fn: Any, name: str, count: int) -> None:
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_POSITIONAL for p in params) or len(
+        [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    ) >= 3:
+        return
+    raise MisconfiguredModuleError(
+        f"{count} dataloaders were given, so {name} is called as {name}(batch, batch_idx, dataloader_idx), but it "
+        f"takes only (batch, batch_idx). Add a dataloader_idx=0 argument to {name}."
+    )

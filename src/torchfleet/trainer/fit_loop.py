@@ -1,0 +1,394 @@
+"""The fit loop: epochs of training batches with validation, logging, checkpoint callbacks and exact resume.
+
+Strategy-agnostic: everything device- or process-specific goes through ``trainer.strategy``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
+from torchfleet.trainer.checkpointing import capture_rng, restore_rng
+from torchfleet.trainer.eval_loop import EvalLoop, publish_epoch
+from torchfleet.trainer.logging import Results
+
+if TYPE_CHECKING:
+    from torchfleet.trainer.trainer import Trainer
+
+
+def _needs_closure(optimizer: Any) -> bool:
+    """Whether ``optimizer.step`` must get the closure: it re-evaluates the loss (LBFGS) or is not torch's.
+
+    torch's other optimizers call a closure once, before the update, which would only return the loss
+    already computed; skipping it saves the closure's enable_grad bookkeeping on every step.
+    """
+    cls = type(optimizer)
+    return cls.__module__.split(".")[:2] != ["torch", "optim"] or isinstance(optimizer, torch.optim.LBFGS)
+
+
+class _ReplayClosure:
+    """Returns the already computed loss on the first call; recomputes forward+backward on later calls (LBFGS)."""
+
+    __slots__ = ("loss", "recompute", "used")
+
+    def __init__(self, loss: Any, recompute: Any) -> None:
+        self.loss, self.recompute, self.used = loss, recompute, False
+
+    def __call__(self) -> Any:
+        if not self.used:
+            self.used = True
+            return self.loss
+        return self.recompute()
+
+
+class FitLoop:
+    """Epochs of training batches, with validation, logging, checkpoint callbacks and exact resume."""
+
+    def __init__(self, trainer: Trainer, model: Any, train_loader: Any, val_loaders: list[Any]) -> None:
+        self.trainer = trainer
+        self.model = model
+        self.loader = train_loader
+        self.val_loaders = val_loaders
+        self.strategy = trainer.strategy
+        n = trainer.num_training_batches
+        interval = trainer.val_check_interval
+        if isinstance(interval, float):
+            self.val_every = n if math.isinf(n) or interval == 1.0 else max(1, int(n * interval))
+        else:
+            if not math.isinf(n) and interval > n:
+                raise ConfigurationError(
+                    f"val_check_interval={interval} is larger than the number of training batches per epoch ({n}). "
+                    "Use a value <= the epoch length, or a float fraction."
+                )
+            self.val_every = interval
+        # which optional hooks exist, decided once: the per-step path then costs nothing for the rest
+        hooks = trainer._hooks
+
+        def present(name: str) -> bool:
+            return bool(hooks.cb(name)) or hooks.mod(name) is not None
+
+        self._has_before_backward = present("on_before_backward")
+        self._has_after_backward = present("on_after_backward")
+        self._has_before_step = present("on_before_optimizer_step")
+        self._has_before_zero_grad = present("on_before_zero_grad")
+        self._custom_clipping = hooks.mod("configure_gradient_clipping")
+        self._custom_zero_grad = hooks.mod("optimizer_zero_grad")
+        self._closure = _ReplayClosure(None, None)
+        self._closure_needed = bool(trainer.optimizers) and _needs_closure(trainer.optimizers[0])
+        self._forward_context = self.strategy.forward_context
+        self._has_step_schedulers = any(c.interval == "step" for c in trainer.lr_scheduler_configs)
+
+    # -- progress, saved in checkpoints as loops["fit"] ----------------------------------------
+    def _set_progress(self, **kw: Any) -> None:
+        self.trainer._progress.update(kw)
+
+    def run(self) -> None:
+        trainer = self.trainer
+        resume = trainer._resume or {}
+        progress = resume.get("loops") or None
+        trainer._progress = {"epoch": trainer.current_epoch, "batches_done": 0, "epoch_done": False,
+                             "val_pending": False, "epoch_start_rng": None}
+        start_batch, mid_epoch = 0, None
+        if progress is not None:
+            if progress["epoch_done"]:
+                trainer.current_epoch = progress["epoch"] + 1
+                if resume.get("rng") is not None:
+                    restore_rng(resume["rng"])
+            else:
+                trainer.current_epoch = progress["epoch"]
+                start_batch, mid_epoch = progress["batches_done"], progress
+        trainer._hooks.call("on_train_start", trainer)
+        while not self._done():
+            if mid_epoch is not None:
+                self.run_epoch(start_batch, mid_epoch, resume.get("rng"))
+                mid_epoch = None
+            else:
+                self.run_epoch(0, None, None)
+            if trainer.should_stop and self._may_stop():
+                break
+            trainer.current_epoch += 1
+        trainer._hooks.call("on_train_end", trainer)
+
+    def _done(self) -> bool:
+        t = self.trainer
+        if t.max_steps != -1 and t.global_step >= t.max_steps:
+            return True
+        return t.max_epochs != -1 and t.current_epoch >= t.max_epochs
+
+    def _may_stop(self) -> bool:
+        t = self.trainer
+        return t.current_epoch + 1 >= t.min_epochs and t.global_step >= t.min_steps
+
+    def run_epoch(self, start_batch: int, resume_at: dict | None, rng: dict | None) -> None:
+        trainer, strategy, model, hooks = self.trainer, self.strategy, self.model, self.trainer._hooks
+        sampler = getattr(self.loader, "sampler", None)
+        if sampler is not None and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(trainer.current_epoch)
+        # The iterator's shuffle order and worker seeds come from the global RNG when it is created:
+        # remember that state so a resumed run recreates the same order.
+        if resume_at is not None and resume_at.get("epoch_start_rng") is not None:
+            restore_rng(resume_at["epoch_start_rng"])
+        epoch_start_rng = capture_rng()
+        self._set_progress(epoch=trainer.current_epoch, batches_done=start_batch, epoch_done=False,
+                           val_pending=False, epoch_start_rng=epoch_start_rng)
+        results = Results("train")
+        results.device = strategy.root_device
+        trainer._train_results = results
+        model._results = results
+        model.train()
+        trainer._in_train = True
+        hooks.call("on_train_epoch_start", trainer)
+        iterator = iter(self.loader)
+        for _ in range(start_batch):  # fast-forward to where the interrupted run stopped
+            next(iterator, None)
+        if rng is not None:
+            restore_rng(rng)
+        if resume_at is not None and resume_at.get("val_pending"):
+            self._validate()
+
+        limit = trainer.num_training_batches
+        accumulate = trainer.accumulate_grad_batches
+        log_every = trainer.log_every_n_steps
+        automatic = model.automatic_optimization
+        opt = trainer.optimizers[0] if trainer.optimizers else None
+        step_fn = strategy.step_function(trainer._wrapped, "training_step")
+        batch_start_cbs = hooks.cb("on_train_batch_start")
+        batch_start_mod = hooks.mod("on_train_batch_start")
+        batch_end_cbs = hooks.cb("on_train_batch_end")
+        batch_end_mod = hooks.mod("on_train_batch_end")
+        transfer = self._transfer_fn()
+        progress = trainer._progress
+        trainer._current_fx("training_step")
+        window_has_grads = False
+        for batch_idx, batch in enumerate(iterator, start_batch):
+            if batch_idx >= limit:
+                break
+            is_last = batch_idx + 1 >= limit
+            batch = transfer(batch)
+            results.new_batch(batch)
+            skip_rest = False
+            for fn in batch_start_cbs:
+                fn(trainer, model, batch, batch_idx)
+            if batch_start_mod is not None:
+                skip_rest = hooks.call_module(trainer, "on_train_batch_start", batch_start_mod, batch, batch_idx) == -1
+            if skip_rest:
+                break
+            if automatic:
+                boundary = (batch_idx + 1) % accumulate == 0 or is_last
+                loss = self._forward_backward(step_fn, batch, batch_idx, accumulate, boundary)
+                window_has_grads = window_has_grads or loss is not None
+                if boundary:
+                    if window_has_grads and opt is not None:
+                        self._optimizer_step(opt, loss, step_fn, batch, batch_idx)
+                    window_has_grads = False
+                    outputs = loss
+                else:
+                    outputs = loss
+            else:
+                outputs = step_fn(batch, batch_idx)
+                boundary = True
+            progress["batches_done"] = batch_idx + 1
+            validate_now = self._should_validate(batch_idx, is_last)
+            progress["val_pending"] = validate_now
+            if boundary and trainer.global_step % log_every == 0 and trainer.global_step > 0 and (
+                automatic or outputs is not None
+            ):
+                self._log_step(results)
+            for fn in batch_end_cbs:
+                fn(trainer, model, outputs, batch, batch_idx)
+            if batch_end_mod is not None:
+                hooks.call_module(trainer, "on_train_batch_end", batch_end_mod, outputs, batch, batch_idx)
+            if validate_now:
+                self._validate()
+            if trainer.should_stop and self._may_stop():
+                break
+            if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+                break
+        del iterator
+        # epoch end: ordinary callbacks and the Module, then epoch metrics and epoch schedulers,
+        # then ModelCheckpoint/EarlyStopping, which see all of that.
+        model._results = results
+
+        def finish_epoch() -> None:
+            self._log_epoch(results)
+            self._step_schedulers("epoch")
+            self._set_progress(epoch_done=True, val_pending=False)
+
+        hooks.call_module_between("on_train_epoch_end", trainer, between=finish_epoch)
+        model._results = None
+
+    def _transfer_fn(self) -> Any:
+        trainer, strategy, hooks = self.trainer, self.strategy, self.trainer._hooks
+        before = hooks.mod("on_before_batch_transfer")
+        custom = hooks.mod("transfer_batch_to_device")
+        after = hooks.mod("on_after_batch_transfer")
+        dm = trainer.datamodule
+        if before is None and custom is None and after is None and dm is None:
+            return strategy.batch_to_device
+        device = strategy.root_device
+
+        def transfer(batch: Any) -> Any:
+            if dm is not None:
+                batch = dm.on_before_batch_transfer(batch, 0)
+            if before is not None:
+                batch = before(batch, 0)
+            batch = custom(batch, device, 0) if custom is not None else strategy.batch_to_device(batch)
+            if custom is not None:
+                batch = strategy.precision.convert_input(batch)
+            if dm is not None:
+                batch = dm.on_after_batch_transfer(batch, 0)
+            if after is not None:
+                batch = after(batch, 0)
+            return batch
+
+        return transfer
+
+    def _forward_backward(self, step_fn: Any, batch: Any, batch_idx: int, accumulate: int, boundary: bool) -> Tensor | None:
+        trainer, strategy = self.trainer, self.strategy
+        with self._forward_context():
+            output = step_fn(batch, batch_idx)
+        loss = _extract_loss(output)
+        if loss is None:
+            return None
+        hooks = trainer._hooks
+        scaled = loss / accumulate if accumulate > 1 else loss
+        if self._has_before_backward:
+            hooks.call("on_before_backward", trainer, scaled)
+        if boundary:
+            strategy.backward(scaled, trainer._wrapped)
+        else:
+            with strategy.no_backward_sync(trainer._wrapped):
+                strategy.backward(scaled, trainer._wrapped)
+        if self._has_after_backward:
+            hooks.call("on_after_backward", trainer)
+        return loss.detach()
+
+    def _optimizer_step(self, opt: Any, loss: Tensor | None, step_fn: Any, batch: Any, batch_idx: int) -> None:
+        trainer, strategy, model, hooks = self.trainer, self.strategy, self.model, self.trainer._hooks
+        if self._has_before_step:
+            hooks.call("on_before_optimizer_step", trainer, opt)
+        clip = self._custom_clipping
+        if clip is not None:
+            clip(opt, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+        elif trainer.gradient_clip_val:
+            model.clip_gradients(opt, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+
+        if self._closure_needed:
+            def recompute() -> Any:
+                opt.zero_grad(set_to_none=True)
+                return self._forward_backward(step_fn, batch, batch_idx, 1, True)
+
+            closure = self._closure
+            closure.loss, closure.recompute, closure.used = loss, recompute, False
+            strategy.optimizer_step(opt, closure)
+        else:
+            strategy.optimizer_step(opt)
+        if self._has_before_zero_grad:
+            hooks.call("on_before_zero_grad", trainer, opt)
+        zero = self._custom_zero_grad
+        if zero is not None:
+            zero(trainer.current_epoch, batch_idx, opt)
+        else:
+            opt.zero_grad(set_to_none=True)
+        trainer.global_step += 1
+        if self._has_step_schedulers:
+            self._step_schedulers("step")
+
+    def _step_schedulers(self, interval: str) -> None:
+        trainer = self.trainer
+        count = trainer.global_step if interval == "step" else trainer.current_epoch + 1
+        for config in trainer.lr_scheduler_configs:
+            if config.interval != interval or count % config.frequency:
+                continue
+            if config.reduce_on_plateau:
+                metrics = trainer.callback_metrics
+                if config.monitor not in metrics:
+                    if config.strict:
+                        raise MisconfiguredModuleError(
+                            f"The ReduceLROnPlateau scheduler watches {config.monitor!r}, which was not logged. "
+                            f"Logged metrics: {', '.join(sorted(metrics)) or 'none'}. Log it with self.log, or "
+                            "pass 'strict': False in the lr_scheduler dict to skip such steps."
+                        )
+                    continue
+                config.scheduler.step(float(metrics[config.monitor]))
+            else:
+                config.scheduler.step()
+
+    def _should_validate(self, batch_idx: int, is_last: bool) -> bool:
+        trainer = self.trainer
+        if not self.val_loaders or not any(trainer.num_val_batches):
+            return False
+        if (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch:
+            return False
+        if isinstance(trainer.val_check_interval, float) and trainer.val_check_interval == 1.0:
+            return is_last
+        return (batch_idx + 1) % self.val_every == 0
+
+    def _validate(self) -> None:
+        trainer = self.trainer
+        trainer._in_train = False
+        EvalLoop(trainer, self.model, "validate", self.val_loaders, trainer.num_val_batches,
+                 on_metrics=lambda: self._set_progress(val_pending=False)).run()
+        trainer._current_fx("training_step")
+        trainer._in_train = True
+        self.model._results = trainer._train_results
+        self.model.train()
+
+    def _log_step(self, results: Results) -> None:
+        trainer = self.trainer
+        callback, logged, bar = results.collect_step(self.strategy)
+        for name, value in callback.items():
+            results.values[name].latest = value
+        if logged:
+            trainer.logged_metrics = logged
+            if trainer.is_global_zero:
+                metrics = {k: float(v) for k, v in logged.items()}
+                metrics["epoch"] = trainer.current_epoch
+                for lg in trainer.loggers:
+                    lg.log_metrics(metrics, step=trainer.global_step)
+
+    def _log_epoch(self, results: Results) -> None:
+        publish_epoch(self.trainer, results)
+
+
+def _extract_loss(output: Any) -> Tensor | None:
+    if type(output) is Tensor and output.requires_grad and output.dim() == 0:
+        return output  # the common case, checked first
+    if output is None:
+        return None
+    if isinstance(output, Tensor):
+        loss = output
+    elif isinstance(output, Mapping) and "loss" in output:
+        loss = output["loss"]
+        if not isinstance(loss, Tensor):
+            raise MisconfiguredModuleError(
+                f"training_step returned a dict whose 'loss' is a {type(loss).__name__}, not a tensor. Return the "
+                "loss tensor the optimizer should minimise (with its graph), e.g. {'loss': loss}."
+            )
+    else:
+        what = f"a dict without 'loss' (keys: {', '.join(map(repr, output))})" if isinstance(output, Mapping) else (
+            f"a {type(output).__name__}"
+        )
+        raise MisconfiguredModuleError(
+            f"training_step returned {what}. It must return the loss tensor, a dict with a 'loss' tensor, or None "
+            "to skip the batch."
+        )
+    if loss.numel() != 1:
+        raise MisconfiguredModuleError(
+            f"training_step returned a loss of shape {tuple(loss.shape)}; the loss must be a single number. Reduce "
+            "it first, e.g. loss.mean()."
+        )
+    if not loss.requires_grad:
+        raise MisconfiguredModuleError(
+            "training_step returned a loss that does not require grad, so there is nothing to backpropagate. Was it "
+            "computed under torch.no_grad(), detached, or converted with .item()? Return the tensor itself."
+        )
+    return loss
+
+
+# ---------------------------------------------------------------------------- evaluation
