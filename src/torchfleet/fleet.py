@@ -11,16 +11,21 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
+import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from torchfleet.errors import ConfigurationError
+from torchfleet.errors import CheckpointError, ConfigurationError
+
+if TYPE_CHECKING:
+    from torchfleet.strategies.base import Strategy
 
 
 def _no_context() -> Any:
@@ -29,14 +34,17 @@ def _no_context() -> Any:
     return Precision().forward_context()
 
 
+# The full-precision forward context is one shared do-nothing object; FleetModule skips entering it.
 _NO_CONTEXT = _no_context()
+# Fleet._backward_module before any setup() (None means "several modules: the caller names one").
+_NOT_SET_UP = object()
 
 
 class FleetModule(nn.Module):
     """The user's module after ``Fleet.setup``: forward runs under the strategy's precision context.
 
-    Attribute access, ``state_dict`` and ``load_state_dict`` reach the original module, so code
-    written against the plain model keeps working.
+    Attribute reads and writes, ``state_dict`` and ``load_state_dict`` reach the original module,
+    so code written against the plain model keeps working. ``.module`` is the original module.
     """
 
     def __init__(self, wrapped: nn.Module, original: nn.Module, forward_context: Callable[[], Any]) -> None:
@@ -46,15 +54,17 @@ class FleetModule(nn.Module):
         # plain attributes (not submodule lookups through nn.Module.__getattr__), read on every call
         object.__setattr__(self, "_forward_context", forward_context)
         object.__setattr__(self, "_target", wrapped)
+        object.__setattr__(self, "_original", original)
 
     @property
     def module(self) -> nn.Module:
         """The module that was passed to ``setup``."""
-        return self._original_module
+        return self._original
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the (strategy-wrapped) module's forward under the precision context."""
         with self._forward_context():
-            return self._forward_module(*args, **kwargs)
+            return self._target(*args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Skips nn.Module's call machinery for this thin wrapper (hooks live on the wrapped module)
@@ -66,83 +76,192 @@ class FleetModule(nn.Module):
             return self._target(*args, **kwargs)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
-        return self._original_module.state_dict(*args, **kwargs)
+        """The original module's state dict (keys without any wrapper prefix)."""
+        return self._original.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:  # type: ignore[override]
-        return self._original_module.load_state_dict(state_dict, strict=strict, assign=assign)
+        """Load into the original module."""
+        return self._original.load_state_dict(state_dict, strict=strict, assign=assign)
 
     def __getattr__(self, name: str) -> Any:
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self._original_module, name)
+            original = self.__dict__.get("_original")
+            if original is None:  # half-built (copy/pickle): no original to ask
+                raise
+            return getattr(original, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The wrapper's own state (set in __init__, `training`) stays here; anything else the user
+        # sets after setup() belongs to their module, whose forward will read it.
+        original = self.__dict__.get("_original")
+        if original is None or name in self.__dict__:
+            super().__setattr__(name, value)
+        else:
+            setattr(original, name, value)
+
+    def __repr__(self) -> str:
+        return f"FleetModule({self._original!r})"
+
+
+_OPTIMIZER_CLASSES: dict[type, type] = {}
 
 
 class FleetOptimizer:
     """The user's optimizer after ``Fleet.setup``: ``step`` goes through the strategy (gradient scaling,
-    sharded engines); everything else is the optimizer's own."""
+    sharded engines); everything else is the optimizer's own.
+
+    The object is an instance of the optimizer's own class too (``isinstance(opt, torch.optim.SGD)``),
+    so learning-rate schedulers and other code that checks the type accept it.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> FleetOptimizer:
+        if cls is not FleetOptimizer:  # already the per-type subclass: copy.copy / deepcopy rebuild
+            return object.__new__(cls)
+        optimizer = args[0] if args else kwargs["optimizer"]
+        base = type(optimizer)
+        sub = _OPTIMIZER_CLASSES.get(base)
+        if sub is None:
+            # a subclass of both, built once per optimizer type; never runs the optimizer's __init__
+            sub = type(f"Fleet{base.__name__}", (FleetOptimizer, base), {"__module__": __name__})
+            _OPTIMIZER_CLASSES[base] = sub
+        return object.__new__(sub)
 
     def __init__(self, optimizer: Optimizer, step: Callable[..., Any]) -> None:
-        self._optimizer = optimizer
-        self._step = step
+        self.__dict__["_optimizer"] = optimizer
+        self.__dict__["_step"] = step
+        # bound straight to the optimizer: one call fewer per step
+        self.__dict__["zero_grad"] = optimizer.zero_grad
 
     @property
     def optimizer(self) -> Optimizer:
-        return self._optimizer
+        """The optimizer that was passed to ``setup``."""
+        return self.__dict__["_optimizer"]
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Step through the strategy (``closure`` computes loss and gradients first when given)."""
         return self._step(self._optimizer, closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset gradients (replaced per instance by the optimizer's own bound method)."""
         self._optimizer.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
+        """The optimizer's state dict."""
         return self._optimizer.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._optimizer.load_state_dict(state)
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load into the optimizer."""
+        self._optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group to the optimizer."""
+        self._optimizer.add_param_group(param_group)
+
+    # Optimizer methods inherited through the dynamic subclass read these: keep them the optimizer's.
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups."""
+        return self._optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self._optimizer.param_groups = value
+
+    @property
+    def state(self) -> Any:
+        """The optimizer's per-parameter state."""
+        return self._optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._optimizer.state = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The optimizer's default hyperparameters."""
+        return self._optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self._optimizer.defaults = value
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._optimizer, name)
+        optimizer = self.__dict__.get("_optimizer")
+        if optimizer is None:  # half-built (copy/pickle): avoid recursing into ourselves
+            raise AttributeError(name)
+        return getattr(optimizer, name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     def __repr__(self) -> str:
         return f"FleetOptimizer({self._optimizer!r})"
 
 
 class FleetDataLoader:
-    """A dataloader whose batches arrive on the strategy's device."""
+    """A dataloader whose batches arrive on the strategy's device; ``len`` and ``set_epoch`` keep working."""
 
     def __init__(self, loader: Any, to_device: Callable[[Any], Any] | None) -> None:
         self._loader = loader
         self._to_device = to_device
 
+    @property
+    def loader(self) -> Any:
+        """The (strategy-processed) dataloader inside."""
+        return self._loader
+
     def __len__(self) -> int:
         return len(self._loader)
 
     def __iter__(self) -> Iterator[Any]:
-        move = self._to_device
-        if move is None:
-            yield from self._loader
-            return
-        for batch in self._loader:
-            yield move(batch)
+        if self._to_device is None:
+            return iter(self._loader)
+        # map runs in C: no Python generator frame resumed per batch
+        return map(self._to_device, self._loader)
 
     def set_epoch(self, epoch: int) -> None:
-        """Forward to the sampler (DistributedSampler reshuffles per epoch)."""
-        sampler = getattr(self._loader, "sampler", None)
-        if sampler is not None and hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
+        """Tell the sampler the epoch (a DistributedSampler reshuffles per epoch)."""
+        for owner in (self._loader, getattr(self._loader, "batch_sampler", None)):
+            sampler = getattr(owner, "sampler", None)
+            set_epoch = getattr(sampler, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(epoch)
+                return
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
+        loader = self.__dict__.get("_loader")
+        if loader is None:
+            raise AttributeError(name)
+        return getattr(loader, name)
 
 
 def _unwrap(obj: Any) -> Any:
+    """The strategy-level object inside a Fleet wrapper (lists and tuples of optimizers too)."""
     if isinstance(obj, FleetModule):
         return obj._forward_module
     if isinstance(obj, FleetOptimizer):
         return obj.optimizer
+    if isinstance(obj, (list, tuple)) and obj and any(isinstance(o, FleetOptimizer) for o in obj):
+        return type(obj)(_unwrap(o) for o in obj)
     return obj
+
+
+def _is_object(value: Any) -> bool:
+    """Whether the strategy loads ``value`` in place (a module, an optimizer, a list of optimizers)."""
+    return isinstance(value, (nn.Module, Optimizer)) or (
+        isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, Optimizer) for v in value)
+    )
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 class Fleet:
@@ -161,61 +280,74 @@ class Fleet:
     ) -> None:
         from torchfleet.connector import resolve
 
-        self.strategy = resolve(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
-                                num_nodes=num_nodes, plugins=plugins)
-        self.callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else ([callbacks] if callbacks else [])
-        self._loggers = list(loggers) if isinstance(loggers, (list, tuple)) else ([loggers] if loggers else [])
+        self._strategy = resolve(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
+                                 num_nodes=num_nodes, plugins=plugins)
+        self.callbacks: list[Any] = _as_list(callbacks)
+        self._loggers: list[Any] = _as_list(loggers)
         self._environment_ready = False
-        self._set_up_modules: set[int] = set()
+        self._set_up_modules: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+        self._backward_module: Any = _NOT_SET_UP
 
     # ----------------------------------------------------------- properties
     @property
+    def strategy(self) -> Strategy:
+        """The Strategy built from the arguments (the same classes the Trainer uses)."""
+        return self._strategy
+
+    @property
     def device(self) -> torch.device:
-        return self.strategy.root_device
+        """The device this process computes on."""
+        return self._strategy.root_device
 
     @property
     def global_rank(self) -> int:
-        return self.strategy.global_rank
+        """This process's index among all processes (0 on one device)."""
+        return self._strategy.global_rank
 
     @property
     def local_rank(self) -> int:
-        return self.strategy.local_rank
+        """This process's index on its node."""
+        return self._strategy.local_rank
 
     @property
     def node_rank(self) -> int:
-        return self.strategy.node_rank
+        """This node's index among the nodes."""
+        return self._strategy.node_rank
 
     @property
     def world_size(self) -> int:
-        return self.strategy.world_size
+        """The number of processes in the run."""
+        return self._strategy.world_size
 
     @property
     def is_global_zero(self) -> bool:
-        return self.strategy.is_global_zero
+        """Whether this is global rank 0 (the process that writes checkpoints and logs)."""
+        return self._strategy.is_global_zero
 
     @property
     def loggers(self) -> list[Any]:
+        """The loggers given to the constructor."""
         return self._loggers
 
     @property
     def logger(self) -> Any:
+        """The first logger, or None."""
         return self._loggers[0] if self._loggers else None
 
     # --------------------------------------------------------------- launch
     def _ensure_environment(self) -> None:
         if not self._environment_ready:
-            self.strategy.setup_environment()
+            self._strategy.setup_environment()
             self._environment_ready = True
 
     def launch(self, fn: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
         """Start the processes the strategy needs and run ``fn(fleet, *args, **kwargs)`` in each; returns its result.
 
-        Without ``fn``, only prepares this process (for scripts started by torchrun/srun or on one device).
+        Without ``fn``, only starts the processes (a script launcher re-runs this script) and prepares this one.
         """
-        launcher = self.strategy.launcher
         if fn is None:
-            self._ensure_environment()
-            return None
+            fn = _do_nothing
+        launcher = self._strategy.launcher
         if launcher is not None:
             return launcher.launch(self._run_in_rank, fn, *args, **kwargs)
         return self._run_in_rank(fn, *args, **kwargs)
@@ -228,90 +360,125 @@ class Fleet:
     def setup(self, module: nn.Module, *optimizers: Optimizer, move_to_device: bool = True) -> Any:
         """Prepare ``module`` (and the optimizers built over its parameters) for this strategy.
 
-        Returns the module, or ``(module, *optimizers)`` when optimizers are given.
+        Returns the wrapped module, or ``(module, *optimizers)`` when optimizers are given.
         """
+        self._check_module(module)
+        self._check_optimizers(optimizers, module)
         self._ensure_environment()
-        self._check_setup(module, optimizers)
-        original = module
         from torchfleet.module import Module
 
         if isinstance(module, Module):
             object.__setattr__(module, "_fleet", self)
+        strategy = self._strategy
         if move_to_device:
-            wrapped, opts = self.strategy.setup(module, list(optimizers))
+            wrapped, opts = strategy.setup(module, list(optimizers))
         else:
-            wrapped = self.strategy.setup_module(self.strategy.precision.convert_module(module))
-            opts = [self.strategy.setup_optimizer(o) for o in optimizers]
-        self._set_up_modules.add(id(original))
-        fleet_module = FleetModule(wrapped, original, self.strategy.forward_context)
+            wrapped = strategy.setup_module(strategy.precision.convert_module(module))
+            opts = [strategy.setup_optimizer(o) for o in optimizers]
+        self._set_up_modules.add(module)
+        # backward() without model= uses the module when there is exactly one
+        self._backward_module = wrapped if self._backward_module is _NOT_SET_UP else None
+        fleet_module = FleetModule(wrapped, module, strategy.forward_context)
         if not optimizers:
             return fleet_module
-        return (fleet_module, *[FleetOptimizer(o, self.strategy.optimizer_step) for o in opts])
+        return (fleet_module, *[FleetOptimizer(o, strategy.optimizer_step) for o in opts])
 
     def setup_module(self, module: nn.Module, move_to_device: bool = True) -> FleetModule:
-        """Prepare a module alone (optimizers can follow with ``setup_optimizers``)."""
+        """Prepare a module alone (its optimizers can follow with ``setup_optimizers``)."""
         return self.setup(module, move_to_device=move_to_device)
 
     def setup_optimizers(self, *optimizers: Optimizer) -> Any:
         """Wrap optimizers so ``step`` goes through the strategy; one object per optimizer given."""
-        wrapped = [FleetOptimizer(self.strategy.setup_optimizer(o), self.strategy.optimizer_step) for o in optimizers]
+        if not optimizers:
+            raise ConfigurationError("fleet.setup_optimizers() was called with no optimizer; pass at least one.")
+        self._check_optimizers(optimizers, None)
+        strategy = self._strategy
+        wrapped = [FleetOptimizer(strategy.setup_optimizer(o), strategy.optimizer_step) for o in optimizers]
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
-    def _check_setup(self, module: nn.Module, optimizers: tuple[Optimizer, ...]) -> None:
-        if isinstance(module, FleetModule) or id(module) in self._set_up_modules:
+    def _check_module(self, module: Any) -> None:
+        if isinstance(module, FleetModule) or module in self._set_up_modules:
             raise ConfigurationError(
-                f"fleet.setup() was already called on this {type(module).__name__}. Set up each module once and keep "
-                "using the object setup() returned."
+                f"fleet.setup() was already called on this {type(_original(module)).__name__}. Set up each module "
+                "once and keep using the object setup() returned."
             )
         if not isinstance(module, nn.Module):
-            raise ConfigurationError(f"fleet.setup() takes an nn.Module first, got {type(module).__name__}.")
-        params = {id(p) for p in module.parameters()}
+            raise ConfigurationError(
+                f"fleet.setup() takes an nn.Module first, got {type(module).__name__}. Pass the model, then its "
+                "optimizers: fleet.setup(model, optimizer)."
+            )
+
+    def _check_optimizers(self, optimizers: tuple[Any, ...], module: nn.Module | None) -> None:
+        params = {id(p) for p in module.parameters()} if module is not None else None
         for i, opt in enumerate(optimizers):
+            name = f"optimizer {i} ({type(opt).__name__})"
             if isinstance(opt, FleetOptimizer):
-                raise ConfigurationError(f"Optimizer {i} passed to fleet.setup() was already set up.")
+                raise ConfigurationError(
+                    f"The {name} given to fleet.setup() was already set up. Pass each optimizer once and keep "
+                    "using the object setup() returned."
+                )
             if not isinstance(opt, Optimizer):
                 raise ConfigurationError(
-                    f"fleet.setup() got {type(opt).__name__} as optimizer {i}; pass torch.optim.Optimizer objects."
+                    f"fleet.setup() got {type(opt).__name__} as optimizer {i}; accepted are torch.optim.Optimizer "
+                    "objects, after the module: fleet.setup(model, optimizer)."
                 )
+            if params is None:
+                continue
             foreign = [p for g in opt.param_groups for p in g["params"] if id(p) not in params]
             if foreign:
                 raise ConfigurationError(
-                    f"Optimizer {i} ({type(opt).__name__}) holds {len(foreign)} parameter(s) that are not in the "
-                    f"{type(module).__name__} given to fleet.setup(). Build the optimizer over "
-                    "module.parameters() of the same module."
+                    f"The {name} holds {len(foreign)} parameter(s) that are not in the {type(module).__name__} "
+                    "given to fleet.setup(). Build each optimizer over the parameters of the module it is set up "
+                    "with (model.parameters()), and set up other models with their own optimizers."
                 )
 
-    def setup_dataloaders(self, *dataloaders: Any, move_to_device: bool = True, use_distributed_sampler: bool = True) -> Any:
-        """Prepare dataloaders: a distributed sampler where the strategy needs one, batches moved to the device."""
+    def setup_dataloaders(
+        self, *dataloaders: Any, move_to_device: bool = True, use_distributed_sampler: bool = True
+    ) -> Any:
+        """Prepare dataloaders: a distributed sampler where the strategy needs one, batches moved to the device.
+
+        Returns one object per dataloader given (a single object for one).
+        """
+        if not dataloaders:
+            raise ConfigurationError("fleet.setup_dataloaders() was called with no dataloader; pass at least one.")
+        strategy = self._strategy
         out = []
         for loader in dataloaders:
             if use_distributed_sampler:
-                loader = self.strategy.process_dataloader(loader, "fit")
-            out.append(FleetDataLoader(loader, self.strategy.batch_to_device if move_to_device else None))
+                loader = strategy.process_dataloader(loader, "fit")
+            out.append(FleetDataLoader(loader, strategy.batch_to_device if move_to_device else None))
         return out[0] if len(out) == 1 else tuple(out)
 
     @contextlib.contextmanager
     def init_module(self, empty_init: bool | None = None) -> Iterator[None]:
-        """Create a module's parameters directly on the device, in the precision's parameter dtype."""
-        dtype = getattr(self.strategy.precision, "param_dtype", torch.float32)
+        """Create a module's parameters directly on the device, in the precision's parameter dtype.
+
+        ``empty_init`` is accepted for sharded strategies (meta-device init); one device ignores it.
+        """
+        # "-mixed" precisions keep float32 parameters; "-true" ones create them in their dtype
+        dtype = self._strategy.precision.param_dtype
         previous = torch.get_default_dtype()
-        try:
-            with torch.device(self.device):
-                if dtype.is_floating_point and dtype != previous:
-                    torch.set_default_dtype(dtype)
+        with torch.device(self.device):
+            if dtype != previous:
+                torch.set_default_dtype(dtype)
+            try:
                 yield
-        finally:
-            torch.set_default_dtype(previous)
+            finally:
+                torch.set_default_dtype(previous)
 
     # -------------------------------------------------------------- training
     def backward(self, loss: Tensor, *args: Any, model: nn.Module | None = None, **kwargs: Any) -> None:
-        """Backpropagate ``loss`` through the strategy (gradient scaling, sharded engines)."""
-        if not self._set_up_modules:
+        """Backpropagate ``loss`` through the strategy (gradient scaling, sharded engines).
+
+        ``model`` names the module when several were set up; extra arguments go to ``Tensor.backward``.
+        """
+        module = self._backward_module if model is None else _unwrap(model)
+        if module is _NOT_SET_UP:
             raise ConfigurationError(
                 "fleet.backward() was called before fleet.setup(model, optimizer): set up the model first, so the "
                 "strategy can scale and synchronise its gradients."
             )
-        self.strategy.backward(loss, model if model is None else _unwrap(model), *args, **kwargs)
+        self._strategy.backward(loss, module, *args, **kwargs)
 
     def clip_gradients(
         self,
@@ -322,66 +489,92 @@ class Fleet:
         norm_type: float = 2.0,
         error_if_nonfinite: bool = True,
     ) -> Tensor | None:
-        """Clip by value (``clip_val``) or by total norm (``max_norm``, returns the norm before clipping)."""
+        """Clip by value (``clip_val``) or by total norm (``max_norm``: returns the norm before clipping)."""
         if (clip_val is None) == (max_norm is None):
             raise ConfigurationError(
-                "fleet.clip_gradients() takes exactly one of clip_val (clip each gradient element) and max_norm "
-                "(scale gradients to a total norm)."
+                f"fleet.clip_gradients() got clip_val={clip_val!r} and max_norm={max_norm!r}; it takes exactly one "
+                "of them: clip_val clamps each gradient element, max_norm scales gradients to a total norm."
             )
         if max_norm is not None:
-            return self.strategy.clip_gradients_norm(_unwrap(module), _unwrap(optimizer), max_norm,
-                                                     norm_type=norm_type, error_if_nonfinite=error_if_nonfinite)
-        self.strategy.clip_gradients_value(_unwrap(module), _unwrap(optimizer), clip_val)
+            return self._strategy.clip_gradients_norm(_unwrap(module), _unwrap(optimizer), max_norm,
+                                                      norm_type=norm_type, error_if_nonfinite=error_if_nonfinite)
+        self._strategy.clip_gradients_value(_unwrap(module), _unwrap(optimizer), clip_val)
         return None
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The precision's forward context, for computation outside the set-up module."""
-        return self.strategy.forward_context()
+        return self._strategy.forward_context()
 
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> contextlib.AbstractContextManager:
         """Skip gradient synchronisation in the block (accumulate, then sync on the last micro-batch)."""
-        return self.strategy.no_backward_sync(_unwrap(module), enabled=enabled)
+        if not isinstance(module, FleetModule):
+            raise ConfigurationError(
+                f"fleet.no_backward_sync() got a {type(module).__name__} that fleet.setup() did not return. Pass the "
+                "module setup() returned: the strategy's wrapper is what skips the synchronisation."
+            )
+        return self._strategy.no_backward_sync(_unwrap(module), enabled=enabled)
 
     def to_device(self, obj: Any) -> Any:
-        """Move a tensor, a module or nested tensors to the device."""
+        """Move a module, a tensor or nested collections of tensors to the device."""
         if isinstance(obj, nn.Module):
-            return obj.to(self.device)
+            return self._strategy.module_to_device(obj)
         from torchfleet.strategies.base import move_to_device
 
         return move_to_device(obj, self.device)
 
     # ----------------------------------------------------------- collectives
     def all_reduce(self, data: Any, reduce_op: str = "mean") -> Any:
-        """Reduce tensors (or nested collections of them) across processes."""
+        """Reduce tensors (or numbers, or nested collections of them) across processes: mean, sum, max, min."""
         from torchfleet.module import _apply_tensors
 
-        return _apply_tensors(data, lambda t: self.strategy.reduce(t, op=reduce_op))
+        strategy = self._strategy
+        return _apply_tensors(data, lambda t: strategy.reduce(t, op=reduce_op))
 
     def all_gather(self, data: Any, sync_grads: bool = False) -> Any:
-        """Gather tensors from every process, stacked along a new first dimension."""
+        """Gather tensors (or nested collections of them) from every process, stacked along a new dim 0."""
         from torchfleet.module import _apply_tensors
 
-        return _apply_tensors(data, lambda t: self.strategy.all_gather(t, sync_grads=sync_grads))
+        strategy = self._strategy
+        return _apply_tensors(data, lambda t: strategy.all_gather(t, sync_grads=sync_grads))
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        return self.strategy.broadcast(obj, src=src)
+        """Return process ``src``'s ``obj`` on every process."""
+        return self._strategy.broadcast(obj, src=src)
 
     def barrier(self, name: str | None = None) -> None:
-        self.strategy.barrier(name)
+        """Wait until every process gets here."""
+        self._strategy.barrier(name)
 
     # ------------------------------------------------------------- checkpoints
     def save(self, path: str | os.PathLike, state: Mapping[str, Any]) -> None:
         """Save ``state``; modules and optimizers in it are saved as their state dicts (by the strategy)."""
-        self.strategy.save_checkpoint(path, {k: _unwrap(v) for k, v in state.items()})
-        self.strategy.barrier("fleet.save")
+        if not isinstance(state, Mapping):
+            raise ConfigurationError(
+                f"fleet.save() takes a dict of what to save, got {type(state).__name__}: "
+                "fleet.save(path, {'model': model, 'optimizer': optimizer, 'step': step})."
+            )
+        self._strategy.save_checkpoint(path, {k: _unwrap(v) for k, v in state.items()})
+        self._strategy.barrier("fleet.save")
 
     def load(self, path: str | os.PathLike, state: dict[str, Any] | None = None, strict: bool = True) -> dict[str, Any]:
-        """Load ``path`` into the modules/optimizers in ``state`` (in place); plain values in ``state`` are
-        updated too. Returns the checkpoint's entries that ``state`` did not name."""
+        """Load ``path`` into ``state`` in place: modules and optimizers load their weights, other entries are
+        replaced by the checkpoint's values. Returns the checkpoint's entries that ``state`` did not name.
+
+        With ``strict``, every key of ``state`` must be in the checkpoint and module keys must match exactly.
+        """
         state = state if state is not None else {}
-        checkpoint = self.strategy.load_checkpoint(path, {k: _unwrap(v) for k, v in state.items()}, strict=strict)
-        for key in list(state):
-            if key in checkpoint and not isinstance(_unwrap(state[key]), (nn.Module, Optimizer)):
+        unwrapped = {k: _unwrap(v) for k, v in state.items()}
+        checkpoint = self._strategy.load_checkpoint(path, unwrapped, strict=strict)
+        if strict:
+            missing = [k for k in state if k not in checkpoint]
+            if missing:
+                raise CheckpointError(
+                    f"The checkpoint {os.fspath(path)!r} has no entr{'y' if len(missing) == 1 else 'ies'} "
+                    f"{', '.join(map(repr, missing))} asked for in state. Its entries are: "
+                    f"{', '.join(map(repr, checkpoint))}. Pass strict=False to leave missing entries as they are."
+                )
+        for key, target in unwrapped.items():
+            if key in checkpoint and not _is_object(target):
                 state[key] = checkpoint[key]
         return {k: v for k, v in checkpoint.items() if k not in state}
 
@@ -389,27 +582,37 @@ class Fleet:
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on global rank 0 only."""
         if self.is_global_zero:
-            print(*args, **kwargs)
+            builtins.print(*args, **kwargs)
 
     def seed_everything(self, seed: int | None = None, workers: bool = False) -> int:
+        """Seed Python's, NumPy's and torch's generators; returns the seed used."""
         from torchfleet.trainer.trainer import seed_everything
 
         return seed_everything(seed, workers=workers)
 
     def log(self, name: str, value: Any, step: int | None = None) -> None:
+        """Send one metric to the loggers (rank 0 only)."""
         self.log_dict({name: value}, step=step)
 
     def log_dict(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        """Send metrics to the loggers (rank 0 only)."""
-        if not self.is_global_zero:
+        """Send metrics to the loggers (rank 0 only); tensors become floats."""
+        if not self.is_global_zero or not self._loggers:
             return
-        plain = {k: float(v) for k, v in metrics.items()}
+        plain = {k: v.item() if isinstance(v, Tensor) else float(v) for k, v in metrics.items()}
         for lg in self._loggers:
             lg.log_metrics(plain, step=step)
 
     def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:
-        """Call ``hook_name`` on every callback that has it."""
+        """Call ``hook_name(*args, **kwargs)`` on every callback that defines it."""
         for cb in self.callbacks:
             method = getattr(cb, hook_name, None)
             if callable(method):
                 method(*args, **kwargs)
+
+
+def _do_nothing(fleet: Fleet) -> None:
+    return None
+
+
+def _original(module: Any) -> Any:
+    return module.module if isinstance(module, FleetModule) else module

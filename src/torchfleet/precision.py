@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -12,9 +15,22 @@ from torch.optim import Optimizer
 
 from torchfleet.errors import ConfigurationError, closest
 
+log = logging.getLogger(__name__)
+
 PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
-_ALIASES = {16: "16-mixed", 32: "32-true", 64: "64-true", "16": "16-mixed", "32": "32-true", "64": "64-true",
-            "bf16": "bf16-mixed"}
+_ALIASES: dict[Any, str] = {
+    16: "16-mixed", 32: "32-true", 64: "64-true",
+    "16": "16-mixed", "32": "32-true", "64": "64-true",
+    "bf16": "bf16-mixed",
+}
+# Words people type for a precision; used only to suggest the canonical name, never accepted.
+_SUGGEST: dict[str, tuple[str, ...]] = {
+    "fp16": ("16-mixed", "16-true"), "float16": ("16-mixed", "16-true"), "half": ("16-mixed", "16-true"),
+    "amp": ("16-mixed", "bf16-mixed"), "mixed": ("16-mixed", "bf16-mixed"),
+    "bfloat16": ("bf16-mixed", "bf16-true"),
+    "fp32": ("32-true",), "float32": ("32-true",), "float": ("32-true",), "single": ("32-true",),
+    "fp64": ("64-true",), "float64": ("64-true",), "double": ("64-true",),
+}
 _NULL = contextlib.nullcontext()
 
 
@@ -22,12 +38,15 @@ def normalize_precision(value: Any) -> str:
     """Return the canonical precision string for ``value`` ("bf16" -> "bf16-mixed", 32 -> "32-true", ...)."""
     if isinstance(value, str) and value in PRECISIONS:
         return value
-    if not isinstance(value, bool) and isinstance(value, (int, str)) and value in _ALIASES:
+    # bool is an int and 16.0 == 16: neither is a precision someone meant
+    if type(value) in (int, str) and value in _ALIASES:
         return _ALIASES[value]
-    accepted = ", ".join(repr(p) for p in PRECISIONS)
-    text = str(value).lower()
-    near = ["16-mixed", "16-true"] if "fp16" in text or text == "half" else closest(text, PRECISIONS)
+    text = str(value).strip().lower()
+    near = list(_SUGGEST.get(text, ())) or list(_SUGGEST.get(text.replace("-", "").replace("_", ""), ()))
+    if not near:
+        near = closest(text, PRECISIONS, n=2)
     hint = f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
+    accepted = ", ".join(repr(p) for p in PRECISIONS)
     raise ConfigurationError(
         f"Unknown precision {value!r}.{hint} Accepted values are {accepted}, and the shorthands 16, 32, 64, "
         "'16', '32', '64' (-> '16-mixed', '32-true', '64-true') and 'bf16' (-> 'bf16-mixed')."
@@ -35,14 +54,29 @@ def normalize_precision(value: Any) -> str:
 
 
 def _cast_floating(data: Any, dtype: torch.dtype) -> Any:
+    """Cast every floating tensor inside nested containers to ``dtype``; other leaves are returned as they are."""
     if isinstance(data, Tensor):
         return data.to(dtype) if data.is_floating_point() else data
+    if isinstance(data, (str, bytes, int, float, type(None))):
+        return data
     if isinstance(data, Mapping):
-        return type(data)({k: _cast_floating(v, dtype) for k, v in data.items()})  # type: ignore[call-arg]
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        items = {k: _cast_floating(v, dtype) for k, v in data.items()}
+        if type(data) is dict:
+            return items
+        try:
+            # defaultdict and friends take extra constructor arguments: copy, then fill
+            out = data.copy()  # type: ignore[attr-defined]
+            out.update(items)
+            return out
+        except (AttributeError, TypeError):
+            return items
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
         return type(data)(*[_cast_floating(v, dtype) for v in data])
     if isinstance(data, (list, tuple)):
-        return type(data)([_cast_floating(v, dtype) for v in data])
+        return type(data)(_cast_floating(v, dtype) for v in data)
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        changes = {f.name: _cast_floating(getattr(data, f.name), dtype) for f in dataclasses.fields(data) if f.init}
+        return dataclasses.replace(data, **changes)
     return data
 
 
@@ -53,10 +87,12 @@ class Precision:
 
     @property
     def param_dtype(self) -> torch.dtype:
+        """The dtype parameters are stored in."""
         return torch.float32
 
     @property
     def compute_dtype(self) -> torch.dtype:
+        """The dtype the forward computation runs in."""
         return torch.float32
 
     def convert_module(self, module: nn.Module) -> nn.Module:
@@ -76,7 +112,7 @@ class Precision:
         tensor.backward(*args, **kwargs)
 
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
-        """Step ``optimizer`` (with ``closure`` when given)."""
+        """Step ``optimizer`` (with ``closure`` when given) and return what the step returns."""
         if closure is None:
             return optimizer.step(**kwargs)
         return optimizer.step(closure=closure, **kwargs)
@@ -85,13 +121,14 @@ class Precision:
         """Bring gradients to their true scale before clipping. Nothing to do without a scaler."""
 
     def state_dict(self) -> dict[str, Any]:
+        """State to save in a checkpoint (the loss scaler's, where there is one)."""
         return {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        pass
+        """Restore what ``state_dict`` returned."""
 
     def teardown(self) -> None:
-        pass
+        """Release what the precision holds."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -104,47 +141,63 @@ class _DefaultDtype:
 
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
+        self.previous: list[torch.dtype] = []
 
     def __enter__(self) -> None:
-        self.previous = torch.get_default_dtype()
+        self.previous.append(torch.get_default_dtype())
         torch.set_default_dtype(self.dtype)
 
     def __exit__(self, *exc: Any) -> None:
-        torch.set_default_dtype(self.previous)
+        torch.set_default_dtype(self.previous.pop())
+
+
+_TRUE_DTYPES: dict[str, torch.dtype] = {"64-true": torch.float64, "16-true": torch.float16,
+                                        "bf16-true": torch.bfloat16}
 
 
 class TruePrecision(Precision):
     """Parameters, buffers, inputs and computation all in one dtype: "64-true", "16-true", "bf16-true"."""
 
-    _DTYPES: ClassVar[dict[str, torch.dtype]] = {"64-true": torch.float64, "16-true": torch.float16,
-                                                  "bf16-true": torch.bfloat16}
-
-    def __init__(self, name: str = "64-true") -> None:
-        if name not in self._DTYPES:
-            raise ConfigurationError(f"TruePrecision takes one of {sorted(self._DTYPES)}, got {name!r}.")
+    def __init__(self, precision: str | torch.dtype = "64-true") -> None:
+        name = _name_for(precision, _TRUE_DTYPES, type(self).__name__)
         self._name = name
-        self._dtype = self._DTYPES[name]
+        self._dtype = _TRUE_DTYPES[name]
 
     @property
     def name(self) -> str:  # type: ignore[override]
+        """The canonical precision string."""
         return self._name
 
     @property
     def param_dtype(self) -> torch.dtype:
+        """The dtype parameters are stored in."""
         return self._dtype
 
     @property
     def compute_dtype(self) -> torch.dtype:
+        """The dtype the forward computation runs in."""
         return self._dtype
 
     def convert_module(self, module: nn.Module) -> nn.Module:
+        """Cast the floating parameters and buffers of ``module`` (integer buffers stay as they are)."""
         return module.to(dtype=self._dtype)
 
     def convert_input(self, data: Any) -> Any:
+        """Cast floating tensors inside nested dicts, lists, tuples, namedtuples and dataclasses."""
         return _cast_floating(data, self._dtype)
 
     def forward_context(self) -> contextlib.AbstractContextManager:
+        """Make this dtype torch's default inside forward, so new tensors match the parameters."""
         return _DefaultDtype(self._dtype)
+
+
+def _name_for(precision: str | torch.dtype, names: Mapping[str, torch.dtype], owner: str) -> str:
+    """Map a canonical name or a dtype to one of ``names``; anything else is a ConfigurationError."""
+    for name, dtype in names.items():
+        if precision == name or precision == dtype:
+            return name
+    accepted = ", ".join(f"{n!r} ({d})" for n, d in names.items())
+    raise ConfigurationError(f"{owner} was given {precision!r}; it takes one of {accepted}, as the name or the dtype.")
 
 
 class DoublePrecision(TruePrecision):
@@ -155,84 +208,120 @@ class DoublePrecision(TruePrecision):
 
 
 class HalfPrecision(TruePrecision):
-    """float16 or bfloat16 everywhere ("16-true", "bf16-true"), no loss scaling."""
+    """float16 or bfloat16 everywhere ("16-true", "bf16-true"), without loss scaling."""
 
-    def __init__(self, name: str = "bf16-true") -> None:
-        if name not in ("16-true", "bf16-true"):
-            raise ConfigurationError(f"HalfPrecision takes '16-true' or 'bf16-true', got {name!r}.")
-        super().__init__(name)
+    def __init__(self, precision: str | torch.dtype = torch.bfloat16) -> None:
+        super().__init__(_name_for(precision, {k: _TRUE_DTYPES[k] for k in ("16-true", "bf16-true")}, "HalfPrecision"))
+
+
+_MIXED_DTYPES: dict[str, torch.dtype] = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
 
 class MixedPrecision(Precision):
-    """float32 parameters, forward under autocast to float16 ("16-mixed", with a gradient scaler) or bfloat16."""
+    """float32 parameters, forward under autocast to float16 ("16-mixed", with a gradient scaler) or bfloat16.
 
-    def __init__(self, name: str = "bf16-mixed", device_type: str = "cpu", scaler: Any = None) -> None:
-        if name not in ("16-mixed", "bf16-mixed"):
-            raise ConfigurationError(f"MixedPrecision takes '16-mixed' or 'bf16-mixed', got {name!r}.")
-        self._name = name
+    ``precision`` is the name or the autocast dtype. ``scaler`` replaces the default scaler of
+    "16-mixed" (``torch.amp.GradScaler(device_type)``); bfloat16 needs none.
+    """
+
+    def __init__(
+        self, precision: str | torch.dtype = torch.bfloat16, device_type: str = "cpu", scaler: Any = None
+    ) -> None:
+        self._name = _name_for(precision, _MIXED_DTYPES, "MixedPrecision")
+        self._dtype = _MIXED_DTYPES[self._name]
         self.device_type = device_type
-        self._dtype = torch.float16 if name == "16-mixed" else torch.bfloat16
-        if scaler is None and name == "16-mixed":
+        if scaler is None and self._name == "16-mixed":
             scaler = torch.amp.GradScaler(device_type)
         self.scaler = scaler
+        # unscale_ may run once per optimizer between two updates; clipping and the step both ask for it
         self._unscaled: set[int] = set()
 
     @property
     def name(self) -> str:  # type: ignore[override]
+        """The canonical precision string."""
         return self._name
 
     @property
     def compute_dtype(self) -> torch.dtype:
+        """The dtype autocast runs eligible operations in."""
         return self._dtype
 
     def forward_context(self) -> contextlib.AbstractContextManager:
+        """``torch.autocast`` for the device type and dtype."""
         return torch.autocast(self.device_type, dtype=self._dtype)
 
     def backward(self, tensor: Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        """Backpropagate ``tensor``, scaled by the gradient scaler when there is one."""
         if self.scaler is not None:
             tensor = self.scaler.scale(tensor)
         tensor.backward(*args, **kwargs)
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
-        if self.scaler is not None and id(optimizer) not in self._unscaled:
+        """Divide the gradients of ``optimizer`` by the loss scale (once per step, however often asked)."""
+        if self.scaler is not None and id(optimizer) not in self._unscaled and _has_grads(optimizer):
             self.scaler.unscale_(optimizer)
             self._unscaled.add(id(optimizer))
 
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        """Step ``optimizer``; with a scaler, a step whose gradients hold inf/nan is skipped and the scale lowered."""
         if self.scaler is None:
             return super().optimizer_step(optimizer, closure, **kwargs)
-        # GradScaler cannot step with a closure: evaluate it first, then step on the scaled gradients
+        # GradScaler cannot step with a closure: evaluate it first, then step on the gradients it left
         result = closure() if closure is not None else None
-        self.scaler.step(optimizer, **kwargs)  # skips the update when gradients hold inf/nan
+        if not _has_grads(optimizer):
+            # the closure skipped backward (or nothing was scaled): there is nothing to step or to check
+            log.debug("No gradients for %s: optimizer step skipped.", type(optimizer).__name__)
+            return result
+        self.scaler.step(optimizer, **kwargs)
         self.scaler.update()
         self._unscaled.clear()
         return result
 
     def state_dict(self) -> dict[str, Any]:
+        """The gradient scaler's state (empty without a scaler)."""
         return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if self.scaler is not None and "scaler" in state:
+        """Restore the gradient scaler's state; state from a run without a scaler changes nothing."""
+        if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
 
+    def teardown(self) -> None:
+        """Forget which optimizers were unscaled."""
+        self._unscaled.clear()
 
-_FP16_CPU_OK: bool | None = None
+    def __repr__(self) -> str:
+        return f"MixedPrecision({self._name!r}, device_type={self.device_type!r})"
 
 
-def _fp16_on_cpu_works() -> bool:
-    """Probe once whether this torch build can autocast to float16 on CPU and backpropagate."""
-    global _FP16_CPU_OK
-    if _FP16_CPU_OK is None:
-        try:
-            w = torch.randn(4, 4, requires_grad=True)
+def _has_grads(optimizer: Optimizer) -> bool:
+    return any(p.grad is not None for group in optimizer.param_groups for p in group["params"])
+
+
+@functools.cache
+def _fp16_on_cpu_works(mode: str) -> bool:
+    """Probe once per mode whether this torch build can train in float16 on the CPU."""
+    try:
+        w = torch.randn(4, 4, requires_grad=True)
+        opt = torch.optim.SGD([w], lr=0.1)
+        if mode == "16-mixed":
+            scaler = torch.amp.GradScaler("cpu")
             with torch.autocast("cpu", dtype=torch.float16):
-                y = (torch.randn(2, 4) @ w).sum()
-            y.float().backward()
-            torch.amp.GradScaler("cpu")
-            _FP16_CPU_OK = w.grad is not None
-        except Exception:
-            _FP16_CPU_OK = False
-    return _FP16_CPU_OK
+                y = torch.randn(2, 4) @ w
+            if y.dtype != torch.float16:
+                return False
+            scaler.scale(y.float().sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            w16 = w.detach().half().requires_grad_()
+            (torch.randn(2, 4, dtype=torch.float16) @ w16).sum().backward()
+            torch.optim.SGD([w16], lr=0.1).step()
+            return w16.grad is not None and w16.dtype == torch.float16
+        return w.grad is not None
+    except Exception as exc:  # any failure means "not on this build"; the caller explains
+        log.debug("float16 on CPU (%s) probe failed: %s", mode, exc)
+        return False
 
 
 def precision_for(value: Any, device_type: str) -> Precision:
@@ -240,20 +329,21 @@ def precision_for(value: Any, device_type: str) -> Precision:
     if isinstance(value, Precision):
         return value
     name = normalize_precision(value)
-    if name.startswith("16") and device_type == "cpu" and not _fp16_on_cpu_works():
+    if name in ("16-mixed", "16-true") and device_type == "cpu" and not _fp16_on_cpu_works(name):
         raise ConfigurationError(
-            f"precision={value!r} needs float16 on the CPU, which this torch build ({torch.__version__}) cannot do. "
-            "Use precision='bf16-mixed' or '32-true' on CPU, or train on a GPU."
+            f"precision={value!r} needs float16 on the CPU, which is not supported by this torch build "
+            f"({torch.__version__}). Use precision='bf16-mixed' or '32-true' on the CPU, or train on a GPU."
         )
-    if "bf16" in name and device_type == "cuda" and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+    if name in ("bf16-mixed", "bf16-true") and device_type == "cuda" and torch.cuda.is_available() \
+            and not torch.cuda.is_bf16_supported():
         raise ConfigurationError(
-            f"precision={value!r} needs bfloat16, which this GPU does not support. Use precision='16-mixed' "
-            "(float16 with a gradient scaler) or '32-true'."
+            f"precision={value!r} needs bfloat16, which this CUDA device ({torch.cuda.get_device_name()}) does not "
+            "support. Use precision='16-mixed' (float16 with a gradient scaler) or '32-true'."
         )
     if name == "32-true":
         return Precision()
     if name == "64-true":
         return DoublePrecision()
-    if name.endswith("-true"):
+    if name in _TRUE_DTYPES:
         return HalfPrecision(name)
     return MixedPrecision(name, device_type=device_type)

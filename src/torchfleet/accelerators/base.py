@@ -9,7 +9,13 @@ import torch
 
 
 class Accelerator(ABC):
-    """One kind of device. Stateless apart from configuration; a Strategy holds exactly one."""
+    """One kind of device. Stateless apart from configuration; a Strategy holds exactly one.
+
+    The static methods read the machine at call time (never at import), so a test can change
+    what they see by patching the one counting function of the backend (for CUDA,
+    ``torch.cuda.device_count``). Register a subclass in ``AcceleratorRegistry`` to make it
+    selectable by name.
+    """
 
     #: registry name, e.g. "cpu", "cuda", "mps"
     name: ClassVar[str] = ""
@@ -31,7 +37,7 @@ class Accelerator(ABC):
     @staticmethod
     @abstractmethod
     def get_parallel_devices(devices: Any) -> list[torch.device]:
-        """The torch devices for the parsed ``devices`` (one per local process)."""
+        """The torch devices for ``devices`` (parsed or not; one per local process)."""
 
     @staticmethod
     @abstractmethod

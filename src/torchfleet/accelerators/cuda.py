@@ -15,8 +15,15 @@ log = logging.getLogger(__name__)
 
 
 def cuda_device_count() -> int:
-    """Visible CUDA devices (0 without CUDA). Fork-safe: it does not initialise CUDA."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    """Visible CUDA devices (0 without CUDA), read now and never cached; counting does not initialise CUDA.
+
+    Only ``torch.cuda.device_count()`` is asked: it counts through NVML and leaves the process
+    safe to fork. ``torch.cuda.is_available()`` is avoided on purpose, because unless
+    PYTORCH_NVML_BASED_CUDA_CHECK=1 is set it calls cudaGetDeviceCount, which starts the CUDA
+    driver in this process and breaks the fork-based strategies. A count above 0 already
+    implies a CUDA build of torch, so the count alone answers "is CUDA available".
+    """
+    return max(int(torch.cuda.device_count()), 0)
 
 
 class CUDAAccelerator(Accelerator):
@@ -25,64 +32,97 @@ class CUDAAccelerator(Accelerator):
     name = "cuda"
 
     def setup_device(self, device: torch.device) -> None:
+        """Make ``device`` this process's current CUDA device."""
+        device = torch.device(device)
         if device.type != "cuda":
-            raise ConfigurationError(f"CUDAAccelerator got device {device}; it drives cuda devices only.")
+            raise ConfigurationError(
+                f"CUDAAccelerator.setup_device got device {str(device)!r}; it drives cuda devices only. Use the "
+                "accelerator that matches the device (e.g. CPUAccelerator for 'cpu')."
+            )
         torch.cuda.set_device(device)
 
     def teardown(self) -> None:
+        """Return cached, unused memory to the driver (only if this process used CUDA)."""
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
 
     @staticmethod
     def parse_devices(devices: Any) -> list[int]:
+        """The CUDA device ids ``devices`` selects (see ``accelerators.devices``)."""
         return parse_gpu_ids(devices, cuda_device_count(), "cuda")
 
     @staticmethod
     def get_parallel_devices(devices: Any) -> list[torch.device]:
-        ids = devices if isinstance(devices, list) else CUDAAccelerator.parse_devices(devices)
-        return [torch.device("cuda", i) for i in ids]
+        """One ``torch.device("cuda", i)`` per selected id."""
+        return [torch.device("cuda", i) for i in CUDAAccelerator.parse_devices(devices)]
 
     @staticmethod
     def auto_device_count() -> int:
+        """Every visible CUDA device."""
         return cuda_device_count()
 
     @staticmethod
     def is_available() -> bool:
+        """Whether at least one CUDA device is visible (without initialising CUDA)."""
         return cuda_device_count() > 0
 
     def get_device_stats(self, device: torch.device) -> dict[str, Any]:
+        """``torch.cuda.memory_stats(device)``; empty before this process has used CUDA."""
+        # reading stats must not be what initialises CUDA (that would break a later fork)
         if not torch.cuda.is_initialized():
             return {}
         return dict(torch.cuda.memory_stats(device))
 
 
-def find_usable_cuda_devices(num_devices: int = -1) -> list[int]:
-    """Ids of ``num_devices`` CUDA devices that can allocate memory now (-1: all usable ones).
+def _can_allocate(index: int) -> bool:
+    """Whether a tiny tensor can be created on CUDA device ``index`` now."""
+    try:
+        torch.tensor([0], device=torch.device("cuda", index))
+    except RuntimeError as exc:  # busy, exclusive-process, out of memory, or a failing device
+        log.debug("CUDA device %d is not usable: %s", index, exc)
+        return False
+    return True
 
-    Busy devices (exclusive mode, out of memory) are skipped. Raises ConfigurationError when
-    fewer than ``num_devices`` are usable. This initialises CUDA: call it before forking.
+
+def find_usable_cuda_devices(num_devices: int = -1) -> list[int]:
+    """Ids of ``num_devices`` CUDA devices that can allocate memory now (-1: every usable one).
+
+    Each visible device is tried with a tiny allocation; busy ones (exclusive-process mode
+    held by another job, out of memory, failing) are skipped. Pass the result as
+    ``devices=``. Raises ConfigurationError when fewer than ``num_devices`` are usable, or
+    none at all for -1. This initialises CUDA in the calling process, so strategies that
+    fork (``ddp_fork``, ``ddp_notebook``) cannot be used after it: prefer ``ddp`` or
+    ``ddp_spawn`` with it.
     """
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < -1:
+        raise ConfigurationError(
+            f"find_usable_cuda_devices(num_devices={num_devices!r}) is not valid: pass an int >= 0, or -1 for every "
+            "usable device."
+        )
     if num_devices == 0:
         return []
     count = cuda_device_count()
     if count == 0:
         raise ConfigurationError(
             "find_usable_cuda_devices() found no CUDA device here. Train with accelerator='cpu', or check that the "
-            "NVIDIA driver and a CUDA build of torch are installed."
+            "NVIDIA driver and a CUDA build of torch are installed and that CUDA_VISIBLE_DEVICES is not empty."
+        )
+    if num_devices > count:
+        raise ConfigurationError(
+            f"find_usable_cuda_devices({num_devices}) asks for {num_devices} devices, but only {count} "
+            f"{'is' if count == 1 else 'are'} visible here. Ask for {count} or fewer, or -1 for every usable one."
         )
     usable: list[int] = []
     for index in range(count):
-        try:
-            torch.tensor([0], device=torch.device("cuda", index))
-        except RuntimeError as exc:
-            log.debug("CUDA device %d is not usable: %s", index, exc)
-            continue
-        usable.append(index)
-        if num_devices != -1 and len(usable) == num_devices:
-            break
-    if num_devices != -1 and len(usable) < num_devices:
+        if _can_allocate(index):
+            usable.append(index)
+            if len(usable) == num_devices:
+                break
+    wanted = 1 if num_devices == -1 else num_devices
+    if len(usable) < wanted:
         raise ConfigurationError(
             f"find_usable_cuda_devices({num_devices}) found only {len(usable)} usable of {count} CUDA devices "
-            f"({usable}); the others are busy or failing. Ask for fewer, or free them."
+            f"({usable}); the others are busy (another process holds them in exclusive mode), out of memory or "
+            "failing. Ask for fewer, wait for them to be free, or check nvidia-smi."
         )
     return usable

@@ -27,34 +27,55 @@ AcceleratorRegistry.register("cpu", CPUAccelerator, description="The CPU; device
 AcceleratorRegistry.register("cuda", CUDAAccelerator, description="NVIDIA (or ROCm) GPUs through torch.cuda.")
 AcceleratorRegistry.register("mps", MPSAccelerator, description="Apple silicon GPUs through Metal.")
 
-_SPECIAL = ("auto", "gpu")
+#: names select_accelerator understands besides the registered ones
+SPECIAL_NAMES = ("auto", "gpu")
+
+# "gpu" and "auto" prefer CUDA over MPS: a machine with both is not known to exist, but CUDA is the common case
+_GPU_PREFERENCE = (CUDAAccelerator, MPSAccelerator)
+
+
+def _first_gpu() -> Accelerator | None:
+    for candidate in _GPU_PREFERENCE:
+        if candidate.is_available():
+            return candidate()
+    return None
 
 
 def select_accelerator(value: Any = "auto") -> Accelerator:
-    """The Accelerator for ``value``: an Accelerator object, a registered name, "gpu" or "auto"."""
+    """The Accelerator for ``value``: an Accelerator object (returned as is), a registered name, "gpu" or "auto".
+
+    "auto" takes cuda, else mps, else cpu; "gpu" takes cuda, else mps, else raises. A
+    registered name whose device is missing here raises, suggesting "cpu" or "auto". Names
+    are matched exactly first, then in lower case; an unknown name raises with the closest
+    valid name.
+    """
     if isinstance(value, Accelerator):
         return value
+    if isinstance(value, type) and issubclass(value, Accelerator):
+        raise ConfigurationError(
+            f"accelerator={value.__name__} is a class; pass an instance, accelerator={value.__name__}(), or its "
+            "registered name."
+        )
     if not isinstance(value, str):
         raise ConfigurationError(
-            f"accelerator={value!r} is not understood: pass a name ('auto', 'cpu', 'cuda', 'mps', 'gpu') or an "
-            "Accelerator object."
+            f"accelerator={value!r} is not understood: pass a name ('auto', 'cpu', 'cuda', 'mps', 'gpu', or one "
+            "registered in AcceleratorRegistry) or an Accelerator object."
         )
-    name = value.lower()
-    if name == "auto":
-        for candidate in (CUDAAccelerator, MPSAccelerator):
-            if candidate.is_available():
-                return candidate()
-        return CPUAccelerator()
-    if name == "gpu":
-        for candidate in (CUDAAccelerator, MPSAccelerator):
-            if candidate.is_available():
-                return candidate()
-        raise ConfigurationError(
-            "accelerator='gpu' was requested, but no GPU is available here (no CUDA device and no MPS). Use "
-            "accelerator='cpu', or 'auto' to take a GPU when there is one."
-        )
+    name = value.strip()
+    if name not in AcceleratorRegistry and name.lower() in AcceleratorRegistry:
+        name = name.lower()
+    if name.lower() == "auto":
+        return _first_gpu() or CPUAccelerator()
+    if name.lower() == "gpu":
+        gpu = _first_gpu()
+        if gpu is None:
+            raise ConfigurationError(
+                f"accelerator={value!r} was requested, but no GPU is available here (torch sees no CUDA device and "
+                "no MPS device). Use accelerator='cpu', or 'auto' to take a GPU only where there is one."
+            )
+        return gpu
     if name not in AcceleratorRegistry:
-        raise unknown_name("accelerator", value, list(AcceleratorRegistry.available()) + list(_SPECIAL))
+        raise unknown_name("accelerator", value, [*AcceleratorRegistry.available(), *SPECIAL_NAMES])
     accelerator = AcceleratorRegistry.get(name)
     if not accelerator.is_available():
         raise ConfigurationError(

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
-import glob
 import inspect
+import itertools
 import logging
 import os
+import re
 import shutil
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -18,7 +22,8 @@ from torchfleet.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
-PathLike = "str | os.PathLike[str]"
+#: file suffixes listed as candidates when a checkpoint path does not exist
+CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth")
 
 
 class CheckpointIO(ABC):
@@ -30,20 +35,25 @@ class CheckpointIO(ABC):
     """
 
     @abstractmethod
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any | None = None
+    ) -> None:
         """Write ``checkpoint`` to ``path``."""
 
     @abstractmethod
-    def load_checkpoint(self, path: Any, map_location: Any | None = None) -> dict[str, Any]:
+    def load_checkpoint(self, path: str | os.PathLike, map_location: Any | None = None) -> dict[str, Any]:
         """Read the checkpoint at ``path``."""
 
-    def remove_checkpoint(self, path: Any) -> None:
+    def remove_checkpoint(self, path: str | os.PathLike) -> None:
         """Delete the checkpoint at ``path`` (a file or a directory); a missing path is not an error."""
         path = os.fspath(path)
-        if os.path.isdir(path):
+        if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
-        elif os.path.lexists(path):
-            os.remove(path)
+        else:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
 
     def teardown(self) -> None:
         """Finish pending work and release resources."""
@@ -52,38 +62,76 @@ class CheckpointIO(ABC):
         return f"{type(self).__name__}()"
 
 
+# How a method takes its optional third argument: by keyword, by position, or not at all.
+_KEYWORD, _POSITIONAL, _NONE = "keyword", "positional", "none"
+
+
 @functools.cache
-def _accepted(method: Any, name: str) -> bool:
+def _third_argument(cls: type, method: str, keyword: str) -> str:
+    """How ``cls.<method>`` accepts the optional argument ``keyword`` after the checkpoint and path (save) or the path (load)."""
+    function = getattr(cls, method)
     try:
-        params = inspect.signature(method).parameters
-    except (TypeError, ValueError):
-        return True
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # builtins and odd callables: assume the documented full form
+        return _KEYWORD
+    leading = (object(), object()) if method == "save_checkpoint" else (object(),)
+    try:
+        signature.bind(object(), *leading, **{keyword: None})
+        return _KEYWORD
+    except TypeError:
+        pass
+    try:
+        signature.bind(object(), *leading, None)
+        return _POSITIONAL
+    except TypeError:
+        return _NONE
 
 
-def save_with(io: CheckpointIO, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+_dropped_warned: set[type] = set()
+
+
+def _call(io: CheckpointIO, method: str, keyword: str, leading: tuple[Any, ...], value: Any) -> Any:
+    mode = _third_argument(type(io), method, keyword)
+    bound: Callable[..., Any] = getattr(io, method)
+    if mode == _KEYWORD:
+        return bound(*leading, **{keyword: value})
+    if mode == _POSITIONAL:
+        return bound(*leading, value)
+    if value is not None and type(io) not in _dropped_warned:
+        _dropped_warned.add(type(io))
+        log.warning("%s.%s takes no %s; %r was not passed to it.", type(io).__name__, method, keyword, value)
+    return bound(*leading)
+
+
+def save_with(
+    io: CheckpointIO, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any | None = None
+) -> None:
     """``io.save_checkpoint`` with only the arguments its signature takes (custom two-argument IOs work)."""
-    method = type(io).save_checkpoint
-    if storage_options is not None and _accepted(method, "storage_options"):
-        io.save_checkpoint(checkpoint, path, storage_options=storage_options)
-    else:
-        io.save_checkpoint(checkpoint, path)
+    _call(io, "save_checkpoint", "storage_options", (checkpoint, path), storage_options)
 
 
-def load_with(io: CheckpointIO, path: Any, map_location: Any | None = None) -> dict[str, Any]:
+def load_with(io: CheckpointIO, path: str | os.PathLike, map_location: Any | None = None) -> dict[str, Any]:
     """``io.load_checkpoint`` with only the arguments its signature takes."""
-    if map_location is not None and _accepted(type(io).load_checkpoint, "map_location"):
-        return io.load_checkpoint(path, map_location=map_location)
-    return io.load_checkpoint(path)
+    return _call(io, "load_checkpoint", "map_location", (path,), map_location)
 
 
-def temp_name(path: str) -> str:
-    """Where a save writes before the rename: beside the target, hidden, and marked with the writer's pid."""
-    head, tail = os.path.split(path)
-    return os.path.join(head, f".{tail}.tmp-{os.getpid()}")
+_save_counter = itertools.count()
+_TEMP = re.compile(r"^\..+\.tmp-\d+(-\d+)?$")
+
+
+def temp_name(path: str | os.PathLike) -> str:
+    """Where a save writes before the rename: beside the target, hidden, marked with the writer's pid and a count."""
+    head, tail = os.path.split(os.fspath(path))
+    return os.path.join(head, f".{tail}.tmp-{os.getpid()}-{next(_save_counter)}")
+
+
+def is_temp_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names a temporary file of an unfinished (or crashed) save, never a checkpoint."""
+    return bool(_TEMP.match(os.path.basename(os.fspath(path))))
 
 
 def _fsync_dir(directory: str) -> None:
+    # makes the rename itself durable; some platforms and filesystems cannot open or sync directories
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
@@ -96,14 +144,25 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def _checkpoints_in(directory: str, limit: int = 5) -> list[str]:
+    """Up to ``limit`` checkpoint-looking file names in ``directory``, newest first."""
+    try:
+        entries = [e for e in os.scandir(directory) if e.is_file() and e.name.endswith(CHECKPOINT_SUFFIXES)
+                   and not e.name.startswith(".")]
+    except OSError:
+        return []
+    entries.sort(key=lambda e: e.stat().st_mtime, reverse=True)
+    return [e.name for e in entries[:limit]]
+
+
 def _missing(path: str) -> CheckpointError:
     parent = os.path.dirname(os.path.abspath(path))
-    near = []
     if os.path.isdir(parent):
-        near = sorted(
-            os.path.basename(p) for p in glob.glob(os.path.join(parent, "*")) if p.endswith((".ckpt", ".pt", ".pth"))
-        )[:5]
-    listing = f" Checkpoint files in {parent}: {', '.join(near)}." if near else ""
+        near = _checkpoints_in(parent)
+        listing = (f" Checkpoint files in {parent}: {', '.join(near)}." if near
+                   else f" {parent} holds no checkpoint files ({', '.join(CHECKPOINT_SUFFIXES)}).")
+    else:
+        listing = f" Its directory {parent} does not exist either."
     return CheckpointError(f"No checkpoint at {path!r}: the path does not exist.{listing}")
 
 
@@ -113,17 +172,20 @@ class TorchCheckpointIO(CheckpointIO):
     The checkpoint goes to a hidden temporary file beside the target, is flushed and fsynced, then
     renamed over the target: a crash mid-save leaves the previous file intact. ``weights_only``
     is passed to ``torch.load``; training checkpoints hold RNG states and hyperparameters, so the
-    default is False — load only checkpoints you trust.
+    default is False: load only checkpoints you trust.
     """
 
     def __init__(self, weights_only: bool = False) -> None:
         self.weights_only = weights_only
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any | None = None
+    ) -> None:
+        """Write ``checkpoint`` to ``path`` atomically, creating parent directories."""
         if storage_options is not None:
             raise TypeError(
-                f"TorchCheckpointIO.save_checkpoint takes no storage_options (got {storage_options!r}); a custom "
-                "CheckpointIO can use them."
+                f"TorchCheckpointIO.save_checkpoint takes no storage_options (got {storage_options!r}); pass a "
+                "custom CheckpointIO that uses them."
             )
         path = os.fspath(path)
         directory = os.path.dirname(os.path.abspath(path))
@@ -136,12 +198,15 @@ class TorchCheckpointIO(CheckpointIO):
                 os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
-            if os.path.exists(tmp):
+            try:
                 os.remove(tmp)
+            except FileNotFoundError:
+                pass
             raise
         _fsync_dir(directory)
 
-    def load_checkpoint(self, path: Any, map_location: Any | None = None) -> dict[str, Any]:
+    def load_checkpoint(self, path: str | os.PathLike, map_location: Any | None = None) -> dict[str, Any]:
+        """Read the checkpoint at ``path``; a missing or unreadable file raises CheckpointError."""
         path = os.fspath(path)
         if not os.path.exists(path):
             raise _missing(path)
@@ -150,32 +215,66 @@ class TorchCheckpointIO(CheckpointIO):
                 f"{path!r} is a directory; TorchCheckpointIO reads checkpoint files. A sharded (directory) checkpoint "
                 "is read by the strategy that wrote it."
             )
+        if os.path.getsize(path) == 0:
+            raise CheckpointError(f"{path!r} is not a readable checkpoint: the file is empty.")
         try:
             return torch.load(path, map_location=map_location, weights_only=self.weights_only)
         except Exception as exc:
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            hint = ""
+            if self.weights_only and "weights only" in str(exc).lower():
+                hint = (" It holds objects other than tensors and plain containers; if you trust the file, load it "
+                        "with TorchCheckpointIO(weights_only=False).")
             raise CheckpointError(
                 f"{path!r} is not a readable checkpoint: torch.load failed with {type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}"
+                f"{first_line}.{hint}"
             ) from exc
 
     def __repr__(self) -> str:
         return f"TorchCheckpointIO(weights_only={self.weights_only})"
 
 
-def _snapshot(obj: Any) -> Any:
-    """A copy of ``obj`` whose tensors are detached CPU clones, so training can go on changing the originals."""
+_IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def _snapshot(obj: Any, memo: dict[int, Any] | None = None) -> Any:
+    """A copy of ``obj`` whose tensors are detached CPU clones, so training can go on changing the originals.
+
+    A tensor met twice (tied weights) is cloned once, so the copy keeps the sharing.
+    """
+    if memo is None:
+        memo = {}
+    if isinstance(obj, _IMMUTABLE):
+        return obj
+    if id(obj) in memo:
+        return memo[id(obj)]
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return type(obj)((k, _snapshot(v)) for k, v in obj.items()) if type(obj) is not dict else {
-            k: _snapshot(v) for k, v in obj.items()
-        }
-    if isinstance(obj, list):
-        return [_snapshot(v) for v in obj]
-    if isinstance(obj, tuple):
-        items = [_snapshot(v) for v in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
-    return obj
+        out: Any = obj.detach().to("cpu", copy=True)
+    elif isinstance(obj, Mapping):
+        items = {k: _snapshot(v, memo) for k, v in obj.items()}
+        if type(obj) is dict:
+            out = items
+        else:
+            try:  # OrderedDict, defaultdict, ...: keep the type and its extra state
+                out = copy.copy(obj)
+                out.update(items)
+            except (TypeError, AttributeError):
+                out = items
+    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        out = type(obj)(*[_snapshot(v, memo) for v in obj])
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        out = type(obj)(_snapshot(v, memo) for v in obj)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = copy.copy(obj)
+        for field in dataclasses.fields(obj):
+            object.__setattr__(out, field.name, _snapshot(getattr(obj, field.name), memo))
+    else:
+        try:  # other objects (hyperparameter namespaces, ...) may be mutated by training too
+            out = copy.deepcopy(obj)
+        except Exception:
+            out = obj
+    memo[id(obj)] = out
+    return out
 
 
 class AsyncCheckpointIO(CheckpointIO):
@@ -190,15 +289,17 @@ class AsyncCheckpointIO(CheckpointIO):
         self.checkpoint_io = checkpoint_io if checkpoint_io is not None else TorchCheckpointIO()
         self._thread: threading.Thread | None = None
         self._error: tuple[str, BaseException] | None = None
+        self._lock = threading.Lock()
 
-    def _run(self, checkpoint: dict[str, Any], path: Any, storage_options: Any) -> None:
+    def _run(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any) -> None:
         try:
             save_with(self.checkpoint_io, checkpoint, path, storage_options)
-        except BaseException as exc:  # surfaced by wait()
+        except BaseException as exc:  # kept for wait(); logged now in case the program ends first
+            log.error("Background save of %r failed: %s: %s", os.fspath(path), type(exc).__name__, exc)
             self._error = (os.fspath(path), exc)
 
-    def wait(self) -> None:
-        """Block until the save in flight is written; re-raise its error if it failed."""
+    def _wait(self) -> None:
+        # callers hold self._lock
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -207,23 +308,36 @@ class AsyncCheckpointIO(CheckpointIO):
             self._error = None
             raise CheckpointError(f"The background save of {path!r} failed: {type(exc).__name__}: {exc}") from exc
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        self.wait()
-        snapshot = _snapshot(checkpoint)
-        self._thread = threading.Thread(
-            target=self._run, args=(snapshot, path, storage_options), name="torchfleet-async-checkpoint", daemon=False
-        )
-        self._thread.start()
+    def wait(self) -> None:
+        """Block until the save in flight is written; re-raise its error (as CheckpointError) if it failed."""
+        with self._lock:
+            self._wait()
 
-    def load_checkpoint(self, path: Any, map_location: Any | None = None) -> dict[str, Any]:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any | None = None
+    ) -> None:
+        """Snapshot ``checkpoint`` to CPU now and write it in the background."""
+        with self._lock:
+            self._wait()
+            snapshot = _snapshot(checkpoint)
+            # not a daemon: the interpreter lets a started save finish before it exits
+            self._thread = threading.Thread(
+                target=self._run, args=(snapshot, path, storage_options), name="torchfleet-async-checkpoint"
+            )
+            self._thread.start()
+
+    def load_checkpoint(self, path: str | os.PathLike, map_location: Any | None = None) -> dict[str, Any]:
+        """Wait for the save in flight, then load through the wrapped CheckpointIO."""
         self.wait()
         return load_with(self.checkpoint_io, path, map_location)
 
-    def remove_checkpoint(self, path: Any) -> None:
+    def remove_checkpoint(self, path: str | os.PathLike) -> None:
+        """Wait for the save in flight (it may be writing ``path``), then remove ``path``."""
         self.wait()
         self.checkpoint_io.remove_checkpoint(path)
 
     def teardown(self) -> None:
+        """Wait for the save in flight, raise its error if it failed, and tear down the wrapped CheckpointIO."""
         try:
             self.wait()
         finally:

@@ -3,71 +3,95 @@
 from __future__ import annotations
 
 import os
+import socket
 
 from torchfleet.environments._common import check_world_size, env_int
 from torchfleet.environments.base import ClusterEnvironment
 
+_REQUIRED = ("LSB_JOBID", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK")
+
+
+def lsf_hosts() -> list[str]:
+    """The job's compute hosts in order, without the launch node, from LSB_DJOB_RANKFILE or LSB_MCPU_HOSTS."""
+    rankfile = os.environ.get("LSB_DJOB_RANKFILE")
+    if rankfile and os.path.isfile(rankfile):
+        with open(rankfile) as f:
+            lines = [line.strip() for line in f if line.strip()]
+    else:
+        # "launch 1 h1 42 h2 42": host, slot count, host, slot count, ...
+        lines = os.environ.get("LSB_MCPU_HOSTS", "").split()[0::2]
+    # the first entry is the launch (batch) node, which runs no rank
+    hosts = lines[1:] if len(lines) > 1 else lines
+    return list(dict.fromkeys(hosts))
+
 
 class LSFEnvironment(ClusterEnvironment):
-    """Ranks from JSM_NAMESPACE_*; hosts from LSB_DJOB_RANKFILE (or LSB_MCPU_HOSTS)."""
+    """Ranks from JSM_NAMESPACE_SIZE/RANK/LOCAL_RANK (set by jsrun); hosts from LSB_DJOB_RANKFILE or LSB_MCPU_HOSTS.
+
+    Detected when LSB_JOBID and the three JSM_NAMESPACE_* variables are set. Rank 0 runs on the
+    first compute host; the main port is MASTER_PORT, else 10000 plus the last four digits of
+    LSB_JOBID, which every rank computes alike.
+    """
 
     @property
     def creates_processes_externally(self) -> bool:
+        """Always: jsrun started every rank."""
         return True
-
-    @staticmethod
-    def _hosts() -> list[str]:
-        rankfile = os.environ.get("LSB_DJOB_RANKFILE")
-        if rankfile and os.path.exists(rankfile):
-            with open(rankfile) as f:
-                hosts = [line.strip() for line in f if line.strip()]
-            # the first line is the launch (batch) node, which runs no rank
-            hosts = hosts[1:] if len(hosts) > 1 else hosts
-            return list(dict.fromkeys(hosts))
-        parts = os.environ.get("LSB_MCPU_HOSTS", "").split()
-        hosts = parts[0::2]
-        return hosts[1:] if len(hosts) > 1 else hosts
 
     @property
     def main_address(self) -> str:
-        if "MASTER_ADDR" in os.environ:
+        """MASTER_ADDR, else the first compute host of the job."""
+        if os.environ.get("MASTER_ADDR"):
             return os.environ["MASTER_ADDR"]
-        hosts = self._hosts()
+        hosts = lsf_hosts()
         return hosts[0] if hosts else "127.0.0.1"
 
     @property
     def main_port(self) -> int:
-        if "MASTER_PORT" in os.environ:
-            return int(os.environ["MASTER_PORT"])
-        job = os.environ.get("LSB_JOBID", "0")
-        return 10000 + int(job[-4:]) if job[-4:].isdigit() else 12910
+        """MASTER_PORT, else 10000 + the last four digits of LSB_JOBID."""
+        if os.environ.get("MASTER_PORT"):
+            return env_int("MASTER_PORT")
+        job = "".join(ch for ch in os.environ.get("LSB_JOBID", "") if ch.isdigit())
+        return 10000 + int(job[-4:]) if job else 12910
 
     @staticmethod
     def detect() -> bool:
-        return all(k in os.environ for k in ("LSB_JOBID", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK"))
+        """Whether jsrun under LSF started this process."""
+        return all(k in os.environ for k in _REQUIRED)
 
     def world_size(self) -> int:
+        """JSM_NAMESPACE_SIZE."""
         return env_int("JSM_NAMESPACE_SIZE")
 
     def set_world_size(self, size: int) -> None:
-        pass
+        """Ignored: jsrun decides."""
 
     def global_rank(self) -> int:
+        """JSM_NAMESPACE_RANK."""
         return env_int("JSM_NAMESPACE_RANK")
 
     def set_global_rank(self, rank: int) -> None:
-        pass
+        """Ignored: jsrun decides."""
 
     def local_rank(self) -> int:
+        """JSM_NAMESPACE_LOCAL_RANK."""
         return env_int("JSM_NAMESPACE_LOCAL_RANK")
 
     def node_rank(self) -> int:
-        hosts = self._hosts()
-        host = os.environ.get("HOSTNAME", "")
-        return hosts.index(host) if host in hosts else 0
+        """The position of this host (HOSTNAME, else socket.gethostname()) among the job's compute hosts."""
+        hosts = lsf_hosts()
+        host = os.environ.get("HOSTNAME") or socket.gethostname()
+        for candidate in (host, host.split(".")[0]):
+            if candidate in hosts:
+                return hosts.index(candidate)
+        return 0
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
+        """Raise when JSM_NAMESPACE_SIZE disagrees with devices x num_nodes."""
+        hosts = lsf_hosts()
+        world = self.world_size()
+        per_node = world // len(hosts) if hosts and world % len(hosts) == 0 else None
         check_world_size(
-            "jsrun (LSF)", self.world_size(), num_devices, num_nodes,
-            f"launch {num_devices} resource sets per host on {num_nodes} hosts, or set devices/num_nodes to match.",
+            "jsrun (LSF)", world, num_devices, num_nodes,
+            f"start {num_devices} ranks on each of {num_nodes} hosts with jsrun.", "JSM_NAMESPACE_SIZE", per_node,
         )

@@ -1,4 +1,4 @@
-"""SLURMEnvironment: processes started by srun inside an sbatch job."""
+"""SLURMEnvironment: processes started by srun inside an sbatch (or salloc) job."""
 
 from __future__ import annotations
 
@@ -9,86 +9,152 @@ from torchfleet.environments._common import check_world_size, env_int
 from torchfleet.environments.base import ClusterEnvironment
 from torchfleet.errors import ConfigurationError
 
+#: job names of an interactive allocation, where the shell (not srun) runs the script
+INTERACTIVE_JOB_NAMES = ("bash", "interactive")
+
+_BRACKET = re.compile(r"\[([^\[\]]*)\]")
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on the commas that are outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                break
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise ConfigurationError(
+            f"The SLURM node list {text!r} has unbalanced brackets; expected a form like 'node[01-03,07],gpu5'."
+        )
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_range(item: str, nodelist: str) -> list[str]:
+    lo, sep, hi = item.partition("-")
+    if not lo.isdigit() or (sep and not hi.isdigit()):
+        raise ConfigurationError(
+            f"The SLURM node list {nodelist!r} holds the range {item!r}; expected numbers like '01-03' or '7'."
+        )
+    if not sep:
+        return [lo]
+    # "01-03" keeps its zero padding: node01, node02, node03
+    return [f"{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1)]
+
+
+def _expand_term(term: str, nodelist: str) -> list[str]:
+    match = _BRACKET.search(term)
+    if match is None:
+        return [term]
+    prefix, rest = term[: match.start()], term[match.end() :]
+    tails = _expand_term(rest, nodelist)  # several bracket groups ("rack[1-2]-n[1-2]") multiply
+    hosts = []
+    for item in match.group(1).split(","):
+        for value in _expand_range(item.strip(), nodelist):
+            hosts.extend(prefix + value + tail for tail in tails)
+    return hosts
+
 
 def expand_nodelist(nodelist: str) -> list[str]:
     """Expand SLURM's compressed host list: "node[01-03,07],gpu5" -> node01, node02, node03, node07, gpu5."""
     hosts: list[str] = []
-    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
-        if plain:
-            hosts.append(plain.strip())
-            continue
-        for part in ranges.split(","):
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                width = len(lo)
-                hosts.extend(f"{prefix}{i:0{width}d}" for i in range(int(lo), int(hi) + 1))
-            else:
-                hosts.append(f"{prefix}{part}")
-    return [h for h in hosts if h]
+    for term in _split_top_level(nodelist.strip()):
+        hosts.extend(_expand_term(term, nodelist))
+    return hosts
+
+
+def _tasks_per_node() -> int | None:
+    """Tasks per node when SLURM says it and it is the same on every node ("2" or "2(x3)"), else None."""
+    value = os.environ.get("SLURM_NTASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE") or ""
+    match = re.fullmatch(r"(\d+)(?:\(x\d+\))?", value.strip())
+    return int(match.group(1)) if match else None
 
 
 class SLURMEnvironment(ClusterEnvironment):
-    """Ranks from SLURM_PROCID/SLURM_LOCALID/SLURM_NODEID; rank 0 runs on the first host of the job."""
+    """Ranks from SLURM_PROCID/SLURM_LOCALID/SLURM_NODEID; rank 0 runs on the first host of the job.
+
+    Detected when SLURM_NTASKS is set and the job is not an interactive shell (SLURM_JOB_NAME
+    "bash" or "interactive"), where the script runs without srun and torchfleet starts the
+    processes itself. The main port is MASTER_PORT, else 10000 plus the last four digits of
+    SLURM_JOB_ID, so every task computes the same port without talking to the others and two
+    jobs sharing a node rarely collide.
+    """
 
     @property
     def creates_processes_externally(self) -> bool:
+        """Always: srun started every rank."""
         return True
 
     @property
     def main_address(self) -> str:
-        if "MASTER_ADDR" in os.environ:
+        """MASTER_ADDR, else the first host of SLURM_NODELIST (or SLURM_JOB_NODELIST)."""
+        if os.environ.get("MASTER_ADDR"):
             return os.environ["MASTER_ADDR"]
-        nodelist = os.environ.get("SLURM_NODELIST", os.environ.get("SLURM_JOB_NODELIST", "127.0.0.1"))
+        nodelist = os.environ.get("SLURM_NODELIST") or os.environ.get("SLURM_JOB_NODELIST") or ""
         hosts = expand_nodelist(nodelist)
         return hosts[0] if hosts else "127.0.0.1"
 
     @property
     def main_port(self) -> int:
-        if "MASTER_PORT" in os.environ:
-            return int(os.environ["MASTER_PORT"])
-        # every task derives the same port from the job id, without talking to the others
-        job_id = os.environ.get("SLURM_JOB_ID", "0")
-        return 10000 + int(job_id[-4:]) if job_id[-4:].isdigit() else 12910
+        """MASTER_PORT, else 10000 + the last four digits of SLURM_JOB_ID."""
+        if os.environ.get("MASTER_PORT"):
+            return env_int("MASTER_PORT")
+        digits = re.sub(r"\D", "", os.environ.get("SLURM_JOB_ID", ""))
+        return 10000 + int(digits[-4:]) if digits else 12910
 
     @staticmethod
     def detect() -> bool:
+        """Whether srun started this process (an interactive salloc shell does not count)."""
         if "SLURM_NTASKS" not in os.environ:
             return False
-        # an interactive allocation (salloc + a shell) is not an srun-launched job
-        return os.environ.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+        return os.environ.get("SLURM_JOB_NAME") not in INTERACTIVE_JOB_NAMES
 
     def world_size(self) -> int:
+        """SLURM_NTASKS."""
         return env_int("SLURM_NTASKS")
 
     def set_world_size(self, size: int) -> None:
-        pass
+        """Ignored: SLURM decides."""
 
     def global_rank(self) -> int:
+        """SLURM_PROCID."""
         return env_int("SLURM_PROCID")
 
     def set_global_rank(self, rank: int) -> None:
-        pass
+        """Ignored: SLURM decides."""
 
     def local_rank(self) -> int:
+        """SLURM_LOCALID."""
         return env_int("SLURM_LOCALID")
 
     def node_rank(self) -> int:
+        """SLURM_NODEID."""
         return env_int("SLURM_NODEID")
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        per_node = os.environ.get("SLURM_NTASKS_PER_NODE")
-        if per_node and per_node.split("(")[0].isdigit() and int(per_node.split("(")[0]) != num_devices:
+        """Raise when the job's tasks per node, node count or task count disagree with devices / num_nodes."""
+        per_node = _tasks_per_node()
+        if per_node is not None and per_node != num_devices:
             raise ConfigurationError(
-                f"SLURM runs {per_node.split('(')[0]} tasks per node (--ntasks-per-node), but the Trainer has "
-                f"devices={num_devices}. Set #SBATCH --ntasks-per-node={num_devices}, or devices to the tasks per node."
+                f"SLURM runs {per_node} tasks per node (SLURM_NTASKS_PER_NODE={per_node}), but the Trainer has "
+                f"devices={num_devices}. Put #SBATCH --ntasks-per-node={num_devices} in the job script (or pass "
+                f"--ntasks-per-node={num_devices} to srun), or set devices={per_node}."
             )
-        nnodes = os.environ.get("SLURM_NNODES")
-        if nnodes and nnodes.isdigit() and int(nnodes) != num_nodes:
+        nnodes = env_int("SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=0)
+        if nnodes and nnodes != num_nodes:
             raise ConfigurationError(
-                f"The SLURM job has {nnodes} nodes (--nodes), but the Trainer has num_nodes={num_nodes}. Set "
-                f"#SBATCH --nodes={num_nodes}, or num_nodes={nnodes}."
+                f"The SLURM job has {nnodes} nodes (SLURM_NNODES={nnodes}), but the Trainer has num_nodes={num_nodes}. "
+                f"Put #SBATCH --nodes={num_nodes} in the job script (or pass --nodes={num_nodes} to srun), or set "
+                f"num_nodes={nnodes}."
             )
         check_world_size(
             "SLURM", self.world_size(), num_devices, num_nodes,
-            f"#SBATCH --nodes={num_nodes} --ntasks-per-node={num_devices} and launch with srun.",
+            f"put #SBATCH --nodes={num_nodes} --ntasks-per-node={num_devices} in the job script and launch with "
+            "srun python ...", "SLURM_NTASKS", per_node,
         )

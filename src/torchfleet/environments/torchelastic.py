@@ -4,52 +4,66 @@ from __future__ import annotations
 
 import os
 
-from torchfleet.environments._common import check_world_size
+from torchfleet.environments._common import check_per_node, check_world_size, env_int
 from torchfleet.environments.base import ClusterEnvironment
 
 _REQUIRED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
 class TorchElasticEnvironment(ClusterEnvironment):
-    """torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK, MASTER_ADDR and MASTER_PORT for every process."""
+    """torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
+
+    Detected by TORCHELASTIC_RUN_ID, or by all of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+    MASTER_PORT (other launchers that imitate torchrun). torchrun decides the ranks, so the
+    setters do nothing.
+    """
 
     @property
     def creates_processes_externally(self) -> bool:
+        """Always: torchrun started every rank."""
         return True
 
     @property
     def main_address(self) -> str:
-        return os.environ["MASTER_ADDR"]
+        """MASTER_ADDR (127.0.0.1 when torchrun left it out, as a single-node run may)."""
+        return os.environ.get("MASTER_ADDR", "127.0.0.1")
 
     @property
     def main_port(self) -> int:
-        return int(os.environ["MASTER_PORT"])
+        """MASTER_PORT (29500, torchrun's default, when left out)."""
+        return env_int("MASTER_PORT", default=29500)
 
     @staticmethod
     def detect() -> bool:
+        """Whether torchrun (or something setting its variables) started this process."""
         return "TORCHELASTIC_RUN_ID" in os.environ or all(k in os.environ for k in _REQUIRED)
 
     def world_size(self) -> int:
-        return int(os.environ["WORLD_SIZE"])
+        """WORLD_SIZE."""
+        return env_int("WORLD_SIZE")
 
     def set_world_size(self, size: int) -> None:
-        pass  # torchrun decides
+        """Ignored: torchrun decides."""
 
     def global_rank(self) -> int:
-        return int(os.environ["RANK"])
+        """RANK."""
+        return env_int("RANK")
 
     def set_global_rank(self, rank: int) -> None:
-        pass
+        """Ignored: torchrun decides."""
 
     def local_rank(self) -> int:
-        return int(os.environ["LOCAL_RANK"])
+        """LOCAL_RANK."""
+        return env_int("LOCAL_RANK")
 
     def node_rank(self) -> int:
-        return int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", 0)))
+        """GROUP_RANK (torchrun's node rank), else NODE_RANK, else 0."""
+        return env_int("GROUP_RANK", "NODE_RANK", default=0)
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        check_world_size(
-            "torchrun", self.world_size(), num_devices, num_nodes,
-            f"run torchrun --nnodes={num_nodes} --nproc-per-node={num_devices}, or set devices and num_nodes to "
-            "what torchrun starts.",
-        )
+        """Raise when WORLD_SIZE (or LOCAL_WORLD_SIZE) disagrees with devices x num_nodes (or devices)."""
+        per_node = env_int("LOCAL_WORLD_SIZE", default=0) or None
+        fix = f"run torchrun --nnodes={num_nodes} --nproc-per-node={num_devices}."
+        check_world_size("torchrun", self.world_size(), num_devices, num_nodes, fix, "WORLD_SIZE", per_node)
+        if per_node is not None:
+            check_per_node("torchrun", per_node, "LOCAL_WORLD_SIZE", num_devices, fix)
