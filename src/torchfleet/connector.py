@@ -63,6 +63,27 @@ def _check_num_nodes(num_nodes: Any) -> int:
     return num_nodes
 
 
+_AUTO_CHOICES_LOGGED: set[str] = set()
+
+
+def _auto_strategy(total: int, per_node: int, num_nodes: int, accelerator: str) -> str:
+    """strategy='auto': one process -> single_device; several -> ddp, or ddp_fork where a script cannot be re-run."""
+    from torchfleet.launchers.base import interactive_session
+
+    if total == 1:
+        return "single_device"
+    if interactive_session():
+        name, why = "ddp_fork", "this is an interactive session (notebook or prompt), which cannot be re-run per rank"
+    else:
+        name, why = "ddp", "the script is re-run once per local rank"
+    reason = (f"strategy='auto' chose {name!r} for {per_node} {accelerator} process(es) x {num_nodes} node(s): {why}. "
+              "Pass strategy=... to choose another.")
+    if reason not in _AUTO_CHOICES_LOGGED:  # once per process, not once per Trainer
+        _AUTO_CHOICES_LOGGED.add(reason)
+        log.info(reason)
+    return name
+
+
 def resolve(
     accelerator: Any = "auto",
     devices: Any = "auto",
@@ -132,31 +153,17 @@ def resolve(
     parsed = acc.parse_devices(devices)
     device_list = acc.get_parallel_devices(parsed)
     total = len(device_list) * num_nodes
-    if built is None and strategy == "auto" and devices == "auto" and total > 1 and "ddp" not in StrategyRegistry:
-        # "all devices" is a default, not a request: without a multi-process strategy, use one
-        log.warning(
-            "devices='auto' found %d %s devices, but no multi-process strategy is installed; training on one.",
-            len(device_list), acc.name,
-        )
-        device_list = device_list[:1]
-        total = num_nodes
+    env = parts.get("cluster_environment") or detect_environment()
 
     if built is None:
         name = strategy
         if name == "auto":
-            if total == 1:
-                name = "single_device"
-            elif "ddp" in StrategyRegistry:
-                name = "ddp"
-            else:
-                raise ConfigurationError(
-                    f"devices={devices!r} x num_nodes={num_nodes} asks for {total} processes, but no multi-process "
-                    "strategy is installed in this version of torchfleet. Use devices=1."
-                )
-            log.debug("strategy='auto' chose %r for %d process(es)", name, total)
+            # a launcher that started several ranks (torchrun, srun) means a multi-process run even where
+            # devices x num_nodes says 1: ddp's pre-flight check then names the disagreement
+            launched = env.world_size() if env.creates_processes_externally else 1
+            name = _auto_strategy(max(total, launched), len(device_list), num_nodes, acc.name)
         built = StrategyRegistry.get(name)
 
-    env = parts.get("cluster_environment") or detect_environment()
     built.configure(device_list, num_nodes, env)
     if built.accelerator is None:
         built.accelerator = acc

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+# the distributed-sampler helpers live in samplers.py; importable from here too
+from torchfleet.samplers import ExactDistributedSampler, inject_distributed_sampler
+
+__all__ = ["DataModule", "ExactDistributedSampler", "inject_distributed_sampler"]
+
 
 class DataModule:
     """Owns the datasets and returns dataloaders; ``prepare_data`` runs on one process, ``setup`` on all."""

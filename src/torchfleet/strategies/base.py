@@ -264,6 +264,10 @@ class Strategy(ABC):
         """Return rank ``src``'s ``obj`` on every process. One process: ``obj``."""
         return obj
 
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every process's picklable ``obj``, in rank order. One process: ``[obj]``."""
+        return [obj]
+
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process reaches this point. One process: returns at once."""
 
@@ -528,19 +532,47 @@ class ParallelStrategy(Strategy, ABC):
             out = out / self.world_size
         return out
 
-    def all_gather(self, tensor: Tensor, sync_grads: bool = False) -> Tensor:
+    def all_gather(self, tensor: Tensor, sync_grads: bool = False) -> Tensor | list[Tensor]:
+        """Stack ``tensor`` from every rank along a new first dimension.
+
+        When the ranks' tensors differ in their first dimension (per-sample outputs of uneven
+        shards), the result is instead a list with each rank's tensor, in rank order.
+        """
         if self.world_size == 1 or not self.distributed_ready:
             return tensor.unsqueeze(0)
         import torch.distributed as dist
 
         tensor = tensor.contiguous()
+        # one small collective to learn the shapes; the data moves padded to the longest
+        shape = torch.tensor([tensor.dim(), *tensor.shape, *([0] * (8 - tensor.dim()))], device=tensor.device)
+        shapes = [torch.empty_like(shape) for _ in range(self.world_size)]
+        dist.all_gather(shapes, shape)
+        firsts = [int(s[1]) if int(s[0]) > 0 else None for s in shapes]
+        if any(int(s[0]) != tensor.dim() or not torch.equal(s[2:], shape[2:]) for s in shapes):
+            raise ConfigurationError(
+                f"all_gather got tensors that differ in more than their first dimension across ranks (this rank: "
+                f"{tuple(tensor.shape)}). Only the first dimension may differ; pad or reshape the others first."
+            )
+        uneven = len(set(firsts)) > 1
         if sync_grads:
+            if uneven:
+                raise ConfigurationError(
+                    "all_gather(sync_grads=True) needs the same shape on every rank, but the first dimensions differ "
+                    f"({firsts}). Pad to a common length first, or gather without gradients."
+                )
             from torch.distributed.nn.functional import all_gather as differentiable_all_gather
 
             return torch.stack(differentiable_all_gather(tensor))
-        out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(out, tensor)
-        return torch.stack(out)
+        if not uneven:
+            out = [torch.empty_like(tensor) for _ in range(self.world_size)]
+            dist.all_gather(out, tensor)
+            return torch.stack(out)
+        longest = max(f for f in firsts if f is not None)
+        padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+        padded[: tensor.shape[0]] = tensor
+        out = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(out, padded)
+        return [o[:n] for o, n in zip(out, firsts)]
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         if self.world_size == 1 or not self.distributed_ready:
@@ -550,6 +582,15 @@ class ParallelStrategy(Strategy, ABC):
         box = [obj]
         dist.broadcast_object_list(box, src=src)
         return box[0]
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        if self.world_size == 1 or not self.distributed_ready:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
 
     def barrier(self, name: str | None = None) -> None:
         if self.world_size == 1 or not self.distributed_ready:

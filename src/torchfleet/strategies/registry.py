@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torchfleet._registry import Registry
 from torchfleet.strategies.base import SingleDeviceStrategy, Strategy
+from torchfleet.strategies.dp import DataParallelStrategy
 
 
 class _StrategyRegistry(Registry[Strategy]):
@@ -21,3 +22,28 @@ StrategyRegistry = _StrategyRegistry("strategy", "torchfleet.strategies", base=S
 StrategyRegistry.register(
     "single_device", SingleDeviceStrategy, description="Train in one process on one device (CPU, one GPU or MPS)."
 )
+StrategyRegistry.register(
+    "dp", DataParallelStrategy,
+    description="torch.nn.DataParallel: one process splits each batch across several CUDA GPUs of one machine.",
+)
+
+
+def _register_ddp() -> None:
+    from torchfleet.strategies.ddp import DDPStrategy
+
+    StrategyRegistry.register(
+        "ddp", DDPStrategy, description="DistributedDataParallel; re-runs the script for each local rank.")
+    StrategyRegistry.register(
+        "ddp_spawn", DDPStrategy, start_method="spawn",
+        description="DistributedDataParallel in processes started with spawn (everything is pickled).")
+    StrategyRegistry.register(
+        "ddp_fork", DDPStrategy, start_method="fork",
+        description="DistributedDataParallel in forked processes: works from notebooks and the Python prompt.")
+    StrategyRegistry.register(
+        "ddp_notebook", DDPStrategy, start_method="fork", description="Same as ddp_fork.")
+    StrategyRegistry.register(
+        "ddp_find_unused_parameters_true", DDPStrategy, find_unused_parameters=True,
+        description="ddp for models whose forward leaves some parameters without gradients.")
+
+
+_register_ddp()

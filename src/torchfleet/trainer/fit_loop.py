@@ -215,6 +215,7 @@ class FitLoop:
         model._results = results
 
         def finish_epoch() -> None:
+            self._sync_latest(results)
             self._log_epoch(results)
             self._step_schedulers("epoch")
             self._set_progress(epoch_done=True, val_pending=False)
@@ -249,6 +250,13 @@ class FitLoop:
         return transfer
 
     def _forward_backward(self, step_fn: Any, batch: Any, batch_idx: int, accumulate: int, boundary: bool) -> Tensor | None:
+        if not boundary:
+            # forward belongs inside too: DDP decides in its forward whether the backward all-reduces
+            with self.strategy.no_backward_sync(self.trainer._wrapped):
+                return self._forward_backward_once(step_fn, batch, batch_idx, accumulate)
+        return self._forward_backward_once(step_fn, batch, batch_idx, accumulate)
+
+    def _forward_backward_once(self, step_fn: Any, batch: Any, batch_idx: int, accumulate: int) -> Tensor | None:
         trainer, strategy = self.trainer, self.strategy
         with self._forward_context():
             output = step_fn(batch, batch_idx)
@@ -259,11 +267,7 @@ class FitLoop:
         scaled = loss / accumulate if accumulate > 1 else loss
         if self._has_before_backward:
             hooks.call("on_before_backward", trainer, scaled)
-        if boundary:
-            strategy.backward(scaled, trainer._wrapped)
-        else:
-            with strategy.no_backward_sync(trainer._wrapped):
-                strategy.backward(scaled, trainer._wrapped)
+        strategy.backward(scaled, trainer._wrapped)
         if self._has_after_backward:
             hooks.call("on_after_backward", trainer)
         return loss.detach()
@@ -351,6 +355,14 @@ class FitLoop:
                 metrics["epoch"] = trainer.current_epoch
                 for lg in trainer.loggers:
                     lg.log_metrics(metrics, step=trainer.global_step)
+
+    def _sync_latest(self, results: Results) -> None:
+        # on-step values logged since the last logging point: reduce them now (one collective for all),
+        # so epoch-end callbacks and callback_metrics after fit see the synced values
+        if self.strategy.world_size > 1:
+            callback, _, _ = results.collect_step(self.strategy)
+            for name, value in callback.items():
+                results.values[name].latest = value
 
     def _log_epoch(self, results: Results) -> None:
         publish_epoch(self.trainer, results)

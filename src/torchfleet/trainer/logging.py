@@ -201,6 +201,8 @@ class Results:
     def collect_epoch(self, strategy: Strategy | None) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
         """Epoch aggregates of values logged on_epoch: (for callbacks, for loggers, for the progress bar)."""
         entries = [v for v in self.values.values() if v.on_epoch and v.total is not None]
+        if _distributed(strategy):
+            entries = _agree_on_synced(strategy, entries)  # type: ignore[arg-type]
         if not entries:
             return {}, {}, {}
         values = sync_epoch(strategy, entries)
@@ -237,6 +239,34 @@ def sync_values(strategy: Strategy | None, items: list[tuple[Tensor, str, bool]]
         for j, i in enumerate(idx):
             out[i] = reduced[j]
     return out
+
+
+_IDENTITY = {"mean": 0.0, "sum": 0.0, "max": float("-inf"), "min": float("inf")}
+
+
+def _agree_on_synced(strategy: Strategy, entries: list[LoggedValue]) -> list[LoggedValue]:
+    """The local entries plus, for every ``sync_dist`` name some other rank logged, an empty stand-in here.
+
+    With exact evaluation shards a rank may have run fewer batches (or none) and so lack a name the
+    others reduce; the stand-in (weight 0, the identity of its reduction) keeps the collectives
+    matched instead of leaving the other ranks waiting. Synced entries go in one order on every rank.
+    """
+    local = [v for v in entries if not v.sync_dist]
+    mine = {v.name: v for v in entries if v.sync_dist}
+    options = [(v.name, v.reduce_fx, v.on_step, v.prog_bar, v.logger) for v in mine.values()]
+    union: dict[str, tuple] = {}
+    for rank_options in strategy.all_gather_object(options):
+        for opt in rank_options:
+            union.setdefault(opt[0], opt)
+    synced = []
+    for name in sorted(union):
+        if name in mine:
+            synced.append(mine[name])
+            continue
+        _, fx, on_step, prog_bar, logger = union[name]
+        empty = torch.tensor(_IDENTITY[fx], device=strategy.root_device)
+        synced.append(LoggedValue(name, on_step, True, fx, True, prog_bar, logger, latest=empty, total=empty, weight=0.0))
+    return local + synced
 
 
 def sync_epoch(strategy: Strategy | None, entries: list[LoggedValue]) -> list[Tensor]:

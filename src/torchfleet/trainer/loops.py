@@ -158,6 +158,11 @@ def _log_summary(trainer: Trainer, model: Any) -> None:
              type(trainer.strategy).__name__, trainer.precision, "\n".join(lines))
 
 
+def _for_strategy(trainer: Trainer, loader: Any, stage: str) -> Any:
+    # use_distributed_sampler=False: the user shards the data themselves (their own sampler)
+    return trainer.strategy.process_dataloader(loader, stage) if trainer.use_distributed_sampler else loader
+
+
 # ---------------------------------------------------------------------------- fit
 def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: Any) -> None:
     strategy = trainer.strategy
@@ -167,8 +172,8 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
             "trainer.fit() found no training data: pass train_dataloaders=..., a datamodule with "
             "train_dataloader(), or define train_dataloader() on the model."
         )
-    train_loader = strategy.process_dataloader(train_loader, "fit")
-    val_loaders = [strategy.process_dataloader(v, "validate") for v in _as_list(_source(trainer, model, "val", val_dl))]
+    train_loader = _for_strategy(trainer, train_loader, "fit")
+    val_loaders = [_for_strategy(trainer, v, "validate") for v in _as_list(_source(trainer, model, "val", val_dl))]
     trainer.num_training_batches = _num_batches(train_loader, trainer.limit_train_batches)
     trainer.num_val_batches = [_num_batches(v, trainer.limit_val_batches) for v in val_loaders]
     trainer.current_epoch = 0
@@ -206,9 +211,8 @@ def _sanity_check(trainer: Trainer, model: Any, val_loaders: list[Any]) -> None:
 
 
 def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path: Any, verbose: bool) -> list[dict[str, float]]:
-    strategy = trainer.strategy
     kind = "val" if stage == "validate" else "test"
-    loaders = [strategy.process_dataloader(v, stage) for v in _as_list(_source(trainer, model, kind, dl))]
+    loaders = [_for_strategy(trainer, v, stage) for v in _as_list(_source(trainer, model, kind, dl))]
     if not loaders:
         raise ConfigurationError(
             f"trainer.{stage}() found no data: pass dataloaders=..., a datamodule with {kind}_dataloader(), or "
@@ -238,8 +242,7 @@ def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path
 
 
 def _predict(trainer: Trainer, model: Any, dl: Any, ckpt_path: Any, return_predictions: bool) -> Any:
-    strategy = trainer.strategy
-    loaders = [strategy.process_dataloader(v, "predict") for v in _as_list(_source(trainer, model, "predict", dl))]
+    loaders = [_for_strategy(trainer, v, "predict") for v in _as_list(_source(trainer, model, "predict", dl))]
     if not loaders:
         raise ConfigurationError(
             "trainer.predict() found no data: pass dataloaders=..., a datamodule with predict_dataloader(), or "

@@ -410,9 +410,13 @@ class Trainer:
 
         model = self._connect(stage, model, train_dl, eval_dl, datamodule)
         launcher = self.strategy.launcher
-        if launcher is not None:
-            return launcher.launch(run_stage, self, stage, model, train_dl, eval_dl, ckpt_path, kw)
-        return run_stage(self, stage, model, train_dl, eval_dl, ckpt_path, kw)
+        if launcher is None:
+            return run_stage(self, stage, model, train_dl, eval_dl, ckpt_path, kw)
+        if launcher.runs_in_children:
+            from torchfleet.trainer.spawned import restore, run_in_rank
+
+            return restore(self, model, launcher.launch(run_in_rank, self, stage, model, train_dl, eval_dl, ckpt_path, kw))
+        return launcher.launch(run_stage, self, stage, model, train_dl, eval_dl, ckpt_path, kw)
 
     def _connect(self, stage: str, model: Any, train_dl: Any, eval_dl: Any, datamodule: Any) -> Any:
         from torchfleet.module import Module

@@ -1,0 +1,179 @@
+"""ProcessLauncher: run a function in N new processes with spawn, fork or forkserver (ddp_spawn, ddp_fork).
+
+The launching process only waits: it starts local ranks 0..N-1, watches them (the first that
+fails stops the others and is reported with its traceback), and returns rank 0's result, which
+rank 0 writes to a file when it finishes. ``torch.multiprocessing``'s context is used so that
+tensors crossing the boundary go through shared memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchfleet.errors import ConfigurationError
+from torchfleet.launchers.base import Launcher, rank_env
+from torchfleet.launchers.pickling import find_unpicklable
+from torchfleet.launchers.supervise import (
+    ERROR_DIR_VAR,
+    LAUNCHER_PID_VAR,
+    Supervisor,
+    watch_parent,
+    write_error,
+)
+
+if TYPE_CHECKING:
+    from torchfleet.environments.base import ClusterEnvironment
+
+log = logging.getLogger(__name__)
+
+START_METHODS = ("spawn", "fork", "forkserver")
+_RESULT_FILE = "result.pt"
+
+
+class ProcessLauncher(Launcher):
+    """Run ``fn`` in ``num_processes`` new processes started with ``start_method``; return rank 0's result."""
+
+    runs_in_children = True
+
+    def __init__(self, cluster_environment: ClusterEnvironment, num_processes: int, num_nodes: int,
+                 start_method: str = "spawn") -> None:
+        if start_method not in START_METHODS:
+            raise ConfigurationError(
+                f"start_method={start_method!r} is not a process start method. Accepted: 'popen' (re-run the "
+                f"script, strategy='ddp'), {', '.join(map(repr, START_METHODS))}."
+            )
+        import multiprocessing
+
+        if start_method not in multiprocessing.get_all_start_methods():
+            raise ConfigurationError(
+                f"start_method={start_method!r} is not available on this platform (it offers "
+                f"{', '.join(map(repr, multiprocessing.get_all_start_methods()))}). Use strategy='ddp_spawn' or 'ddp'."
+            )
+        self.cluster_environment = cluster_environment
+        self.num_processes = num_processes
+        self.num_nodes = num_nodes
+        self.start_method = start_method
+        self._supervisor: Supervisor | None = None
+
+    @property
+    def is_interactive_compatible(self) -> bool:
+        return self.start_method == "fork"
+
+    def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        env = self.cluster_environment
+        if env.creates_processes_externally:
+            raise ConfigurationError(
+                f"start_method={self.start_method!r} starts the ranks itself, but this process was already started "
+                f"as one rank by {type(env).__name__} (torchrun, srun or mpirun). Use strategy='ddp' there: it "
+                "joins the ranks the launcher started."
+            )
+        payload = self._check_can_start(fn, args, kwargs)
+        import torch.multiprocessing as mp
+
+        from torchfleet.environments.local import find_free_port
+
+        # a fresh port per launch unless the user fixed one: a second fit must not meet the first's socket
+        port = int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else find_free_port()
+        variables = rank_env(env.main_address, port, self.num_processes * self.num_nodes, env.node_rank(), 0)
+        work = tempfile.mkdtemp(prefix="torchfleet-ranks-")
+        ctx = mp.get_context(self.start_method)
+        procs = []
+        try:
+            for local_rank in range(self.num_processes):
+                proc = ctx.Process(
+                    target=_child_main,
+                    args=(local_rank, variables, work, os.getpid(), payload),
+                    name=f"torchfleet-rank-{local_rank}",
+                )
+                proc.start()
+                procs.append(proc)
+            self._supervisor = Supervisor(procs, list(range(len(procs))), work, env.node_rank(), self.num_processes)
+            try:
+                self._supervisor.wait()
+            except BaseException:
+                self._supervisor.stop()
+                raise
+            result_path = os.path.join(work, _RESULT_FILE)
+            if env.node_rank() != 0 or not os.path.exists(result_path):
+                return None
+            return torch.load(result_path, weights_only=False)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            self._supervisor = None
+
+    def _check_can_start(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """What the children receive: the objects themselves (fork) or their pickled bytes (spawn, forkserver).
+
+        Pickling here, with the standard pickler, gives every rank its own copy of the tensors;
+        multiprocessing's pickler would share their storage between the ranks, and each rank's
+        optimizer would then step the same parameters.
+        """
+        if self.start_method == "fork":
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                raise ConfigurationError(
+                    "strategy='ddp_fork' (or 'ddp_notebook') cannot start its processes: CUDA was already "
+                    "initialised in this process (something ran on the GPU, or called torch.cuda functions that "
+                    "create a context), and CUDA does not survive a fork. Restart the notebook/interpreter and "
+                    "keep GPU work out of it before trainer.fit, or use strategy='ddp_spawn', or 'ddp' in a script."
+                )
+            return (fn, args, kwargs)
+        try:
+            return pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:  # noqa: BLE001 - find out which part, and say so
+            pass
+        for name, obj in (("function", fn), *((f"argument {i}", a) for i, a in enumerate(args)),
+                          *((f"argument {k!r}", v) for k, v in kwargs.items())):
+            found = find_unpicklable(obj, _name_of(obj, name))
+            if found is not None:
+                path, error = found
+                raise ConfigurationError(
+                    f"strategy='ddp_spawn' sends the model, the data and the Trainer to new processes by pickling "
+                    f"them, and {path} cannot be pickled ({type(error).__name__}: {error}). Make it picklable (a "
+                    "module-level function or class instead of a lambda or local function, no open files or "
+                    "locks), or use strategy='ddp' (re-runs the script) or 'ddp_fork' (no pickling), which do "
+                    "not need it."
+                )
+        raise ConfigurationError(
+            "strategy='ddp_spawn' could not pickle what it sends to the new processes, though each part pickles on "
+            "its own. Use strategy='ddp' or 'ddp_fork', which do not pickle."
+        )
+
+    def kill(self, signum: int = 15) -> None:
+        if self._supervisor is not None:
+            for p in self._supervisor.procs:
+                if p.exitcode is None and p.pid is not None:
+                    os.kill(p.pid, signum)
+
+
+def _name_of(obj: Any, default: str) -> str:
+    from torch import nn
+
+    if isinstance(obj, nn.Module):
+        return "model"
+    return type(obj).__name__.lower() if type(obj).__name__ in ("Trainer", "Fleet") else default
+
+
+def _child_main(local_rank: int, variables: dict[str, str], work: str, parent_pid: int, payload: Any) -> None:
+    os.environ.update(variables)
+    os.environ["LOCAL_RANK"] = str(local_rank)
+    os.environ[ERROR_DIR_VAR] = work
+    os.environ[LAUNCHER_PID_VAR] = str(parent_pid)
+    watch_parent(parent_pid)
+    try:
+        fn, args, kwargs = pickle.loads(payload) if isinstance(payload, bytes) else payload
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        write_error(work, local_rank, exc)
+        raise
+    if local_rank == 0 and int(variables["NODE_RANK"]) == 0:
+        path = os.path.join(work, _RESULT_FILE)
+        torch.save(result, path + ".tmp")
+        os.replace(path + ".tmp", path)

@@ -1,0 +1,229 @@
+"""ScriptLauncher: rank 0 runs the user's command, local ranks 1..N-1 run the same command again.
+
+``python train.py args``, ``python -m pkg.mod args`` and the ``torchfleet`` command are all
+re-run as they were started (``sys.orig_argv``, with this interpreter), with MASTER_ADDR,
+MASTER_PORT, WORLD_SIZE, NODE_RANK and LOCAL_RANK set. Where the cluster environment already
+started every rank (torchrun, srun, mpirun) or this process is itself a re-run child, nothing
+is started.
+
+The children live as long as the script: a second Trainer in the same script joins the same
+process group instead of starting another set of children, because the children run that
+second Trainer too. A watcher thread in the launching process stops every rank within
+seconds when one of them fails, and the launching process exits non-zero naming that rank.
+"""
+
+from __future__ import annotations
+
+import _thread
+import atexit
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from torchfleet.errors import ConfigurationError
+from torchfleet.launchers.base import Launcher, ProcessFailedError, interactive_session, rank_env
+from torchfleet.launchers.supervise import (
+    ERROR_DIR_VAR,
+    LAUNCHER_PID_VAR,
+    POLL_S,
+    Supervisor,
+    watch_parent,
+    write_error,
+)
+
+if TYPE_CHECKING:
+    from torchfleet.environments.base import ClusterEnvironment
+
+log = logging.getLogger(__name__)
+
+#: how long the launching process waits for the main thread to stop after a child failed, before it exits hard
+INTERRUPT_GRACE_S = 3.0
+
+
+def command_to_rerun() -> list[str]:
+    """The command that started this process, with this interpreter: script, ``-m module`` or ``-c code``."""
+    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    return [sys.executable, *argv[1:]]
+
+
+class _Children:
+    """The children this process started, and the thread that watches them (one set per process)."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+        self.main_stopped = threading.Event()
+        self.in_launch = 0
+        self.reported = False
+        self._thread = threading.Thread(target=self._watch, name="torchfleet-rank-watch", daemon=True)
+        self._thread.start()
+        atexit.register(self._at_exit)
+
+    def _watch(self) -> None:
+        sup = self.supervisor
+        while sup.check() is None:
+            if sup.all_done():
+                return
+            time.sleep(POLL_S)
+        sup.stop()
+        # Stop rank 0 too, but only while it runs a launched function (it may sit in a collective that
+        # will never finish); outside one, the next launch or the exit of the script reports the failure.
+        while not self.main_stopped.is_set():
+            if self.in_launch:
+                _thread.interrupt_main()
+                if not self.main_stopped.wait(INTERRUPT_GRACE_S):
+                    # blocked inside C++ where the interrupt cannot land: exit with the report ourselves
+                    self._report_and_exit(sup.failure)
+                return
+            time.sleep(POLL_S)
+
+    def _report_and_exit(self, failure: ProcessFailedError | None) -> None:
+        if not self.reported:
+            self.reported = True
+            sys.stderr.write(f"torchfleet: {failure}\n")
+            sys.stderr.flush()
+        os._exit(1)
+
+    def _at_exit(self) -> None:
+        # the script finished in rank 0: the children finish theirs; a failure there fails the run
+        self.main_stopped.set()
+        if self.reported:
+            return
+        sup = self.supervisor
+        while not sup.all_done():
+            if sup.check() is not None:
+                break
+            time.sleep(POLL_S)
+        failure = sup.check()
+        if failure is not None:
+            sup.stop()
+            self._report_and_exit(failure)
+
+
+_CHILDREN: _Children | None = None
+
+
+class ScriptLauncher(Launcher):
+    """Start local ranks 1..N-1 by re-running this process's command; run ``fn`` here as local rank 0."""
+
+    def __init__(self, cluster_environment: ClusterEnvironment, num_processes: int, num_nodes: int) -> None:
+        self.cluster_environment = cluster_environment
+        self.num_processes = num_processes
+        self.num_nodes = num_nodes
+
+    @property
+    def is_interactive_compatible(self) -> bool:
+        return False
+
+    def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        env = self.cluster_environment
+        if not env.creates_processes_externally:
+            if self.num_processes > 1:
+                self._start_children()
+            else:
+                # one process per node: nothing to start, but the address/port must be agreed all the same
+                _export_rank_env(env, self.num_processes, self.num_nodes)
+        children = _CHILDREN
+        if children is not None:
+            return _run_watched(children, fn, args, kwargs)
+        if os.environ.get(ERROR_DIR_VAR):
+            return _run_as_child(fn, args, kwargs)
+        return fn(*args, **kwargs)
+
+    def _start_children(self) -> None:
+        global _CHILDREN
+        if interactive_session():
+            raise ConfigurationError(
+                "strategy='ddp' starts the other ranks by running this program's command again, but this is an "
+                "interactive session (a notebook, the Python prompt or a script read from stdin), which cannot be "
+                "re-run. Use strategy='ddp_notebook' (or 'ddp_fork'), or put the code in a script."
+            )
+        env = self.cluster_environment
+        _check_port_free(env)
+        os.environ.update(_export_rank_env(env, self.num_processes, self.num_nodes))
+        error_dir = tempfile.mkdtemp(prefix="torchfleet-ranks-")
+        command = command_to_rerun()
+        base = dict(os.environ)
+        base[ERROR_DIR_VAR] = error_dir
+        base[LAUNCHER_PID_VAR] = str(os.getpid())
+        procs, ranks = [], []
+        for local_rank in range(1, self.num_processes):
+            child_env = dict(base, LOCAL_RANK=str(local_rank))
+            procs.append(subprocess.Popen(command, env=child_env))
+            ranks.append(local_rank)
+        log.info("Started local ranks 1..%d with: %s", self.num_processes - 1, " ".join(command))
+        _CHILDREN = _Children(Supervisor(procs, ranks, error_dir, env.node_rank(), self.num_processes))
+
+    def kill(self, signum: int = 15) -> None:
+        if _CHILDREN is not None:
+            for p in _CHILDREN.supervisor.procs:
+                if p.poll() is None:
+                    p.send_signal(signum)
+
+
+def _export_rank_env(env: ClusterEnvironment, num_processes: int, num_nodes: int) -> dict[str, str]:
+    values = rank_env(env.main_address, env.main_port, num_processes * num_nodes, env.node_rank(), 0)
+    os.environ.update(values)
+    return values
+
+
+def _check_port_free(env: ClusterEnvironment) -> None:
+    """On the main node, refuse a MASTER_PORT that something else already listens on (it would hang or fail late)."""
+    if env.node_rank() != 0 or not os.environ.get("MASTER_PORT"):
+        return  # a port we chose ourselves was free a moment ago
+    import socket
+
+    port = env.main_port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError as exc:
+            raise ConfigurationError(
+                f"MASTER_PORT={port} is already in use on this machine ({exc.strerror}), so rank 0 cannot listen "
+                "there for the other ranks. Unset MASTER_PORT to let torchfleet pick a free port, or export a port "
+                "that is free (another training job may be using this one)."
+            ) from None
+
+
+def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    if children.supervisor.check() is not None:
+        children.reported = True
+        raise children.supervisor.failure  # type: ignore[misc]
+    children.in_launch += 1
+    try:
+        return fn(*args, **kwargs)
+    except BaseException as exc:
+        sup = children.supervisor
+        failure = sup.wait_for_failure(timeout=1.0 if not isinstance(exc, KeyboardInterrupt) else 0.0)
+        children.main_stopped.set()
+        children.reported = True  # the children are stopped on purpose: their exit codes are not news
+        sup.stop()
+        if failure is not None:
+            raise failure from exc
+        raise
+    finally:
+        children.in_launch -= 1
+
+
+def _run_as_child(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    _watch_launcher_once()
+    try:
+        return fn(*args, **kwargs)
+    except BaseException as exc:
+        write_error(os.environ.get(ERROR_DIR_VAR), int(os.environ.get("LOCAL_RANK", "0")), exc)
+        raise
+
+
+_PARENT_WATCH: threading.Thread | None = None
+
+
+def _watch_launcher_once() -> None:
+    global _PARENT_WATCH
+    pid = os.environ.get(LAUNCHER_PID_VAR)
+    if _PARENT_WATCH is None and pid:
+        _PARENT_WATCH = watch_parent(int(pid))

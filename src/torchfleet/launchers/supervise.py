@@ -1,0 +1,145 @@
+"""Watching the processes of a run: report the first rank that fails and stop the others.
+
+Shared by the script launcher (children are ``subprocess.Popen``) and the process launcher
+(children are ``multiprocessing.Process``). Each child writes its traceback to
+``<error_dir>/rank-<local_rank>.txt`` before it exits with an error, so the launching process
+can name the failing rank and quote its exception, not only its exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torchfleet.launchers.base import STOP_GRACE_S, ProcessFailedError, describe_exit
+
+#: environment variables through which a launched child learns where to report and whom to watch
+ERROR_DIR_VAR = "TF_ERROR_DIR"
+LAUNCHER_PID_VAR = "TF_LAUNCHER_PID"
+
+POLL_S = 0.05
+
+
+def _exitcode(proc: Any) -> int | None:
+    # Popen has poll(); multiprocessing.Process has exitcode
+    poll = getattr(proc, "poll", None)
+    return poll() if poll is not None else proc.exitcode
+
+
+def error_file(error_dir: str, local_rank: int) -> str:
+    return os.path.join(error_dir, f"rank-{local_rank}.txt")
+
+
+def write_error(error_dir: str | None, local_rank: int, exc: BaseException) -> None:
+    """Record ``exc`` with its traceback for the launching process (best effort: the error itself still propagates)."""
+    if not error_dir:
+        return
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    try:
+        tmp = error_file(error_dir, local_rank) + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, error_file(error_dir, local_rank))
+    except OSError:
+        pass
+
+
+class Supervisor:
+    """The children of one launch: ``ranks[i]`` is the local rank of ``procs[i]``."""
+
+    def __init__(self, procs: Sequence[Any], ranks: Sequence[int], error_dir: str, node_rank: int, num_processes: int):
+        self.procs, self.ranks = list(procs), list(ranks)
+        self.error_dir = error_dir
+        self.node_rank, self.num_processes = node_rank, num_processes
+        self.failure: ProcessFailedError | None = None
+
+    def _global_rank(self, local_rank: int) -> int:
+        return self.node_rank * self.num_processes + local_rank
+
+    def failed(self, rank: int, exitcode: int | None) -> ProcessFailedError:
+        """The error for the child at local ``rank``: its recorded traceback, else its exit code."""
+        path = error_file(self.error_dir, rank)
+        try:
+            with open(path) as f:
+                detail = f.read()
+        except OSError:
+            detail = (f"it left no Python traceback{describe_exit(exitcode)}; its own output above may say more."
+                      if exitcode is not None else "it left no Python traceback.")
+        return ProcessFailedError(self._global_rank(rank), detail, exitcode)
+
+    def check(self) -> ProcessFailedError | None:
+        """The first failure among the children, recorded once; None while none has failed."""
+        if self.failure is None:
+            for proc, rank in zip(self.procs, self.ranks):
+                code = _exitcode(proc)
+                if code is not None and code != 0:
+                    self.failure = self.failed(rank, code)
+                    break
+        return self.failure
+
+    def wait_for_failure(self, timeout: float) -> ProcessFailedError | None:
+        """After an error in this process: give a child that caused it (its socket closed first) time to be seen."""
+        deadline = time.monotonic() + timeout
+        while self.check() is None and time.monotonic() < deadline:
+            if all(_exitcode(p) is not None for p in self.procs):
+                break
+            time.sleep(POLL_S)
+        return self.failure
+
+    def all_done(self) -> bool:
+        return all(_exitcode(p) is not None for p in self.procs)
+
+    def stop(self) -> None:
+        """SIGTERM every child still running, then SIGKILL the ones that outlive the grace period."""
+        alive = [p for p in self.procs if _exitcode(p) is None]
+        for p in alive:
+            _signal(p, "terminate")
+        deadline = time.monotonic() + STOP_GRACE_S
+        while any(_exitcode(p) is None for p in alive) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        for p in alive:
+            if _exitcode(p) is None:
+                _signal(p, "kill")
+        for p in alive:
+            join = getattr(p, "wait", None) or p.join
+            join()
+
+    def wait(self) -> None:
+        """Block until every child exits; on the first failure stop the others and raise it."""
+        while not self.all_done():
+            if self.check() is not None:
+                break
+            time.sleep(POLL_S)
+        failure = self.check()
+        if failure is not None:
+            self.stop()
+            raise failure
+
+
+def _signal(proc: Any, how: str) -> None:
+    try:
+        getattr(proc, how)()
+    except (ProcessLookupError, OSError):
+        pass
+
+
+def watch_parent(parent_pid: int, on_orphaned: Callable[[], None] | None = None) -> threading.Thread:
+    """In a launched child: exit when the launching process is gone, instead of waiting forever in a collective."""
+
+    def run() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        if on_orphaned is not None:
+            on_orphaned()
+        sys.stderr.write(f"torchfleet: the launching process {parent_pid} is gone; rank process {os.getpid()} stops.\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+    thread = threading.Thread(target=run, name="torchfleet-parent-watch", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,255 @@
+"""DDPStrategy: one process per device, the module wrapped in torch.nn.parallel.DistributedDataParallel.
+
+The processes are started by a launcher chosen from ``start_method``: ``"popen"`` re-runs the
+script for local ranks 1..N-1 (strategy ``ddp``), ``"spawn"``/``"fork"``/``"forkserver"`` run the
+function in N new processes (``ddp_spawn``, ``ddp_fork``/``ddp_notebook``). Under torchrun, srun
+or mpirun the processes already exist and nothing is started.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import logging
+import os
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from torchfleet.errors import ConfigurationError
+from torchfleet.strategies.base import ParallelStrategy
+
+if TYPE_CHECKING:
+    from torchfleet.accelerators.base import Accelerator
+    from torchfleet.checkpoint.io import CheckpointIO
+    from torchfleet.environments.base import ClusterEnvironment
+    from torchfleet.precision import Precision
+
+log = logging.getLogger(__name__)
+
+START_METHODS = ("popen", "spawn", "fork", "forkserver")
+#: torch's own default for process groups (30 minutes)
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+_HOOK_KWARG = "_torchfleet_hook"
+
+
+class _HookDispatch(nn.Module):
+    """Lets DDP's forward run any hook of the user's module: ``ddp(batch, _torchfleet_hook="training_step")``.
+
+    DDP only prepares gradient synchronisation inside its own forward, so a training_step must run
+    through it; without the keyword the call is the module's ordinary forward.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        hook = kwargs.pop(_HOOK_KWARG, None)
+        if hook is None:
+            return self.module(*args, **kwargs)
+        return getattr(self.module, hook)(*args, **kwargs)
+
+
+class DDPStrategy(ParallelStrategy):
+    """Data-parallel training with DistributedDataParallel, one process per device, on one or more machines.
+
+    ``process_group_backend``: default nccl on CUDA, gloo on CPU; any value given is used as is.
+    ``timeout``: how long a collective may wait (a timedelta or seconds). ``start_method``: "popen"
+    (default), "spawn", "fork" or "forkserver". ``ddp_comm_hook``/``ddp_comm_state``: a DDP
+    communication hook and its state (e.g. ``torch.distributed.algorithms.ddp_comm_hooks``).
+    Every other keyword (``static_graph``, ``find_unused_parameters``, ``gradient_as_bucket_view``,
+    ``bucket_cap_mb``, ``broadcast_buffers``, ...) goes to DistributedDataParallel.
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | float | None = DEFAULT_TIMEOUT,
+        start_method: str = "popen",
+        ddp_comm_state: object | None = None,
+        ddp_comm_hook: Callable | None = None,
+        **ddp_kwargs: Any,
+    ) -> None:
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
+                         precision=precision, process_group_backend=process_group_backend)
+        if start_method not in START_METHODS:
+            raise ConfigurationError(
+                f"start_method={start_method!r} is not understood. Accepted: 'popen' (re-run the script for each "
+                "rank; strategy='ddp'), 'spawn' ('ddp_spawn'), 'fork' ('ddp_fork', 'ddp_notebook') and "
+                "'forkserver'."
+            )
+        if timeout is not None and not isinstance(timeout, timedelta):
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+                raise ConfigurationError(
+                    f"timeout={timeout!r} is not valid: give a datetime.timedelta or a number of seconds > 0."
+                )
+            timeout = timedelta(seconds=timeout)
+        if ddp_comm_state is not None and ddp_comm_hook is None:
+            raise ConfigurationError(
+                "ddp_comm_state was given without ddp_comm_hook: the state is only passed to a hook. Give "
+                "ddp_comm_hook too (for example torch.distributed.algorithms.ddp_comm_hooks.default_hooks."
+                "fp16_compress_hook), or drop ddp_comm_state."
+            )
+        self.timeout = timeout
+        self.start_method = start_method
+        self._ddp_comm_state = ddp_comm_state
+        self._ddp_comm_hook = ddp_comm_hook
+        self._ddp_kwargs = ddp_kwargs
+        _check_ddp_kwargs(ddp_kwargs)
+
+    # ----------------------------------------------------------------- configuration
+    def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:
+        super().configure(devices, num_nodes, cluster_environment)
+        env = self.cluster_environment
+        assert env is not None and self.parallel_devices is not None
+        # the pre-flight check: a launch that disagrees with devices x num_nodes fails here, before any
+        # process starts or waits in init_process_group for ranks that will never come
+        env.validate_settings(len(self.parallel_devices), num_nodes)
+        self._record_ranks()
+        if self.start_method == "popen":
+            from torchfleet.launchers.script import ScriptLauncher
+
+            self._launcher = ScriptLauncher(env, self.num_processes, num_nodes)
+        else:
+            from torchfleet.launchers.processes import ProcessLauncher
+
+            self._launcher = ProcessLauncher(env, self.num_processes, num_nodes, self.start_method)
+        if self.num_processes * num_nodes == 1:
+            log.warning(
+                "strategy='ddp' with a single process: it runs, but there is nothing to synchronise with; "
+                "strategy='single_device' does the same without the process group."
+            )
+
+    # ----------------------------------------------------------------- processes
+    def _record_ranks(self) -> None:
+        # environments that decide ranks themselves (torchrun, SLURM, ...) ignore these
+        env = self.cluster_environment
+        assert env is not None
+        env.set_world_size(self.num_processes * self.num_nodes)
+        env.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+
+    def setup_environment(self) -> None:
+        """Record this process's ranks, select its device and join the process group (once per process)."""
+        self._record_ranks()
+        super().setup_environment()
+        self._init_process_group()
+
+    def _init_process_group(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            have = dist.get_world_size()
+            if have != self.world_size:
+                raise ConfigurationError(
+                    f"This process already belongs to a process group of {have} processes, but this run asks for "
+                    f"{self.world_size}. One script trains with one world size: give every Trainer/Fleet the same "
+                    "devices and num_nodes, or call torch.distributed.destroy_process_group() between them."
+                )
+            return
+        env = self.cluster_environment
+        assert env is not None
+        # env:// rendezvous with explicit ranks; torchrun's agent store is used when torchrun provides one
+        os.environ.setdefault("MASTER_ADDR", env.main_address)
+        os.environ.setdefault("MASTER_PORT", str(env.main_port))
+        kwargs: dict[str, Any] = {}
+        if self.timeout is not None:
+            kwargs["timeout"] = self.timeout
+        if self.root_device.type == "cuda":
+            kwargs["device_id"] = self.root_device
+        log.debug("init_process_group(%s) rank %d of %d at %s:%s", self.process_group_backend, self.global_rank,
+                  self.world_size, os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
+        dist.init_process_group(self.process_group_backend, world_size=self.world_size, rank=self.global_rank,
+                                **kwargs)
+        atexit.register(_destroy_process_group)
+
+    # ----------------------------------------------------------------- the module
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Wrap ``module`` in DistributedDataParallel (with the communication hook, when one was given)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        wrapped = DistributedDataParallel(_HookDispatch(module), device_ids=device_ids, **self._ddp_kwargs)
+        if self._ddp_comm_hook is not None:
+            wrapped.register_comm_hook(self._ddp_comm_state, self._ddp_comm_hook)
+        return wrapped
+
+    def unwrap(self, module: nn.Module) -> nn.Module:
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(module, DistributedDataParallel):
+            module = module.module
+        return module.module if isinstance(module, _HookDispatch) else module
+
+    def step_function(self, module: nn.Module, name: str) -> Callable[..., Any]:
+        """training_step runs inside DDP's forward (which sets up the gradient all-reduce); the others run plain.
+
+        Evaluation steps skip DDP's forward on purpose: it may broadcast buffers, a collective per
+        batch, and ranks with uneven evaluation shards would then wait for each other forever.
+        """
+        from torch.nn.parallel import DistributedDataParallel
+
+        if name == "training_step" and isinstance(module, DistributedDataParallel):
+            return functools.partial(module, **{_HOOK_KWARG: name})
+        return getattr(self.unwrap(module), name)
+
+    @contextlib.contextmanager
+    def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
+        """Skip DDP's gradient all-reduce for forward+backward passes inside the block (gradient accumulation)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        if enabled and isinstance(module, DistributedDataParallel):
+            with module.no_sync():
+                yield
+        else:
+            yield
+
+    def process_dataloader(self, dataloader: Any, stage: str) -> Any:
+        """Give every rank its own shard (a DistributedSampler for training, an exact split for evaluation)."""
+        if self.world_size == 1:
+            return dataloader
+        from torchfleet.samplers import inject_distributed_sampler
+
+        seed = int(os.environ.get("TF_GLOBAL_SEED", "0"))
+        return inject_distributed_sampler(dataloader, self.world_size, self.global_rank, stage, seed=seed)
+
+    def __repr__(self) -> str:
+        return (f"DDPStrategy(start_method={self.start_method!r}, devices={self.num_processes}, "
+                f"num_nodes={self.num_nodes}, precision={self.precision!r})")
+
+
+def _destroy_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def _check_ddp_kwargs(kwargs: dict[str, Any]) -> None:
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    accepted = set(inspect.signature(DistributedDataParallel.__init__).parameters) - {"self", "module", "device_ids"}
+    unknown = sorted(set(kwargs) - accepted)
+    if unknown:
+        from torchfleet.errors import closest
+
+        hints = [f"{u!r} (did you mean {closest(u, accepted)[0]!r}?)" if closest(u, accepted) else repr(u)
+                 for u in unknown]
+        raise ConfigurationError(
+            f"DDPStrategy got keyword(s) {', '.join(hints)} that neither it nor DistributedDataParallel accepts. "
+            f"DDPStrategy takes process_group_backend, timeout, start_method, ddp_comm_hook and ddp_comm_state; "
+            f"DistributedDataParallel takes {', '.join(sorted(accepted))}."
+        )

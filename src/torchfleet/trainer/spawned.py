@@ -1,0 +1,68 @@
+"""Bring a spawned or forked run's results back into the launching process's Trainer and model.
+
+Under ddp_spawn / ddp_fork the launching process only waits while the ranks train in new
+processes. Rank 0 sends back what the user reads after ``trainer.fit``: the model's weights,
+the step and epoch counters, the metrics and each callback's state (so
+``checkpoint_callback.best_model_path`` is set), and the loggers' versions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchfleet.strategies.base import move_to_device
+
+if TYPE_CHECKING:
+    from torchfleet.trainer.trainer import Trainer
+
+
+def run_in_rank(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any,
+                kw: dict) -> Any:
+    """Run the stage in this rank; rank 0 also returns the snapshot that ``restore`` applies in the parent."""
+    from torchfleet.trainer.loops import run_stage
+
+    out = run_stage(trainer, stage, model, train_dl, eval_dl, ckpt_path, kw)
+    if not trainer.is_global_zero:
+        return None
+    cpu = torch.device("cpu")
+    return {
+        "out": move_to_device(out, cpu),
+        "model": {k: v.detach().to(cpu) for k, v in model.state_dict().items()},
+        "global_step": trainer.global_step,
+        "current_epoch": trainer.current_epoch,
+        "should_stop": trainer.should_stop,
+        "callback_metrics": move_to_device(dict(trainer.callback_metrics), cpu),
+        "logged_metrics": move_to_device(dict(trainer.logged_metrics), cpu),
+        "progress_bar_metrics": dict(trainer.progress_bar_metrics),
+        "callbacks": [(type(cb).__qualname__, cb.state_dict()) for cb in trainer.callbacks],
+        "logger_versions": [getattr(lg, "_version", None) for lg in trainer.loggers],
+    }
+
+
+def restore(trainer: Trainer, model: Any, snapshot: dict[str, Any] | None) -> Any:
+    """Apply rank 0's snapshot to the parent's trainer and model; returns the stage's result."""
+    if snapshot is None:  # not the main node: its rank 0 reports nothing back
+        return None
+    with torch.no_grad():
+        model.load_state_dict(snapshot["model"])
+    trainer.global_step = snapshot["global_step"]
+    trainer.current_epoch = snapshot["current_epoch"]
+    trainer.should_stop = snapshot["should_stop"]
+    trainer._train_results = None
+    trainer._epoch_metrics = snapshot["callback_metrics"]
+    trainer.logged_metrics = snapshot["logged_metrics"]
+    trainer._bar_metrics = snapshot["progress_bar_metrics"]
+    # callbacks a Module adds in configure_callbacks exist only in the ranks: match by type, in order
+    saved = list(snapshot["callbacks"])
+    for cb in trainer.callbacks:
+        for i, (name, state) in enumerate(saved):
+            if name == type(cb).__qualname__:
+                cb.load_state_dict(state)
+                del saved[i]
+                break
+    for lg, version in zip(trainer.loggers, snapshot["logger_versions"]):
+        if version is not None and hasattr(lg, "_version"):
+            lg._version = version
+    return snapshot["out"]
