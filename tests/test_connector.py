@@ -57,13 +57,25 @@ def test_gpu_id_beyond_count(four_gpus):
         resolve(accelerator="cuda", devices=[5])
 
 
-def test_several_devices_without_a_multi_process_strategy_is_explained():
-    from torchfleet.strategies import StrategyRegistry
+def test_auto_picks_ddp_for_several_processes_and_says_why(caplog, monkeypatch):
+    import torchfleet.connector as connector
+    from torchfleet.strategies import DDPStrategy
 
-    if "ddp" in StrategyRegistry:
-        pytest.skip("a multi-process strategy is registered, so 'auto' picks it")
-    with pytest.raises(ConfigurationError, match="2 processes"):
+    monkeypatch.setattr(connector, "_AUTO_CHOICES_LOGGED", set())
+    with caplog.at_level("INFO", logger="torchfleet.connector"):
+        s = resolve(accelerator="cpu", devices=2)
         resolve(accelerator="cpu", devices=2)
+    assert isinstance(s, DDPStrategy) and s.start_method == "popen" and s.world_size == 2
+    chosen = [r.getMessage() for r in caplog.records if "chose 'ddp'" in r.getMessage()]
+    assert len(chosen) == 1 and "2 cpu process(es)" in chosen[0]  # logged once, with the reason
+
+
+def test_auto_picks_ddp_fork_in_an_interactive_session(monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)
+    s = resolve(accelerator="cpu", devices=2)
+    assert s.start_method == "fork"
 
 
 def test_single_device_with_two_devices_is_refused():
@@ -128,12 +140,10 @@ def test_resolve_builds_fresh_strategies():
     assert resolve() is not resolve()
 
 
-def test_auto_devices_fall_back_to_one_without_a_multi_process_strategy(four_gpus):
-    from torchfleet.strategies import StrategyRegistry
+def test_auto_devices_use_every_gpu_with_ddp(four_gpus):
+    from torchfleet.strategies import DDPStrategy
 
-    if "ddp" in StrategyRegistry:
-        pytest.skip("a multi-process strategy is registered, so devices='auto' uses every GPU")
     s = resolve()
-    assert isinstance(s, SingleDeviceStrategy) and s.root_device == torch.device("cuda", 0)
-    with pytest.raises(ConfigurationError, match="4 processes"):
-        resolve(devices=4)
+    assert isinstance(s, DDPStrategy)
+    assert s.parallel_devices == [torch.device("cuda", i) for i in range(4)]
+    assert s.process_group_backend == "nccl"

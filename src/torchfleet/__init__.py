@@ -21,10 +21,16 @@ _LAZY = {
     "CheckpointError": "torchfleet.errors",
 }
 
+#: subpackages reachable as attributes after a plain ``import torchfleet`` (``torchfleet.strategies.DDPStrategy``)
+_SUBMODULES = ("accelerators", "callbacks", "checkpoint", "environments", "launchers", "loggers", "precision",
+               "strategies")
+
 __all__ = sorted(_LAZY) + ["__version__"]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"torchfleet.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'torchfleet' has no attribute {name!r}")

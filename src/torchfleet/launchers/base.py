@@ -7,7 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-from torchfleet.errors import TorchfleetError
+from torchfleet.errors import ConfigurationError, TorchfleetError
 
 #: how long the other ranks get to stop on SIGTERM before they are killed
 STOP_GRACE_S = 2.0
@@ -18,6 +18,8 @@ class ProcessFailedError(TorchfleetError, RuntimeError):
 
     def __init__(self, rank: int, detail: str, exitcode: int | None = None) -> None:
         self.rank, self.detail, self.exitcode = rank, detail, exitcode
+        #: when the rank failed (time.time()), where known; orders simultaneous failures
+        self.failed_at = 0.0
         super().__init__(
             f"Rank {rank} failed{describe_exit(exitcode)}, so the other ranks were stopped. Its error:\n{detail.rstrip()}"
         )
@@ -84,3 +86,22 @@ def rank_env(main_address: str, main_port: int, world_size: int, node_rank: int,
         "NODE_RANK": str(node_rank),
         "LOCAL_RANK": str(local_rank),
     }
+
+
+def check_port_free(env: Any) -> None:
+    """On the main node, refuse a MASTER_PORT that something already listens on: the run would fail late or hang."""
+    import os
+    import socket
+
+    if env.node_rank() != 0 or not os.environ.get("MASTER_PORT"):
+        return  # a port we choose ourselves was free a moment ago
+    port = env.main_port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError as exc:
+            raise ConfigurationError(
+                f"MASTER_PORT={port} is already in use on this machine ({exc.strerror}), so rank 0 cannot listen "
+                "there for the other ranks. Unset MASTER_PORT to let torchfleet pick a free port, or export a port "
+                "that is free (another training job may be using this one)."
+            ) from None

@@ -46,7 +46,7 @@ def _children(obj: Any) -> list[tuple[str, Any]]:
 def _describe(obj: Any) -> str:
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
     if name:
-        return f"<{name}>" if name == "<lambda>" else f"<{type(obj).__name__} {name}>"
+        return "<lambda>" if name.endswith("<lambda>") else f"<{type(obj).__name__} {name}>"
     return f"<{type(obj).__name__}>"
 
 

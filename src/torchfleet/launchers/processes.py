@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchfleet.errors import ConfigurationError
-from torchfleet.launchers.base import Launcher, rank_env
+from torchfleet.launchers.base import Launcher, check_port_free, rank_env
 from torchfleet.launchers.pickling import find_unpicklable
 from torchfleet.launchers.supervise import (
     ERROR_DIR_VAR,
@@ -76,6 +76,7 @@ class ProcessLauncher(Launcher):
                 "joins the ranks the launcher started."
             )
         payload = self._check_can_start(fn, args, kwargs)
+        check_port_free(env)
         import torch.multiprocessing as mp
 
         from torchfleet.environments.local import find_free_port
@@ -129,8 +130,13 @@ class ProcessLauncher(Launcher):
             return pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:  # noqa: BLE001 - find out which part, and say so
             pass
-        for name, obj in (("function", fn), *((f"argument {i}", a) for i, a in enumerate(args)),
-                          *((f"argument {k!r}", v) for k, v in kwargs.items())):
+        from torch import nn
+
+        parts = [("function", fn), *((f"argument {i}", a) for i, a in enumerate(args)),
+                 *((f"argument {k!r}", v) for k, v in kwargs.items())]
+        # the model first: the Trainer holds it too, but "model.augment" says more than "trainer.module.augment"
+        parts.sort(key=lambda part: not isinstance(part[1], nn.Module))
+        for name, obj in parts:
             found = find_unpicklable(obj, _name_of(obj, name))
             if found is not None:
                 path, error = found
@@ -167,6 +173,11 @@ def _child_main(local_rank: int, variables: dict[str, str], work: str, parent_pi
     os.environ[ERROR_DIR_VAR] = work
     os.environ[LAUNCHER_PID_VAR] = str(parent_pid)
     watch_parent(parent_pid)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        # forked from a process that had joined a group: that group belongs to the parent, not to this run
+        dist.destroy_process_group()
     try:
         fn, args, kwargs = pickle.loads(payload) if isinstance(payload, bytes) else payload
         result = fn(*args, **kwargs)

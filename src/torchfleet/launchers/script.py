@@ -27,7 +27,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torchfleet.errors import ConfigurationError
-from torchfleet.launchers.base import Launcher, ProcessFailedError, interactive_session, rank_env
+from torchfleet.launchers.base import (
+    Launcher,
+    ProcessFailedError,
+    check_port_free,
+    interactive_session,
+    rank_env,
+)
 from torchfleet.launchers.supervise import (
     ERROR_DIR_VAR,
     LAUNCHER_PID_VAR,
@@ -144,7 +150,7 @@ class ScriptLauncher(Launcher):
                 "re-run. Use strategy='ddp_notebook' (or 'ddp_fork'), or put the code in a script."
             )
         env = self.cluster_environment
-        _check_port_free(env)
+        check_port_free(env)
         os.environ.update(_export_rank_env(env, self.num_processes, self.num_nodes))
         error_dir = tempfile.mkdtemp(prefix="torchfleet-ranks-")
         command = command_to_rerun()
@@ -172,24 +178,6 @@ def _export_rank_env(env: ClusterEnvironment, num_processes: int, num_nodes: int
     return values
 
 
-def _check_port_free(env: ClusterEnvironment) -> None:
-    """On the main node, refuse a MASTER_PORT that something else already listens on (it would hang or fail late)."""
-    if env.node_rank() != 0 or not os.environ.get("MASTER_PORT"):
-        return  # a port we chose ourselves was free a moment ago
-    import socket
-
-    port = env.main_port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("", port))
-        except OSError as exc:
-            raise ConfigurationError(
-                f"MASTER_PORT={port} is already in use on this machine ({exc.strerror}), so rank 0 cannot listen "
-                "there for the other ranks. Unset MASTER_PORT to let torchfleet pick a free port, or export a port "
-                "that is free (another training job may be using this one)."
-            ) from None
-
-
 def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     if children.supervisor.check() is not None:
         children.reported = True
@@ -198,12 +186,14 @@ def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwarg
     try:
         return fn(*args, **kwargs)
     except BaseException as exc:
+        failed_at = time.time()
         sup = children.supervisor
         failure = sup.wait_for_failure(timeout=1.0 if not isinstance(exc, KeyboardInterrupt) else 0.0)
         children.main_stopped.set()
         children.reported = True  # the children are stopped on purpose: their exit codes are not news
         sup.stop()
-        if failure is not None:
+        # a child that failed before this rank did is the cause; one that failed after is an echo of this error
+        if failure is not None and (isinstance(exc, KeyboardInterrupt) or failure.failed_at <= failed_at):
             raise failure from exc
         raise
     finally:

@@ -62,24 +62,35 @@ class Supervisor:
         return self.node_rank * self.num_processes + local_rank
 
     def failed(self, rank: int, exitcode: int | None) -> ProcessFailedError:
-        """The error for the child at local ``rank``: its recorded traceback, else its exit code."""
+        """The error for the child at local ``rank``: its recorded traceback, else its exit code.
+
+        ``failed_at`` is when the traceback was written; 0 for a child that left none (killed by a
+        signal, or ``os._exit``): that is a cause, never an echo of another rank's failure.
+        """
         path = error_file(self.error_dir, rank)
         try:
             with open(path) as f:
                 detail = f.read()
+            failed_at = os.stat(path).st_mtime
         except OSError:
             detail = (f"it left no Python traceback{describe_exit(exitcode)}; its own output above may say more."
                       if exitcode is not None else "it left no Python traceback.")
-        return ProcessFailedError(self._global_rank(rank), detail, exitcode)
+            failed_at = 0.0
+        error = ProcessFailedError(self._global_rank(rank), detail, exitcode)
+        error.failed_at = failed_at
+        return error
 
     def check(self) -> ProcessFailedError | None:
-        """The first failure among the children, recorded once; None while none has failed."""
+        """The first failure among the children, recorded once; None while none has failed.
+
+        When several have failed by the time we look, the earliest is the cause: the others
+        usually fail because it closed its connections ("Connection closed by peer").
+        """
         if self.failure is None:
-            for proc, rank in zip(self.procs, self.ranks):
-                code = _exitcode(proc)
-                if code is not None and code != 0:
-                    self.failure = self.failed(rank, code)
-                    break
+            failures = [self.failed(rank, code) for proc, rank in zip(self.procs, self.ranks)
+                        if (code := _exitcode(proc)) is not None and code != 0]
+            if failures:
+                self.failure = min(failures, key=lambda f: f.failed_at)
         return self.failure
 
     def wait_for_failure(self, timeout: float) -> ProcessFailedError | None:

@@ -84,6 +84,10 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
     if strategy.local_rank == 0:
         (dm if dm is not None else model).prepare_data()
     strategy.barrier("prepare_data")
+    if strategy.world_size > 1:
+        # every rank names the same log and checkpoint folder: rank 0's (the only one that writes)
+        for lg in trainer.loggers:
+            lg.agree_version(strategy)
     if dm is not None:
         dm.setup(stage)
     extra = model.configure_callbacks()

@@ -37,7 +37,7 @@ def run_in_rank(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl
         "logged_metrics": move_to_device(dict(trainer.logged_metrics), cpu),
         "progress_bar_metrics": dict(trainer.progress_bar_metrics),
         "callbacks": [(type(cb).__qualname__, cb.state_dict()) for cb in trainer.callbacks],
-        "logger_versions": [getattr(lg, "_version", None) for lg in trainer.loggers],
+        "logger_versions": [lg.version for lg in trainer.loggers],
     }
 
 
@@ -63,6 +63,17 @@ def restore(trainer: Trainer, model: Any, snapshot: dict[str, Any] | None) -> An
                 del saved[i]
                 break
     for lg, version in zip(trainer.loggers, snapshot["logger_versions"]):
-        if version is not None and hasattr(lg, "_version"):
-            lg._version = version
+        lg.agree_version(_Fixed(version))
     return snapshot["out"]
+
+
+class _Fixed:
+    """A stand-in strategy whose broadcast returns rank 0's value from the finished run."""
+
+    is_global_zero = False
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return self.value

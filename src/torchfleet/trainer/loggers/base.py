@@ -78,6 +78,9 @@ class Logger(ABC):
         """The underlying writer object."""
         return None
 
+    def agree_version(self, strategy: Any) -> None:
+        """Make every rank use rank 0's version (and so its folder). Loggers without folders: nothing to agree."""
+
 
 class FolderLogger(Logger):
     """A logger writing into ``<save_dir>/<name>/version_<n>/`` (n: the first unused, unless given)."""
@@ -96,6 +99,10 @@ class FolderLogger(Logger):
         if self._version is None:
             self._version = next_version(os.path.join(self._save_dir, self._name))
         return self._version
+
+    def agree_version(self, strategy: Any) -> None:
+        # "the first unused version" differs between ranks once rank 0 has created its folder
+        self._version = strategy.broadcast(self.version if strategy.is_global_zero else None)
 
     @property
     def save_dir(self) -> str:

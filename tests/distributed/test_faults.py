@@ -1,0 +1,139 @@
+"""Faults in multi-process runs: a rank that raises or dies stops every rank, never a hang.
+
+Each run would wait 30 minutes (the process-group timeout) if the other ranks were left
+waiting in a collective; finishing in seconds with the failing rank named is the behaviour
+under test.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+import torch
+
+import torchfleet as tf
+from tests.distributed.scripts.ddp_train import build
+from tests.distributed.test_ddp import run_script
+from torchfleet.errors import ConfigurationError
+from torchfleet.launchers import ProcessFailedError
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+
+def _processes_mentioning(token: str) -> list[int]:
+    """PIDs of live processes whose command line contains ``token`` (the run's unique output path)."""
+    pids = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if token.encode() in f.read():
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.parametrize("fail_rank", [0, 1])
+def test_a_rank_that_raises_stops_every_rank_and_is_named(tmp_path, fail_rank):
+    out = str(tmp_path / "never-written.pt")
+    start = time.monotonic()
+    proc = run_script({"strategy": "ddp", "devices": 2, "fail_rank": fail_rank, "out": out}, timeout=60)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0
+    assert f"boom in rank {fail_rank}" in proc.stderr
+    if fail_rank == 1:
+        assert "Rank 1 failed" in proc.stderr
+    else:  # rank 1's "connection closed" is an echo of rank 0's error, not the cause
+        assert "Rank 1 failed" not in proc.stderr
+    assert elapsed < 30, f"took {elapsed:.1f}s: the other rank waited instead of stopping"
+    assert _processes_mentioning(out) == []  # no rank left behind
+    assert not os.path.exists(out)
+
+
+def test_a_rank_killed_by_a_signal_stops_the_run(tmp_path):
+    out = str(tmp_path / "never-written.pt")
+    proc = run_script({"strategy": "ddp", "devices": 2, "fail_rank": 1, "fail_how": "kill", "out": out}, timeout=60)
+    assert proc.returncode != 0
+    assert "Rank 1 failed (killed by SIGKILL)" in proc.stderr
+    assert _processes_mentioning(out) == []
+
+
+@pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork"])
+def test_spawned_rank_failure_raises_in_the_parent_with_rank_and_message(strategy):
+    tf.seed_everything(0)
+    model, trainer, train, val = build({"strategy": strategy, "devices": 2, "fail_rank": 1})
+    start = time.monotonic()
+    with pytest.raises(ProcessFailedError, match="Rank 1 failed") as info:
+        trainer.fit(model, train, val)
+    assert time.monotonic() - start < 30
+    assert info.value.rank == 1
+    assert "ValueError: boom in rank 1 at step 1" in str(info.value)
+
+
+def test_spawned_rank_killed_is_reported_with_the_signal():
+    tf.seed_everything(0)
+    model, trainer, train, val = build({"strategy": "ddp_fork", "devices": 2, "fail_rank": 0, "fail_how": "kill"})
+    with pytest.raises(ProcessFailedError, match=r"Rank 0 failed \(killed by SIGKILL\)"):
+        trainer.fit(model, train, val)
+
+
+class _Augmented(torch.nn.Module):
+    """Holds a lambda, as users do for quick augmentations: spawn cannot pickle it."""
+
+
+def test_unpicklable_model_under_spawn_names_the_attribute_before_starting():
+    tf.seed_everything(0)
+    model, trainer, train, val = build({"strategy": "ddp_spawn", "devices": 2})
+    model.augment = lambda x: x + 1
+    with pytest.raises(ConfigurationError) as info:
+        trainer.fit(model, train, val)
+    text = str(info.value)
+    assert "model.augment -> <lambda>" in text
+    assert "'ddp'" in text and "'ddp_fork'" in text
+
+
+def test_fork_after_cuda_initialisation_is_refused(monkeypatch):
+    # the device state is patched (this machine has no GPU); the refusal logic is what is tested
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    model, trainer, train, val = build({"strategy": "ddp_fork", "devices": 2})
+    with pytest.raises(ConfigurationError, match="CUDA was already initialised"):
+        trainer.fit(model, train, val)
+
+
+def test_a_port_already_in_use_is_refused_before_starting(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = run_script({"strategy": "ddp", "devices": 2, "out": str(tmp_path / "x.pt")}, timeout=60,
+                          env={"MASTER_PORT": str(port)})
+        assert proc.returncode != 0
+        assert f"MASTER_PORT={port} is already in use" in proc.stderr
+        model, trainer, train, val = build({"strategy": "ddp_spawn", "devices": 2})
+        os.environ["MASTER_PORT"] = str(port)
+        try:
+            with pytest.raises(ConfigurationError, match=f"MASTER_PORT={port} is already in use"):
+                trainer.fit(model, train, val)
+        finally:
+            del os.environ["MASTER_PORT"]
+
+
+def test_world_size_from_the_launcher_must_match_devices_times_nodes(monkeypatch):
+    from torchfleet.connector import resolve
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+                 "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigurationError) as info:
+        resolve(accelerator="cpu", devices=1, strategy="ddp")
+    assert "4" in str(info.value) and "devices=1" in str(info.value)
+    # strategy='auto' must not quietly train 4 unsynchronised copies: it picks ddp, which checks
+    with pytest.raises(ConfigurationError, match="WORLD_SIZE=4"):
+        resolve(accelerator="cpu", devices=1)

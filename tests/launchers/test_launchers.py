@@ -1,0 +1,136 @@
+"""Launcher pieces that need no second process: pickling diagnosis, re-run commands, exit texts, options."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from torchfleet.errors import ConfigurationError
+from torchfleet.launchers.base import ProcessFailedError, describe_exit, interactive_session
+from torchfleet.launchers.pickling import find_unpicklable
+from torchfleet.launchers.processes import ProcessLauncher
+from torchfleet.launchers.script import command_to_rerun
+from torchfleet.strategies import DDPStrategy
+
+
+class Holder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(2, 2))
+
+
+def test_picklable_objects_report_nothing():
+    assert find_unpicklable(Holder(), "model") is None
+    assert find_unpicklable({"a": [1, 2, torch.ones(2)]}, "state") is None
+
+
+def test_unpicklable_attribute_path_goes_through_submodules_and_containers():
+    model = Holder()
+    model.inner[0].hook = lambda x: x  # a lambda two modules down
+    path, error = find_unpicklable(model, "model")
+    assert path == "model.inner.0.hook -> <lambda>"
+    assert "lambda" in str(error)
+    lock_path, _ = find_unpicklable({"cfg": {"lock": threading.Lock()}}, "kwargs")
+    assert lock_path == "kwargs['cfg']['lock'] -> <lock>"
+
+
+def test_exit_descriptions_name_signals_and_codes():
+    assert describe_exit(-signal.SIGKILL) == " (killed by SIGKILL)"
+    assert describe_exit(3) == " (exit code 3)"
+    assert describe_exit(None) == ""
+    err = ProcessFailedError(2, "Traceback...\nValueError: x\n", -signal.SIGTERM)
+    assert str(err).startswith("Rank 2 failed (killed by SIGTERM)")
+    assert err.rank == 2 and "ValueError: x" in str(err)
+
+
+@pytest.mark.parametrize("orig_argv, expected_tail", [
+    (["python", "train.py", "--lr", "0.1"], ["train.py", "--lr", "0.1"]),
+    (["python3", "-u", "-m", "pkg.train", "fit"], ["-u", "-m", "pkg.train", "fit"]),
+    (["/venv/bin/python", "/venv/bin/torchfleet", "fit", "--trainer.devices=2"],
+     ["/venv/bin/torchfleet", "fit", "--trainer.devices=2"]),
+])
+def test_the_rerun_command_is_the_original_with_this_interpreter(monkeypatch, orig_argv, expected_tail):
+    monkeypatch.setattr(sys, "orig_argv", orig_argv)
+    assert command_to_rerun() == [sys.executable, *expected_tail]
+
+
+def test_interactive_sessions_are_recognised(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    assert not interactive_session()
+    monkeypatch.setattr(sys, "argv", ["-"])  # python - < script.py
+    assert interactive_session()
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)
+    assert interactive_session()
+
+
+def test_ddp_from_an_interactive_session_points_to_ddp_notebook(monkeypatch):
+    import torchfleet as tf
+    from tests.distributed.scripts.ddp_train import build
+
+    monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)
+    model, trainer, train, val = build({"strategy": "ddp", "devices": 2})
+    with pytest.raises(ConfigurationError, match="ddp_notebook"):
+        trainer.fit(model, train, val)
+    assert isinstance(trainer.strategy, tf.strategies.DDPStrategy)
+
+
+def test_unknown_start_method_is_refused():
+    from torchfleet.environments import LocalEnvironment
+
+    with pytest.raises(ConfigurationError, match="'spawn', 'fork', 'forkserver'"):
+        ProcessLauncher(LocalEnvironment(), 2, 1, start_method="thread")
+    with pytest.raises(ConfigurationError, match="'popen'"):
+        DDPStrategy(start_method="thread")
+
+
+def test_ddp_keywords_are_checked_against_distributed_data_parallel():
+    with pytest.raises(ConfigurationError, match="'find_unused_parameter' \\(did you mean 'find_unused_parameters'\\?\\)"):
+        DDPStrategy(find_unused_parameter=True)
+    with pytest.raises(ConfigurationError, match="ddp_comm_hook"):
+        DDPStrategy(ddp_comm_state=object())
+    with pytest.raises(ConfigurationError, match="timeout"):
+        DDPStrategy(timeout=-1)
+    s = DDPStrategy(static_graph=True, bucket_cap_mb=1, gradient_as_bucket_view=True, timeout=5)
+    assert s.timeout.total_seconds() == 5
+
+
+def test_registered_names_map_to_their_options():
+    from torchfleet.strategies import StrategyRegistry
+
+    assert StrategyRegistry.get("ddp").start_method == "popen"
+    assert StrategyRegistry.get("ddp_spawn").start_method == "spawn"
+    assert StrategyRegistry.get("ddp_fork").start_method == "fork"
+    assert StrategyRegistry.get("ddp_notebook").start_method == "fork"
+    assert StrategyRegistry.get("ddp_find_unused_parameters_true")._ddp_kwargs == {"find_unused_parameters": True}
+
+
+def test_ddp_keywords_reach_distributed_data_parallel_in_a_one_process_group():
+    import torch.distributed as dist
+
+    from torchfleet.connector import resolve
+    from torchfleet.environments.local import find_free_port
+
+    s = resolve(strategy=DDPStrategy(static_graph=True, bucket_cap_mb=1), accelerator="cpu", devices=1)
+    import os
+
+    old = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT")}
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port()))
+    try:
+        s.setup_environment()
+        wrapped = s.setup_module(Holder())
+        assert wrapped.static_graph and wrapped.bucket_bytes_cap == 1024 * 1024
+        assert s.unwrap(wrapped).__class__ is Holder
+        assert s.process_group_backend == "gloo"
+    finally:
+        dist.destroy_process_group()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
