@@ -85,6 +85,8 @@ class Recording(SingleDeviceStrategy):
 class InlineLauncher:
     """A launcher that runs the function in this process, recording what it was given."""
 
+    runs_in_children = False
+
     def __init__(self):
         self.launched = []
 

@@ -288,6 +288,17 @@ class Fleet:
         self._set_up_modules: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         self._backward_module: Any = _NOT_SET_UP
 
+    def __getstate__(self) -> dict[str, Any]:
+        # ddp_spawn pickles the Fleet into every rank; what was set up here stays here (a WeakSet cannot travel)
+        state = dict(self.__dict__)
+        state["_set_up_modules"] = list(self._set_up_modules)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        modules = state.pop("_set_up_modules")
+        self.__dict__.update(state)
+        self._set_up_modules = weakref.WeakSet(modules)
+
     # ----------------------------------------------------------- properties
     @property
     def strategy(self) -> Strategy:
@@ -345,9 +356,16 @@ class Fleet:
 
         Without ``fn``, only starts the processes (a script launcher re-runs this script) and prepares this one.
         """
-        if fn is None:
-            fn = _do_nothing
         launcher = self._strategy.launcher
+        if fn is None:
+            if launcher is not None and launcher.runs_in_children:
+                raise ConfigurationError(
+                    f"fleet.launch() without a function cannot work with {type(self._strategy).__name__}"
+                    f"(start_method={getattr(self._strategy, 'start_method', '?')!r}): the ranks run in new processes, "
+                    "and only a function can be sent to them. Pass the training function: fleet.launch(train), "
+                    "with def train(fleet): ...; or use strategy='ddp', which re-runs the script."
+                )
+            fn = _do_nothing
         if launcher is not None:
             return launcher.launch(self._run_in_rank, fn, *args, **kwargs)
         return self._run_in_rank(fn, *args, **kwargs)

@@ -134,3 +134,21 @@ def test_ddp_keywords_reach_distributed_data_parallel_in_a_one_process_group():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def test_gloo_across_machines_warns_when_the_hostname_is_loopback(monkeypatch, caplog):
+    import socket
+
+    from torchfleet.strategies import ddp
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setattr(socket, "gethostname", lambda: "localhost")
+    with caplog.at_level("WARNING", logger="torchfleet.strategies.ddp"):
+        ddp._warn_if_gloo_would_advertise_loopback("127.0.0.1")  # one machine: fine
+        assert not caplog.records
+        ddp._warn_if_gloo_would_advertise_loopback("10.1.2.3")
+    assert "GLOO_SOCKET_IFNAME" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
+    ddp._warn_if_gloo_would_advertise_loopback("10.1.2.3")
+    assert not caplog.records

@@ -69,11 +69,16 @@ def expand_nodelist(nodelist: str) -> list[str]:
     return hosts
 
 
+def _tasks_per_node_from() -> tuple[int | None, str]:
+    """Tasks per node when SLURM says it and it is the same on every node ("2" or "2(x3)"), and the variable read."""
+    variable = "SLURM_NTASKS_PER_NODE" if os.environ.get("SLURM_NTASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
+    match = re.fullmatch(r"(\d+)(?:\(x\d+\))?", os.environ.get(variable, "").strip())
+    return (int(match.group(1)) if match else None), variable
+
+
 def _tasks_per_node() -> int | None:
-    """Tasks per node when SLURM says it and it is the same on every node ("2" or "2(x3)"), else None."""
-    value = os.environ.get("SLURM_NTASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE") or ""
-    match = re.fullmatch(r"(\d+)(?:\(x\d+\))?", value.strip())
-    return int(match.group(1)) if match else None
+    """Tasks per node when SLURM says it and it is the same on every node, else None."""
+    return _tasks_per_node_from()[0]
 
 
 class SLURMEnvironment(ClusterEnvironment):
@@ -139,10 +144,10 @@ class SLURMEnvironment(ClusterEnvironment):
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
         """Raise when the job's tasks per node, node count or task count disagree with devices / num_nodes."""
-        per_node = _tasks_per_node()
+        per_node, variable = _tasks_per_node_from()
         if per_node is not None and per_node != num_devices:
             raise ConfigurationError(
-                f"SLURM runs {per_node} tasks per node (SLURM_NTASKS_PER_NODE={per_node}), but the Trainer has "
+                f"SLURM runs {per_node} tasks per node ({variable}={per_node}), but the Trainer has "
                 f"devices={num_devices}. Put #SBATCH --ntasks-per-node={num_devices} in the job script (or pass "
                 f"--ntasks-per-node={num_devices} to srun), or set devices={per_node}."
             )

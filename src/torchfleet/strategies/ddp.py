@@ -162,6 +162,8 @@ class DDPStrategy(ParallelStrategy):
         # env:// rendezvous with explicit ranks; torchrun's agent store is used when torchrun provides one
         os.environ.setdefault("MASTER_ADDR", env.main_address)
         os.environ.setdefault("MASTER_PORT", str(env.main_port))
+        if self.process_group_backend == "gloo":
+            _warn_if_gloo_would_advertise_loopback(os.environ["MASTER_ADDR"])
         kwargs: dict[str, Any] = {}
         if self.timeout is not None:
             kwargs["timeout"] = self.timeout
@@ -226,6 +228,35 @@ class DDPStrategy(ParallelStrategy):
     def __repr__(self) -> str:
         return (f"DDPStrategy(start_method={self.start_method!r}, devices={self.num_processes}, "
                 f"num_nodes={self.num_nodes}, precision={self.precision!r})")
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+    import socket
+
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(address)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def _warn_if_gloo_would_advertise_loopback(main_address: str) -> None:
+    """Across machines, gloo tells the others to reach this rank at the address its hostname resolves to.
+
+    Many hosts map their own name to 127.0.0.1 in /etc/hosts; the other machines then connect to
+    themselves and the run waits until the timeout. GLOO_SOCKET_IFNAME picks the interface instead.
+    """
+    import socket
+
+    if os.environ.get("GLOO_SOCKET_IFNAME") or _is_loopback(main_address):
+        return
+    if _is_loopback(socket.gethostname()):
+        log.warning(
+            "MASTER_ADDR=%s is another machine, but this machine's name (%s) resolves to a loopback address, "
+            "which gloo would give the other ranks to reach this one: they cannot, and the run would wait until "
+            "the timeout. Set GLOO_SOCKET_IFNAME to the network interface the machines share (e.g. eth0), or fix "
+            "the name's entry in /etc/hosts.", main_address, socket.gethostname(),
+        )
 
 
 def _destroy_process_group() -> None:
