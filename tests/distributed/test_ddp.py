@@ -175,3 +175,28 @@ def test_ddp_relaunches_the_torchfleet_command(tmp_path):
     # one run folder, written by rank 0 alone
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["version_0"]
     assert list((tmp_path / "logs" / "version_0" / "checkpoints").glob("*.ckpt"))
+
+
+_INLINE = """
+import torch, torchfleet as tf
+from tests.distributed.scripts.ddp_train import build
+tf.seed_everything(0)
+model, trainer, train, val = build({{"strategy": {strategy!r}, "devices": 2, "batch": 8, "epochs": 1}})
+trainer.fit(model, train, val)
+print("STRATEGY", type(trainer.strategy).__name__, trainer.strategy.start_method, "STEPS", trainer.global_step)
+"""
+
+
+@pytest.mark.parametrize("how", ["python -c", "stdin"])
+def test_fork_works_where_the_script_cannot_be_rerun(how):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    if how == "python -c":
+        # ddp_notebook as named: fork from a command string
+        proc = subprocess.run([sys.executable, "-c", _INLINE.format(strategy="ddp_notebook")], capture_output=True,
+                              text=True, timeout=120, env=env, cwd=ROOT)
+    else:
+        # `python - < script`, like an interactive session: strategy='auto' must choose fork by itself
+        proc = subprocess.run([sys.executable, "-"], input=_INLINE.format(strategy="auto"), capture_output=True,
+                              text=True, timeout=120, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "STRATEGY DDPStrategy fork STEPS 4" in proc.stdout

@@ -214,15 +214,17 @@ class ModelCheckpoint(Callback):
             self._save_last(trainer)
 
     def _score(self, trainer: Any, metrics: dict[str, Any]) -> float:
-        if self.monitor not in metrics:
+        # rank 0's value decides for everyone (also for a value only rank 0 logs: rank_zero_only=True)
+        local = metrics.get(self.monitor)
+        value = trainer.strategy.broadcast(None if local is None else float(local), src=0)
+        if value is None:
             logged = sorted(k for k in metrics if k not in ("epoch", "step"))
             raise ConfigurationError(
                 f"ModelCheckpoint(monitor={self.monitor!r}) found no metric {self.monitor!r}. Logged metrics: "
                 f"{', '.join(logged) or 'none'}. Log it with self.log (in validation_step for a validation metric), "
                 "or change monitor."
             )
-        # rank 0's value decides for everyone
-        return float(trainer.strategy.broadcast(float(metrics[self.monitor]), src=0))
+        return float(value)
 
     def _better(self, a: float, b: float) -> bool:
         return a < b if self.mode == "min" else a > b

@@ -76,15 +76,17 @@ class EarlyStopping(Callback):
 
     def _check(self, trainer: Any) -> None:
         metrics = trainer.callback_metrics
-        if self.monitor not in metrics:
+        # rank 0's value decides for everyone, so every rank stops at the same step
+        local = metrics.get(self.monitor)
+        value = trainer.strategy.broadcast(None if local is None else float(local), src=0)
+        if value is None:
             if self.strict:
                 raise ConfigurationError(
                     f"EarlyStopping watches {self.monitor!r}, which was not logged. Logged metrics: "
                     f"{', '.join(sorted(metrics)) or 'none'}. Log it with self.log, or pass strict=False."
                 )
             return
-        # rank 0's value decides for everyone, so every rank stops at the same step
-        current = torch.as_tensor(trainer.strategy.broadcast(float(metrics[self.monitor]), src=0)).float()
+        current = torch.as_tensor(value).float()
         stop, reason = self._evaluate(current)
         stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
         if stop:
