@@ -543,17 +543,14 @@ class Fleet:
     # ----------------------------------------------------------- collectives
     def all_reduce(self, data: Any, reduce_op: str = "mean") -> Any:
         """Reduce tensors (or numbers, or nested collections of them) across processes: mean, sum, max, min."""
-        from torchfleet.module import _apply_tensors
-
-        strategy = self._strategy
-        return _apply_tensors(data, lambda t: strategy.reduce(t, op=reduce_op))
+        return self._strategy.all_reduce_tree(data, reduce_op)
 
     def all_gather(self, data: Any, sync_grads: bool = False) -> Any:
-        """Gather tensors (or nested collections of them) from every process, stacked along a new dim 0."""
-        from torchfleet.module import _apply_tensors
+        """Gather tensors (or nested collections of them) from every process, stacked along a new dim 0.
 
-        strategy = self._strategy
-        return _apply_tensors(data, lambda t: strategy.all_gather(t, sync_grads=sync_grads))
+        Tensors whose first dimension differs between processes come back as a list, one per process.
+        """
+        return self._strategy.all_gather_tree(data, sync_grads)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Return process ``src``'s ``obj`` on every process."""

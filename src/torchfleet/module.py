@@ -273,11 +273,32 @@ class Module(nn.Module):
 
     # ----------------------------------------------------------- collectives
     def all_gather(self, data: Any, sync_grads: bool = False) -> Any:
-        """Gather tensors (or nested collections of them) from every process, stacked along a new dim 0."""
+        """Gather tensors (or nested collections of them) from every process, stacked along a new dim 0.
+
+        Tensors whose first dimension differs between processes come back as a list, one per process.
+        """
+        return self._collectives().all_gather_tree(data, sync_grads)
+
+    def all_reduce(self, data: Any, reduce_op: str = "mean") -> Any:
+        """Reduce tensors (or numbers, or nested collections of them) across processes: mean, sum, max, min."""
+        return self._collectives().all_reduce_tree(data, reduce_op)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Return process ``src``'s ``obj`` on every process."""
+        return self._collectives().broadcast(obj, src=src)
+
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every process gets here."""
+        self._collectives().barrier(name)
+
+    def _collectives(self) -> Any:
+        # outside a Trainer/Fleet this is one process: the single-device identities
         strategy = self._strategy()
         if strategy is None:
-            return _apply_tensors(data, lambda t: t.unsqueeze(0))
-        return _apply_tensors(data, lambda t: strategy.all_gather(t, sync_grads=sync_grads))
+            from torchfleet.strategies.base import SingleDeviceStrategy
+
+            return SingleDeviceStrategy()
+        return strategy
 
     # ----------------------------------------------------- manual optimisation
     def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
@@ -396,15 +417,3 @@ def _init_args(frame: Any) -> dict[str, Any]:
         kw_name = code.co_varnames[n_named + bool(code.co_flags & inspect.CO_VARARGS)]
         values.update(local.get(kw_name, {}))
     return values
-
-
-def _apply_tensors(data: Any, fn: Callable[[Tensor], Any]) -> Any:
-    if isinstance(data, Tensor):
-        return fn(data)
-    if isinstance(data, (int, float)) and not isinstance(data, bool):
-        return fn(torch.tensor(data))
-    if isinstance(data, dict):
-        return {k: _apply_tensors(v, fn) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return type(data)(_apply_tensors(v, fn) for v in data)
-    return data

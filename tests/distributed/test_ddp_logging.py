@@ -38,6 +38,10 @@ def test_sync_dist_reductions_and_rank_dependent_decisions(tmp_path):
     # a value only rank 0 logs can be monitored: rank 0 broadcasts it
     assert best.best_model_path.endswith(".ckpt") and best.best_model_score == pytest.approx(6.0)
     assert writes.read_text().split() == ["0", "1", "2", "3", "4"]
+    # collectives from the Module and the Trainer: a ragged gather gives [tensor([0.]), tensor([1., 1.])]
+    assert m["ragged_total"] == 2.0 + 100 * 2
+    assert m["reduced_sum"] == 3.0 and m["from_rank1"] == 17.0
+    assert m["trainer_gather"] == 1.0 and m["trainer_max"] == 1.0
 
 
 def test_rank_zero_only_with_sync_dist_is_refused():

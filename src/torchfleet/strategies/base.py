@@ -53,6 +53,19 @@ def move_to_device(data: Any, device: torch.device) -> Any:
     return data
 
 
+def apply_to_tensors(data: Any, fn: Callable[[Tensor], Any]) -> Any:
+    """``fn`` applied to every tensor (and number, as a tensor) inside nested dicts, lists and tuples."""
+    if isinstance(data, Tensor):
+        return fn(data)
+    if isinstance(data, (int, float)) and not isinstance(data, bool):
+        return fn(torch.tensor(data))
+    if isinstance(data, dict):
+        return {k: apply_to_tensors(v, fn) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(apply_to_tensors(v, fn) for v in data)
+    return data
+
+
 class Strategy(ABC):
     """How a model is placed, wrapped, stepped, synchronised and checkpointed.
 
@@ -267,6 +280,16 @@ class Strategy(ABC):
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every process's picklable ``obj``, in rank order. One process: ``[obj]``."""
         return [obj]
+
+    # the user-facing forms (Module, Trainer, Fleet): nested collections of tensors or numbers
+    def all_gather_tree(self, data: Any, sync_grads: bool = False) -> Any:
+        """``all_gather`` every tensor inside ``data`` (nested dicts, lists, tuples)."""
+        return apply_to_tensors(data, lambda t: self.all_gather(t, sync_grads=sync_grads))
+
+    def all_reduce_tree(self, data: Any, op: ReduceOp = "mean") -> Any:
+        """``reduce`` every tensor or number inside ``data`` (nested dicts, lists, tuples) with ``op``."""
+        _check_op(op)
+        return apply_to_tensors(data, lambda t: self.reduce(t, op=op))
 
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process reaches this point. One process: returns at once."""

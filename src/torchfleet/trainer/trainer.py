@@ -442,6 +442,23 @@ class Trainer:
         self.datamodule = datamodule
         return model
 
+    # ------------------------------------------------------------------ collectives
+    def all_gather(self, data: Any, sync_grads: bool = False) -> Any:
+        """Gather tensors (or nested collections of them) from every rank; see ``Module.all_gather``."""
+        return self.strategy.all_gather_tree(data, sync_grads)
+
+    def all_reduce(self, data: Any, reduce_op: str = "mean") -> Any:
+        """Reduce tensors or numbers (or nested collections of them) across ranks: mean, sum, max, min."""
+        return self.strategy.all_reduce_tree(data, reduce_op)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Return rank ``src``'s ``obj`` on every rank."""
+        return self.strategy.broadcast(obj, src=src)
+
+    def barrier(self, name: str | None = None) -> None:
+        """Wait until every rank gets here."""
+        self.strategy.barrier(name)
+
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(
         self, filepath: str | os.PathLike, weights_only: bool = False, storage_options: Any = None

@@ -30,6 +30,18 @@ class RankLogger(tf.Module):
         self.log("local", float(-epoch if self.global_rank == 0 else epoch))
         self.log("zero_only", float(10 - epoch), rank_zero_only=True)
 
+    def on_validation_epoch_end(self):
+        # the collectives as a Module and a Trainer offer them; results logged as metrics for the test
+        r = self.global_rank
+        ragged = self.all_gather(torch.full((r + 1,), float(r)))  # rank r sends r+1 values
+        self.barrier()
+        self.log("ragged_total", float(sum(t.sum() for t in ragged)) + 100 * len(ragged))
+        self.log("reduced_sum", self.all_reduce(torch.tensor(float(r + 1)), reduce_op="sum"))
+        self.log("from_rank1", float(self.broadcast(10 * r + 7, src=1)))
+        self.log("trainer_gather", self.trainer.all_gather(torch.tensor([float(r)])).sum())
+        self.trainer.barrier()
+        self.log("trainer_max", self.trainer.all_reduce({"v": float(r)}, reduce_op="max")["v"])
+
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
