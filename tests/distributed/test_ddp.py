@@ -69,8 +69,10 @@ def check_run(result: dict, ref: dict) -> None:
 
 def test_ddp_script_relaunch_matches_one_process(tmp_path, ref16):
     out = tmp_path / "result.pt"
-    proc = run_script({"strategy": "ddp", "devices": 2, "batch": 8, "out": str(out)})
+    # two Trainers in one script: the second trains from scratch again and must match as well
+    proc = run_script({"strategy": "ddp", "devices": 2, "batch": 8, "out": str(out), "twice": True, "verbose": True})
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("Started local ranks 1..1") == 1  # the children were started once
     result = torch.load(out)
     assert result["world_size"] == 2 and result["ranks"] == [0, 1]
     check_run(result, ref16)

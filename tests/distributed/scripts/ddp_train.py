@@ -91,6 +91,10 @@ def build(cfg: dict, strategy=None):
 
 
 def main(cfg: dict) -> None:
+    if cfg.get("verbose"):
+        import logging
+
+        logging.basicConfig(level=logging.INFO)
     torch.set_num_threads(1)
     tf.seed_everything(0)
     counter = CommCounter()
@@ -99,6 +103,10 @@ def main(cfg: dict) -> None:
         strategy = tf.strategies.DDPStrategy(ddp_comm_hook=counting_allreduce, ddp_comm_state=counter)
     model, trainer, train, val = build(cfg, strategy)
     trainer.fit(model, train, val)
+    if cfg.get("twice"):
+        # a second Trainer in the same script: under ddp it joins the ranks (and process group) already running
+        model, trainer, train, val = build(cfg, strategy)
+        trainer.fit(model, train, val)
     ranks = trainer.strategy.all_gather(torch.tensor([trainer.global_rank]))
     if trainer.is_global_zero:
         torch.save({
