@@ -8,6 +8,7 @@ under test.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 
@@ -137,3 +138,30 @@ def test_world_size_from_the_launcher_must_match_devices_times_nodes(monkeypatch
     # strategy='auto' must not quietly train 4 unsynchronised copies: it picks ddp, which checks
     with pytest.raises(ConfigurationError, match="WORLD_SIZE=4"):
         resolve(accelerator="cpu", devices=1)
+
+
+def test_ctrl_c_in_the_launching_process_stops_every_rank_as_an_interrupt(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tests.distributed.test_ddp import ROOT, SCRIPT
+
+    marker, out = tmp_path / "training", str(tmp_path / "never-written.pt")
+    cfg = {"strategy": "ddp", "devices": 2, "epochs": 10_000, "marker": str(marker), "out": out}
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    proc = subprocess.Popen([sys.executable, SCRIPT, json.dumps(cfg)], stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the launching process
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0
+    assert "KeyboardInterrupt" in stderr
+    assert "Rank 1 failed" not in stderr  # rank 1 was stopped by us, it did not fail
+    assert _processes_mentioning(out) == []

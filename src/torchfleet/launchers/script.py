@@ -66,6 +66,7 @@ class _Children:
         self.main_stopped = threading.Event()
         self.in_launch = 0
         self.reported = False
+        self.interrupted = False  # the KeyboardInterrupt in the main thread came from us, not from Ctrl-C
         self._thread = threading.Thread(target=self._watch, name="torchfleet-rank-watch", daemon=True)
         self._thread.start()
         atexit.register(self._at_exit)
@@ -81,6 +82,7 @@ class _Children:
         # will never finish); outside one, the next launch or the exit of the script reports the failure.
         while not self.main_stopped.is_set():
             if self.in_launch:
+                self.interrupted = True
                 _thread.interrupt_main()
                 if not self.main_stopped.wait(INTERRUPT_GRACE_S):
                     # blocked inside C++ where the interrupt cannot land: exit with the report ourselves
@@ -188,12 +190,13 @@ def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwarg
     except BaseException as exc:
         failed_at = time.time()
         sup = children.supervisor
-        failure = sup.wait_for_failure(timeout=1.0 if not isinstance(exc, KeyboardInterrupt) else 0.0)
+        ctrl_c = isinstance(exc, KeyboardInterrupt) and not children.interrupted
+        failure = None if ctrl_c else sup.wait_for_failure(timeout=0.0 if children.interrupted else 1.0)
         children.main_stopped.set()
         children.reported = True  # the children are stopped on purpose: their exit codes are not news
         sup.stop()
         # a child that failed before this rank did is the cause; one that failed after is an echo of this error
-        if failure is not None and (isinstance(exc, KeyboardInterrupt) or failure.failed_at <= failed_at):
+        if failure is not None and (children.interrupted or failure.failed_at <= failed_at):
             raise failure from exc
         raise
     finally:

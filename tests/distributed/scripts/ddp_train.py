@@ -39,8 +39,11 @@ class Net(tf.Module):
         torch.manual_seed(0)
         self.net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
         self.fail_rank, self.fail_how, self.fail_step = fail_rank, fail_how, fail_step
+        self.marker = ""
 
     def training_step(self, batch, batch_idx):
+        if self.marker and self.global_rank == 0 and self.trainer.global_step == 2:
+            open(self.marker, "w").close()  # tells a test that training runs
         if self.global_rank == self.fail_rank and self.trainer.global_step == self.fail_step:
             if self.fail_how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -102,6 +105,7 @@ def main(cfg: dict) -> None:
     if cfg.get("comm_count"):
         strategy = tf.strategies.DDPStrategy(ddp_comm_hook=counting_allreduce, ddp_comm_state=counter)
     model, trainer, train, val = build(cfg, strategy)
+    model.marker = cfg.get("marker", "")
     trainer.fit(model, train, val)
     if cfg.get("twice"):
         # a second Trainer in the same script: under ddp it joins the ranks (and process group) already running
