@@ -36,6 +36,18 @@ log = logging.getLogger(__name__)
 
 START_METHODS = ("spawn", "fork", "forkserver")
 _RESULT_FILE = "result.pt"
+_PAYLOAD_FILE = "payload.pkl"
+
+
+class _PayloadFile:
+    """Where the pickled (function, args, kwargs) of a spawn launch wait for the children."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def load(self) -> Any:
+        with open(self.path, "rb") as f:
+            return pickle.load(f)
 
 
 class ProcessLauncher(Launcher):
@@ -85,6 +97,13 @@ class ProcessLauncher(Launcher):
         port = int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else find_free_port()
         variables = rank_env(env.main_address, port, self.num_processes * self.num_nodes, env.node_rank(), 0)
         work = tempfile.mkdtemp(prefix="torchfleet-ranks-")
+        if isinstance(payload, bytes):
+            # through a file, not the start pipe: a pipe holds 64 KB, so each start would block until that
+            # child had imported torch and read its copy, and the ranks would start one after the other
+            path = os.path.join(work, _PAYLOAD_FILE)
+            with open(path, "wb") as f:
+                f.write(payload)
+            payload = _PayloadFile(path)
         ctx = mp.get_context(self.start_method)
         procs = []
         try:
@@ -179,7 +198,7 @@ def _child_main(local_rank: int, variables: dict[str, str], work: str, parent_pi
         # forked from a process that had joined a group: that group belongs to the parent, not to this run
         dist.destroy_process_group()
     try:
-        fn, args, kwargs = pickle.loads(payload) if isinstance(payload, bytes) else payload
+        fn, args, kwargs = payload.load() if isinstance(payload, _PayloadFile) else payload
         result = fn(*args, **kwargs)
     except BaseException as exc:
         write_error(work, local_rank, exc)

@@ -18,6 +18,7 @@ import _thread
 import atexit
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -95,11 +96,18 @@ class _Children:
             self.reported = True
             sys.stderr.write(f"torchfleet: {failure}\n")
             sys.stderr.flush()
+        shutil.rmtree(self.supervisor.error_dir, ignore_errors=True)
         os._exit(1)
 
     def _at_exit(self) -> None:
         # the script finished in rank 0: the children finish theirs; a failure there fails the run
         self.main_stopped.set()
+        try:
+            self._wait_for_children()
+        finally:
+            shutil.rmtree(self.supervisor.error_dir, ignore_errors=True)
+
+    def _wait_for_children(self) -> None:
         if self.reported:
             return
         sup = self.supervisor
