@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -259,10 +260,18 @@ def _warn_if_gloo_would_advertise_loopback(main_address: str) -> None:
         )
 
 
+_EXIT_GRACE_S = 0.1
+
+
 def _destroy_process_group() -> None:
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        # A gloo worker thread drops the last collective's tensors a moment after the caller's wait() returns, and
+        # dropping them takes the GIL; if the interpreter is already finalising by then, the process aborts
+        # ("terminate called without an active exception", SIGABRT). destroy_process_group() does not join those
+        # threads, so give them a moment, with the GIL released, while the interpreter is still whole.
+        time.sleep(_EXIT_GRACE_S)
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
 
