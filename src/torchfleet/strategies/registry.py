@@ -47,3 +47,29 @@ def _register_ddp() -> None:
 
 
 _register_ddp()
+
+
+def _register_deepspeed() -> None:
+    # the class imports deepspeed only when built, so the names exist (and explain how to install it) without it
+    from torchfleet.strategies.deepspeed import DeepSpeedStrategy
+
+    offload_all = {"offload_optimizer": True, "offload_parameters": True}
+    for name, kwargs, description in (
+        ("deepspeed", {}, "DeepSpeed with its default ZeRO stage 2 (optimizer state and gradients partitioned)."),
+        ("deepspeed_stage_1", {"stage": 1}, "DeepSpeed ZeRO stage 1: optimizer state partitioned across processes."),
+        ("deepspeed_stage_1_offload", {"stage": 1, "offload_optimizer": True},
+         "DeepSpeed ZeRO stage 1 with the optimizer state and step offloaded to CPU memory."),
+        ("deepspeed_stage_2", {"stage": 2}, "DeepSpeed ZeRO stage 2: optimizer state and gradients partitioned."),
+        ("deepspeed_stage_2_offload", {"stage": 2, "offload_optimizer": True},
+         "DeepSpeed ZeRO stage 2 with the optimizer state and step offloaded to CPU memory."),
+        ("deepspeed_stage_3", {"stage": 3}, "DeepSpeed ZeRO stage 3: optimizer state, gradients and parameters partitioned."),
+        ("deepspeed_stage_3_offload", {"stage": 3, **offload_all},
+         "DeepSpeed ZeRO stage 3 with parameters and optimizer state offloaded to CPU memory."),
+        ("deepspeed_stage_3_offload_nvme", {"stage": 3, **offload_all, "remote_device": "nvme",
+                                            "offload_params_device": "nvme", "offload_optimizer_device": "nvme"},
+         "DeepSpeed ZeRO stage 3 with parameters and optimizer state offloaded to NVMe files under nvme_path."),
+    ):
+        StrategyRegistry.register(name, DeepSpeedStrategy, description=description, **kwargs)
+
+
+_register_deepspeed()

@@ -1,0 +1,591 @@
+"""DeepSpeedStrategy: ZeRO stages 0-3 with optional CPU/NVMe offload, through ``deepspeed.initialize``.
+
+It is DDPStrategy's process handling (launchers, the process group, sampler injection) with the
+model, optimizer, backward and step handed to a DeepSpeed engine instead of DistributedDataParallel.
+We create the torch.distributed process group ourselves and DeepSpeed joins it.
+
+The Trainer's loop stays as it is: it divides the loss by ``accumulate_grad_batches`` and calls
+backward on every batch, then the optimizer step at the accumulation boundary. DeepSpeed is told
+the boundary explicitly (``set_gradient_accumulation_boundary``, False inside ``no_backward_sync``)
+and its backward does not divide the loss a second time. LR schedulers stay the Trainer's: they
+are not handed to DeepSpeed, which would step them on every optimizer step regardless of their
+interval and frequency.
+
+Checkpoints are directories (the "deepspeed" layout of torchfleet.checkpoint.distributed): the
+engine's own checkpoint under ``deepspeed/`` plus our ``torchfleet.pt`` with everything else.
+``consolidate_deepspeed`` turns one into an ordinary single-file checkpoint in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from torchfleet.errors import CheckpointError, ConfigurationError
+from torchfleet.strategies import _deepspeed_config as dsc
+from torchfleet.strategies.ddp import _HOOK_KWARG, DEFAULT_TIMEOUT, DDPStrategy, _HookDispatch
+
+if TYPE_CHECKING:
+    from torchfleet.accelerators.base import Accelerator
+    from torchfleet.environments.base import ClusterEnvironment
+    from torchfleet.precision import Precision
+
+log = logging.getLogger(__name__)
+
+#: the engine's checkpoint lives in this subdirectory of a "deepspeed" layout checkpoint
+DEEPSPEED_SUBDIR = "deepspeed"
+#: the engine checkpoint's tag (its directory name under DEEPSPEED_SUBDIR); one tag per checkpoint directory
+CHECKPOINT_TAG = "checkpoint"
+#: the meta entry describing the engine checkpoint (world size, stage, tag, which entries it holds)
+META_DEEPSPEED_KEY = "deepspeed"
+#: format 2: a directory checkpoint (format 1 is the single file)
+SHARDED_FORMAT = 2
+#: DeepSpeed's universal-checkpoint converter needs this marker in checkpoints of stages 1-2
+_UNIVERSAL_INFO = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.4}}
+
+
+def deepspeed_available() -> bool:
+    """Whether ``import deepspeed`` can work here (cheap: nothing is imported)."""
+    if "deepspeed" in sys.modules:
+        return sys.modules["deepspeed"] is not None
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def _not_installed(what: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"{what} needs the deepspeed package, which is not installed in this Python environment. Install it with "
+        f"`{dsc.INSTALL_HINT}` (or `pip install deepspeed`); on CPU-only machines it works with gloo, no GPU needed."
+    )
+
+
+def import_deepspeed(what: str = "DeepSpeedStrategy") -> Any:
+    """``import deepspeed``, or a ConfigurationError that says how to install it."""
+    if not deepspeed_available():
+        raise _not_installed(what)
+    try:
+        import deepspeed
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"{what} could not import deepspeed ({exc}). Reinstall it with `{dsc.INSTALL_HINT}`."
+        ) from exc
+    return deepspeed
+
+
+class _InEngine(dict):
+    """Stands in a checkpoint dict for a module's or optimizer's state that lives in the DeepSpeed engine checkpoint.
+
+    An empty mapping, so hooks that look at ``checkpoint["state_dict"]`` still find a dict; ``path``
+    says which checkpoint directory the engine loads it from (None while saving).
+    """
+
+    def __init__(self, kind: str, path: str | None = None) -> None:
+        super().__init__()
+        self.kind = kind
+        self.path = path
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} state in the DeepSpeed engine checkpoint{'' if self.path is None else ' ' + self.path}>"
+
+
+class _EngineOptimizer(Optimizer):
+    """The optimizer the Trainer and Fleet hold under DeepSpeed: the user's, with step and zero_grad going to the engine.
+
+    ZeRO runs the user's optimizer over its own float32 partitions and keeps their gradient buffers
+    between steps; the Trainer's ``zero_grad(set_to_none=True)`` on the user's optimizer would drop
+    them. The engine clears gradients itself in its step, so ``zero_grad`` here does nothing.
+    ``param_groups`` and ``state`` are the user's (LR schedulers built over it keep working).
+    """
+
+    def __init__(self, optimizer: Optimizer, strategy: DeepSpeedStrategy) -> None:
+        # Optimizer.__init__ is not called: the parameters and hyperparameters are the wrapped optimizer's
+        self._optimizer = optimizer
+        self._strategy = strategy
+
+    @property
+    def optimizer(self) -> Optimizer:
+        """The optimizer configure_optimizers() returned (DeepSpeed runs it over ZeRO's partitions)."""
+        return self._optimizer
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self._optimizer.param_groups
+
+    @property
+    def state(self) -> Any:  # type: ignore[override]
+        return self._optimizer.state
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self._optimizer.defaults
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to do: ``engine.step`` clears the gradients it used."""
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+        """``engine.step()`` (after ``closure``, when one is given)."""
+        return self._strategy.optimizer_step(self, closure)
+
+    def state_dict(self) -> dict[str, Any]:
+        """A placeholder: the partitioned state is written by the engine's checkpoint."""
+        return _InEngine("optimizer")
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Loaded with the engine's checkpoint; see DeepSpeedStrategy.load_optimizer_state_dict."""
+        self._strategy.load_optimizer_state_dict(self, state_dict)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_optimizer", "_strategy"):
+            raise AttributeError(name)
+        return getattr(self._optimizer, name)
+
+    def __repr__(self) -> str:
+        return f"DeepSpeed({self._optimizer!r})"
+
+
+class DeepSpeedStrategy(DDPStrategy):
+    """Sharded data-parallel training with DeepSpeed ZeRO (stages 0-3), optionally offloading to CPU or NVMe.
+
+    The arguments are the seed docs' DeepSpeedStrategy parameters; they build the DeepSpeed config
+    exposed as ``strategy.config``. A ``config`` (a dict or the path of a JSON file) replaces that
+    default config entirely. Entries the Trainer knows (``train_micro_batch_size_per_gpu``,
+    ``gradient_accumulation_steps``, ``gradient_clipping``, ``fp16``/``bf16`` enabled) may be
+    ``"auto"`` or left out: setup fills them from the Trainer (the training DataLoader's batch size,
+    ``accumulate_grad_batches``, ``gradient_clip_val``, ``precision``).
+
+    ``remote_device`` is where ``init_module`` creates a ZeRO stage-3 model (``"cpu"``/``"nvme"``;
+    None: the training device). ``logging_level`` sets DeepSpeed's logger. ``load_full_weights`` is
+    accepted for compatibility: a single-file checkpoint is always loaded as full weights, also
+    under stage 3. ``timeout`` and ``start_method`` are DDPStrategy's.
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        zero_optimization: bool = True,
+        stage: int = 2,
+        remote_device: str | None = None,
+        offload_optimizer: bool = False,
+        offload_parameters: bool = False,
+        offload_params_device: str = "cpu",
+        nvme_path: str = "/local_nvme",
+        params_buffer_count: int = 5,
+        params_buffer_size: int = 100_000_000,
+        max_in_cpu: int = 1_000_000_000,
+        offload_optimizer_device: str = "cpu",
+        optimizer_buffer_count: int = 4,
+        block_size: int = 1_048_576,
+        queue_depth: int = 8,
+        single_submit: bool = False,
+        overlap_events: bool = True,
+        thread_count: int = 1,
+        pin_memory: bool = False,
+        sub_group_size: int = 1_000_000_000_000,
+        contiguous_gradients: bool = True,
+        overlap_comm: bool = True,
+        allgather_partitions: bool = True,
+        reduce_scatter: bool = True,
+        allgather_bucket_size: int = 200_000_000,
+        reduce_bucket_size: int = 200_000_000,
+        zero_allow_untested_optimizer: bool = True,
+        logging_batch_size_per_gpu: str | int = "auto",
+        config: str | os.PathLike | Mapping[str, Any] | None = None,
+        logging_level: int = logging.WARN,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        loss_scale: float = 0,
+        initial_scale_power: int = 16,
+        loss_scale_window: int = 1000,
+        hysteresis: int = 2,
+        min_loss_scale: int = 1,
+        partition_activations: bool = False,
+        cpu_checkpointing: bool = False,
+        contiguous_memory_optimization: bool = False,
+        synchronize_checkpoint_boundary: bool = False,
+        load_full_weights: bool = False,
+        precision: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | float | None = DEFAULT_TIMEOUT,
+        start_method: str = "popen",
+    ) -> None:
+        if not deepspeed_available():
+            raise _not_installed("A DeepSpeed strategy")
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=cluster_environment, precision=precision,
+                         process_group_backend=process_group_backend, timeout=timeout, start_method=start_method)
+        if logging_batch_size_per_gpu != dsc.AUTO and (
+            isinstance(logging_batch_size_per_gpu, bool) or not isinstance(logging_batch_size_per_gpu, int)
+            or logging_batch_size_per_gpu < 1
+        ):
+            raise ConfigurationError(
+                f"logging_batch_size_per_gpu={logging_batch_size_per_gpu!r} is not valid: give the per-process batch "
+                "size as an int >= 1, or 'auto' to read it from the training DataLoader."
+            )
+        if remote_device not in (None, "cpu", "nvme"):
+            raise ConfigurationError(
+                f"remote_device={remote_device!r} is not understood. Accepted: None (create the model on the training "
+                "device), 'cpu' or 'nvme' (where ZeRO stage 3 keeps parameters while init_module builds the model)."
+            )
+        if config is not None:
+            self.config: dict[str, Any] = dsc.user_config(config)
+        else:
+            self.config = dsc.default_config(
+                zero_optimization=zero_optimization, stage=stage, offload_optimizer=offload_optimizer,
+                offload_parameters=offload_parameters, offload_params_device=offload_params_device,
+                offload_optimizer_device=offload_optimizer_device, nvme_path=nvme_path,
+                params_buffer_count=params_buffer_count, params_buffer_size=params_buffer_size, max_in_cpu=max_in_cpu,
+                optimizer_buffer_count=optimizer_buffer_count, block_size=block_size, queue_depth=queue_depth,
+                single_submit=single_submit, overlap_events=overlap_events, thread_count=thread_count,
+                pin_memory=pin_memory, sub_group_size=sub_group_size, contiguous_gradients=contiguous_gradients,
+                overlap_comm=overlap_comm, allgather_partitions=allgather_partitions, reduce_scatter=reduce_scatter,
+                allgather_bucket_size=allgather_bucket_size, reduce_bucket_size=reduce_bucket_size,
+                zero_allow_untested_optimizer=zero_allow_untested_optimizer,
+                logging_batch_size_per_gpu=logging_batch_size_per_gpu, loss_scale=loss_scale,
+                initial_scale_power=initial_scale_power, loss_scale_window=loss_scale_window, hysteresis=hysteresis,
+                min_loss_scale=min_loss_scale, partition_activations=partition_activations,
+                cpu_checkpointing=cpu_checkpointing, contiguous_memory_optimization=contiguous_memory_optimization,
+                synchronize_checkpoint_boundary=synchronize_checkpoint_boundary,
+            )
+        dsc.check_config(self.config)
+        self.remote_device = remote_device
+        self.logging_level = logging_level
+        self.load_full_weights = load_full_weights
+        self._config_template = self.config
+        self._engine: Any = None
+        self._half: str | None = None
+        self._loader_batch_size: int | None = None
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def zero_stage(self) -> int:
+        """The ZeRO stage of ``config`` (0 when ZeRO is off)."""
+        return dsc.zero_stage(self.config)
+
+    @property
+    def engine(self) -> Any:
+        """The DeepSpeed engine of the current run (None before setup)."""
+        return self._engine
+
+    # ----------------------------------------------------------------- data
+    def process_dataloader(self, dataloader: Any, stage: str) -> Any:
+        """DDP's sampler injection; the training loader's batch size also fills train_micro_batch_size_per_gpu."""
+        if stage == "fit":
+            batch_sampler = getattr(dataloader, "batch_sampler", None)
+            size = getattr(dataloader, "batch_size", None) or getattr(batch_sampler, "batch_size", None)
+            self._loader_batch_size = size if isinstance(size, int) and size > 0 else None
+        return super().process_dataloader(dataloader, stage)
+
+    def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
+        """Move the batch; under DeepSpeed's fp16/bf16 the module's parameters are 16-bit, so floating inputs are too."""
+        from torchfleet.precision import _cast_floating
+        from torchfleet.strategies.base import move_to_device
+
+        batch = move_to_device(batch, device or self.root_device)
+        if self._half is not None:
+            batch = _cast_floating(batch, torch.float16 if self._half == "fp16" else torch.bfloat16)
+        return batch
+
+    # ----------------------------------------------------------------- setup
+    def setup(self, module: nn.Module, optimizers: Sequence[Optimizer] = ()) -> tuple[nn.Module, list[Optimizer]]:
+        """Create the DeepSpeed engine over ``module`` and its optimizer (at most one); returns ``(engine, [optimizer])``.
+
+        ZeRO runs the given optimizer over its partitions; the optimizer returned wraps it so that
+        stepping goes through the engine (LR schedulers built over the given one keep working).
+        """
+        deepspeed = import_deepspeed()
+        optimizers = list(optimizers)
+        if len(optimizers) > 1:
+            raise ConfigurationError(
+                f"DeepSpeed trains with one optimizer, but {len(optimizers)} were given. Combine the parameter groups "
+                "into one optimizer (one param group per set of hyperparameters)."
+            )
+        trainer = getattr(module, "_trainer", None)
+        config, half = dsc.fill_auto(
+            self._config_template,
+            micro_batch_size=self._loader_batch_size or 1,
+            accumulate_grad_batches=getattr(trainer, "accumulate_grad_batches", 1),
+            gradient_clip_val=getattr(trainer, "gradient_clip_val", None),
+            gradient_clip_algorithm=getattr(trainer, "gradient_clip_algorithm", None),
+            precision_name=self.precision.name,
+        )
+        dsc.check_config(config)
+        _check_nvme_supported(config)
+        self.config, self._half = config, half
+        from deepspeed.utils import logger as ds_logger
+
+        ds_logger.setLevel(self.logging_level)
+        _skip_shm_build(self.root_device)
+        device_rank = self.root_device.index if self.root_device.index is not None else self.local_rank
+        with _local_rank_env(self.local_rank):
+            engine, _, _, _ = deepspeed.initialize(
+                args=argparse.Namespace(device_rank=device_rank), model=_HookDispatch(module),
+                optimizer=optimizers[0] if optimizers else None, config=config, dist_init_required=False,
+            )
+        if optimizers:
+            # the Trainer says where the accumulation boundary is (no_backward_sync); not DeepSpeed's counter
+            engine.set_gradient_accumulation_boundary(True)
+        self._engine = engine
+        return engine, [_EngineOptimizer(o, self) for o in optimizers]
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """DeepSpeed wraps the module and its optimizer together: see ``setup``."""
+        return self.setup(module)[0]
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """The optimizer is given to DeepSpeed with the module; one set up on its own cannot join the engine."""
+        if isinstance(optimizer, _EngineOptimizer):
+            return optimizer
+        raise ConfigurationError(
+            "DeepSpeed builds its engine from the module and its optimizer together. Pass the optimizer with the "
+            "module: fleet.setup(model, optimizer), not fleet.setup_module(model) then fleet.setup_optimizers(...)."
+        )
+
+    def unwrap(self, module: nn.Module) -> nn.Module:
+        """The user's module inside the engine and its hook dispatcher."""
+        if self._engine is not None and module is self._engine:
+            module = self._engine.module
+        return module.module if isinstance(module, _HookDispatch) else module
+
+    def step_function(self, module: nn.Module, name: str) -> Callable[..., Any]:
+        """training_step runs inside the engine's forward; under stage 3 every step does, as parameters are fetched there."""
+        if module is self._engine and self._engine is not None and (name == "training_step" or self.zero_stage == 3):
+            return functools.partial(module, **{_HOOK_KWARG: name})
+        return getattr(self.unwrap(module), name)
+
+    # ----------------------------------------------------------------- training
+    def forward_context(self) -> contextlib.AbstractContextManager:
+        """DeepSpeed runs 16-bit training with 16-bit parameters itself: no autocast on top."""
+        return contextlib.nullcontext()
+
+    def backward(self, loss: Tensor, module: nn.Module | None = None, *args: Any, **kwargs: Any) -> None:
+        """``engine.backward(loss)``: loss scaling, gradient partitioning and reduction are DeepSpeed's.
+
+        The Trainer has already divided the loss by ``accumulate_grad_batches``; DeepSpeed does not divide again.
+        """
+        self._require_engine("backward")
+        self._engine.backward(loss, retain_graph=bool(kwargs.get("retain_graph", False)), scale_wrt_gas=False)
+
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        """``engine.step()``: unscale, clip (``gradient_clipping``), step the optimizer, zero the gradients."""
+        self._require_engine("optimizer_step")
+        out = closure() if closure is not None else None
+        self._engine.step()
+        return out
+
+    @contextlib.contextmanager
+    def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
+        """Inside the block, backward passes are not accumulation boundaries: DeepSpeed defers its reductions."""
+        engine = self._engine
+        if not enabled or engine is None or engine.optimizer is None:
+            yield
+            return
+        engine.set_gradient_accumulation_boundary(False)
+        try:
+            yield
+        finally:
+            engine.set_gradient_accumulation_boundary(True)
+
+    def clip_gradients_norm(
+        self, module: nn.Module | None, optimizer: Optimizer | None, max_norm: float, norm_type: float = 2.0,
+        error_if_nonfinite: bool = False,
+    ) -> Tensor:
+        """DeepSpeed clips inside ``engine.step`` to the config's ``gradient_clipping``; this only checks they agree.
+
+        Returns NaN: the norm is computed later, inside the step, over the partitioned gradients.
+        """
+        configured = float(self.config.get("gradient_clipping", 0.0) or 0.0)
+        if norm_type != 2.0 or abs(configured - float(max_norm)) > 1e-12:
+            raise ConfigurationError(
+                f"Clipping to max_norm={max_norm} (norm_type={norm_type}) was asked for, but DeepSpeed clips the 2-norm "
+                f"inside its optimizer step to the config's gradient_clipping ({configured}). Set "
+                "Trainer(gradient_clip_val=...) or the config's 'gradient_clipping' to the value you want; a "
+                "configure_gradient_clipping hook cannot change it per step under DeepSpeed."
+            )
+        return torch.tensor(float("nan"))
+
+    def clip_gradients_value(self, module: nn.Module | None, optimizer: Optimizer | None, clip_val: float) -> None:
+        """Not available: DeepSpeed clips by norm only."""
+        raise ConfigurationError(
+            "gradient_clip_algorithm='value' cannot run under DeepSpeed, which clips gradients by their norm inside "
+            "its optimizer step. Use gradient_clip_algorithm='norm'."
+        )
+
+    def _require_engine(self, what: str) -> None:
+        if self._engine is None:
+            raise ConfigurationError(f"DeepSpeedStrategy.{what}() needs the engine, which setup() creates first.")
+        if self._engine.optimizer is None and what != "forward":
+            raise ConfigurationError(
+                f"DeepSpeedStrategy.{what}() needs an optimizer, but the engine was set up without one (configure_"
+                "optimizers() returned None, or fleet.setup() got no optimizer)."
+            )
+
+    # ----------------------------------------------------------------- state dicts
+    def module_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """The full state dict of the user's module; under stage 3 its parameters are gathered from every rank first."""
+        user = self.unwrap(module)
+        if self.zero_stage != 3 or self._engine is None:
+            return user.state_dict()
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(user.parameters()), modifier_rank=None):
+            return {k: v.detach().clone() for k, v in user.state_dict().items()}
+
+    def load_module_state_dict(self, module: nn.Module, state: Mapping[str, Any], strict: bool = True) -> None:
+        """Load full (unsharded) weights into the engine's module, then refresh ZeRO's float32 master copy from them."""
+        from torchfleet.strategies._deepspeed_checkpoint import load_full_weights
+
+        load_full_weights(self, self.unwrap(module), state, strict=strict)
+
+    def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
+        """A placeholder: the optimizer's (partitioned) state is written by the engine's checkpoint."""
+        return _InEngine("optimizer")
+
+    def load_optimizer_state_dict(self, optimizer: Optimizer, state: Mapping[str, Any]) -> None:
+        """Unsharded optimizer state (from another strategy) cannot be mapped onto ZeRO's partitions."""
+        raise CheckpointError(
+            "This checkpoint holds optimizer state written by another strategy (unsharded, per parameter); DeepSpeed "
+            "resumes only from its own checkpoints (any world size). Start the DeepSpeed run from its weights: load "
+            "them in validate/test/predict, or with Module.load_from_checkpoint and fit without ckpt_path."
+        )
+
+    def state_for_saving(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """``state`` with modules and optimizers replaced by placeholders: the engine checkpoint holds them."""
+        out: dict[str, Any] = {}
+        for key, value in state.items():
+            if isinstance(value, nn.Module):
+                out[key] = _InEngine("module")
+            elif isinstance(value, Optimizer):
+                out[key] = _InEngine("optimizer")
+            elif isinstance(value, (list, tuple)) and value and all(isinstance(v, Optimizer) for v in value):
+                out[key] = [_InEngine("optimizer") for _ in value]
+            else:
+                out[key] = value
+        return out
+
+    # ----------------------------------------------------------------- checkpoints
+    def save_checkpoint(
+        self, path: str | os.PathLike, state: Mapping[str, Any], storage_options: Any | None = None
+    ) -> None:
+        """Write a "deepspeed" layout checkpoint directory at ``path``: the engine checkpoint plus ``torchfleet.pt``.
+
+        Every rank calls this and writes its shards; the directory appears at ``path`` only when complete.
+        """
+        from torchfleet.strategies._deepspeed_checkpoint import save_deepspeed
+
+        if storage_options is not None:
+            raise ConfigurationError(
+                "storage_options cannot be used with DeepSpeedStrategy: the engine writes its checkpoint files itself, "
+                "without a CheckpointIO. Call save_checkpoint without storage_options."
+            )
+        self._require_engine("save_checkpoint")
+        save_deepspeed(self, path, self.state_for_saving(state))
+
+    def load_checkpoint(
+        self, path: str | os.PathLike, state: Mapping[str, Any] | None = None, strict: bool = True
+    ) -> dict[str, Any]:
+        """Read a checkpoint: a "deepspeed" directory loads through the engine (any world size), anything else as full weights."""
+        from torchfleet.strategies._deepspeed_checkpoint import (
+            is_deepspeed_checkpoint,
+            read_deepspeed_checkpoint,
+        )
+
+        if not is_deepspeed_checkpoint(path):
+            return super().load_checkpoint(path, state, strict)
+        checkpoint = read_deepspeed_checkpoint(path)
+        self.load_into(checkpoint, state or {}, strict=strict, path=path)
+        return checkpoint
+
+    def load_into(
+        self, checkpoint: Mapping[str, Any], state: Mapping[str, Any], strict: bool = True, path: Any = None
+    ) -> None:
+        """Load ``checkpoint`` into the engine: from the engine checkpoint it came with, or as full weights."""
+        from torchfleet.strategies._deepspeed_checkpoint import load_engine_checkpoint
+
+        held = [checkpoint.get(k) for k in state]
+        held = [h for h in held if isinstance(h, _InEngine) or (isinstance(h, list) and h and isinstance(h[0], _InEngine))]
+        if not held:
+            super().load_into(checkpoint, state, strict=strict, path=path)
+            return
+        with_optimizer = any(
+            isinstance(t, Optimizer) or (isinstance(t, (list, tuple)) and t and all(isinstance(o, Optimizer) for o in t))
+            for t in state.values()
+        )
+        load_engine_checkpoint(self, checkpoint, with_optimizer=with_optimizer, strict=strict)
+
+    def teardown(self) -> None:
+        """Drop the engine, then what DDPStrategy releases."""
+        self._engine = None
+        super().teardown()
+
+    def __repr__(self) -> str:
+        return (f"DeepSpeedStrategy(stage={self.zero_stage}, devices={self.num_processes}, num_nodes={self.num_nodes}, "
+                f"precision={self.precision!r})")
+
+
+def _check_nvme_supported(config: Mapping[str, Any]) -> None:
+    if not dsc.nvme_paths(config):
+        return
+    import deepspeed.ops
+
+    if not deepspeed.ops.__compatible_ops__.get("async_io", False):
+        raise ConfigurationError(
+            "Offloading to NVMe needs DeepSpeed's async_io op, which cannot be built on this machine (it needs the "
+            "libaio development files: apt-get install libaio-dev, then reinstall deepspeed). Offload to 'cpu' instead."
+        )
+
+
+def _skip_shm_build(device: torch.device) -> None:
+    """Keep DeepSpeed from compiling its shared-memory communication op (~1-2 minutes) when it joins our process group.
+
+    DeepSpeed builds that op whenever it attaches to a process group on CPU, but uses it only in
+    ``inference_all_reduce`` (tensor-parallel inference), never in training; marking it incompatible
+    makes DeepSpeed fall back to the torch.distributed collectives it uses for training anyway.
+    """
+    if device.type != "cpu":
+        return
+    import deepspeed.comm as ds_comm
+    import deepspeed.ops
+
+    if getattr(ds_comm.comm, "cdb", None) is not None:
+        return  # already attached in this process
+    compatible = deepspeed.ops.__compatible_ops__
+    compatible["deepspeed_shm_comm"] = False
+
+
+@contextlib.contextmanager
+def _local_rank_env(local_rank: int) -> Iterator[None]:
+    # deepspeed.initialize reads LOCAL_RANK from the environment; torchfleet's launchers do not always set it in
+    # rank 0, and a LOCAL_RANK left behind would make a later Trainer think it runs under torchrun
+    before = os.environ.get("LOCAL_RANK")
+    os.environ["LOCAL_RANK"] = str(local_rank)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("LOCAL_RANK", None)
+        else:
+            os.environ["LOCAL_RANK"] = before
+
+
+def consolidate_deepspeed(path: str | os.PathLike, with_optimizer: bool = False) -> dict[str, Any]:
+    """One torchfleet checkpoint dict from a "deepspeed" layout checkpoint directory, in this one process.
+
+    ``state_dict`` holds the float32 weights under the user module's names (any ZeRO stage, any
+    world size it was written with); with ``with_optimizer`` also ``optimizer_states`` in
+    ``torch.optim`` form (Adam-family optimizers), so the result resumes under any strategy.
+    """
+    from torchfleet.strategies._deepspeed_checkpoint import consolidate
+
+    return consolidate(path, with_optimizer=with_optimizer)

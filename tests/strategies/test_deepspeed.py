@@ -1,0 +1,293 @@
+"""DeepSpeedStrategy without processes: the config mapping, "auto" filling, registered names, bad input.
+
+Building the strategy only checks that deepspeed is installed; nothing here imports it or starts
+processes (those tests are in tests/distributed/test_deepspeed.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import pytest
+
+from torchfleet.errors import CheckpointError, ConfigurationError
+from torchfleet.strategies import StrategyRegistry
+from torchfleet.strategies import _deepspeed_config as dsc
+from torchfleet.strategies.deepspeed import DeepSpeedStrategy, deepspeed_available
+
+needs_deepspeed = pytest.mark.skipif(not deepspeed_available(), reason="deepspeed is not installed (the 'deepspeed' extra)")
+
+# every seed-doc parameter that lands in the config: (argument, a non-default value, where it lands)
+MAPPING = [
+    ("stage", 3, ("zero_optimization", "stage")),
+    ("contiguous_gradients", False, ("zero_optimization", "contiguous_gradients")),
+    ("overlap_comm", False, ("zero_optimization", "overlap_comm")),
+    ("allgather_partitions", False, ("zero_optimization", "allgather_partitions")),
+    ("reduce_scatter", False, ("zero_optimization", "reduce_scatter")),
+    ("allgather_bucket_size", 123, ("zero_optimization", "allgather_bucket_size")),
+    ("reduce_bucket_size", 456, ("zero_optimization", "reduce_bucket_size")),
+    ("sub_group_size", 789, ("zero_optimization", "sub_group_size")),
+    ("offload_optimizer_device", "nvme", ("zero_optimization", "offload_optimizer", "device")),
+    ("optimizer_buffer_count", 7, ("zero_optimization", "offload_optimizer", "buffer_count")),
+    ("pin_memory", True, ("zero_optimization", "offload_optimizer", "pin_memory")),
+    ("offload_params_device", "nvme", ("zero_optimization", "offload_param", "device")),
+    ("params_buffer_count", 9, ("zero_optimization", "offload_param", "buffer_count")),
+    ("params_buffer_size", 1000, ("zero_optimization", "offload_param", "buffer_size")),
+    ("max_in_cpu", 2000, ("zero_optimization", "offload_param", "max_in_cpu")),
+    ("block_size", 4096, ("aio", "block_size")),
+    ("queue_depth", 3, ("aio", "queue_depth")),
+    ("single_submit", True, ("aio", "single_submit")),
+    ("overlap_events", False, ("aio", "overlap_events")),
+    ("thread_count", 4, ("aio", "thread_count")),
+    ("zero_allow_untested_optimizer", False, ("zero_allow_untested_optimizer",)),
+    ("logging_batch_size_per_gpu", 6, ("train_micro_batch_size_per_gpu",)),
+    ("loss_scale", 128.0, ("fp16", "loss_scale")),
+    ("initial_scale_power", 8, ("fp16", "initial_scale_power")),
+    ("loss_scale_window", 50, ("fp16", "loss_scale_window")),
+    ("hysteresis", 5, ("fp16", "hysteresis")),
+    ("min_loss_scale", 2, ("fp16", "min_loss_scale")),
+    ("partition_activations", True, ("activation_checkpointing", "partition_activations")),
+    ("cpu_checkpointing", True, ("activation_checkpointing", "cpu_checkpointing")),
+    ("contiguous_memory_optimization", True, ("activation_checkpointing", "contiguous_memory_optimization")),
+    ("synchronize_checkpoint_boundary", True, ("activation_checkpointing", "synchronize_checkpoint_boundary")),
+]
+
+
+def _at(config: dict, path: tuple) -> object:
+    for key in path:
+        config = config[key]
+    return config
+
+
+@needs_deepspeed
+def test_every_parameter_lands_at_its_deepspeed_key(tmp_path):
+    kwargs = {name: value for name, value, _ in MAPPING}
+    strategy = DeepSpeedStrategy(offload_optimizer=True, offload_parameters=True, nvme_path=str(tmp_path),
+                                 logging_level=logging.ERROR, remote_device="cpu", load_full_weights=True,
+                                 process_group_backend="gloo", **kwargs)
+    config = strategy.config
+    for name, value, path in MAPPING:
+        assert _at(config, path) == value, name
+    for section in ("offload_optimizer", "offload_param"):
+        assert config["zero_optimization"][section]["nvme_path"] == str(tmp_path)
+    # the parameters that are not DeepSpeed config keys are kept on the strategy
+    assert (strategy.logging_level, strategy.remote_device, strategy.load_full_weights) == (logging.ERROR, "cpu", True)
+    assert strategy.process_group_backend == "gloo"
+    # our own default: a torch optimizer may be used with offloading
+    assert config["zero_force_ds_cpu_optimizer"] is False
+
+
+@needs_deepspeed
+def test_the_seed_parameter_list_is_the_signature():
+    import inspect
+
+    params = set(inspect.signature(DeepSpeedStrategy).parameters)
+    seed = {"accelerator", "zero_optimization", "stage", "remote_device", "offload_optimizer", "offload_parameters",
+            "offload_params_device", "nvme_path", "params_buffer_count", "params_buffer_size", "max_in_cpu",
+            "offload_optimizer_device", "optimizer_buffer_count", "block_size", "queue_depth", "single_submit",
+            "overlap_events", "thread_count", "pin_memory", "sub_group_size", "contiguous_gradients", "overlap_comm",
+            "allgather_partitions", "reduce_scatter", "allgather_bucket_size", "reduce_bucket_size",
+            "zero_allow_untested_optimizer", "logging_batch_size_per_gpu", "config", "logging_level",
+            "parallel_devices", "cluster_environment", "loss_scale", "initial_scale_power", "loss_scale_window",
+            "hysteresis", "min_loss_scale", "partition_activations", "cpu_checkpointing",
+            "contiguous_memory_optimization", "synchronize_checkpoint_boundary", "load_full_weights",
+            "process_group_backend"}
+    # precision_plugin is our precision=; timeout and start_method are DDPStrategy's
+    assert seed - params == set()
+    assert params - seed == {"precision", "timeout", "start_method"}
+
+
+@needs_deepspeed
+def test_defaults_leave_what_the_trainer_knows_auto():
+    config = DeepSpeedStrategy().config
+    assert config["train_micro_batch_size_per_gpu"] == "auto"
+    assert config["gradient_accumulation_steps"] == "auto"
+    assert config["gradient_clipping"] == "auto"
+    assert config["fp16"]["enabled"] == "auto" and config["bf16"]["enabled"] == "auto"
+    assert config["zero_optimization"]["stage"] == 2
+    assert "offload_optimizer" not in config["zero_optimization"]
+    assert "zero_optimization" not in DeepSpeedStrategy(zero_optimization=False).config
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("as_file", [False, True])
+def test_user_config_wins_over_the_arguments(tmp_path, as_file):
+    user = {"zero_optimization": {"stage": 1}, "train_micro_batch_size_per_gpu": 3, "gradient_clipping": 0.5}
+    given = user
+    if as_file:
+        given = tmp_path / "ds.json"
+        given.write_text(json.dumps(user))
+    strategy = DeepSpeedStrategy(stage=3, overlap_comm=False, config=given)
+    assert strategy.config == user  # the constructor's defaults are not mixed in
+    assert strategy.zero_stage == 1
+    if not as_file:
+        user["zero_optimization"]["stage"] = 2
+        assert strategy.zero_stage == 1, "the strategy keeps its own copy"
+
+
+def _fill(config, **kw):
+    args = dict(micro_batch_size=4, accumulate_grad_batches=2, gradient_clip_val=1.5, gradient_clip_algorithm="norm",
+                precision_name="bf16-mixed")
+    args.update(kw)
+    return dsc.fill_auto(config, **args)
+
+
+@needs_deepspeed
+def test_auto_values_are_filled_from_the_trainer():
+    template = DeepSpeedStrategy().config
+    filled, half = _fill(template)
+    assert filled["train_micro_batch_size_per_gpu"] == 4
+    assert filled["gradient_accumulation_steps"] == 2
+    assert filled["gradient_clipping"] == 1.5
+    assert filled["bf16"]["enabled"] is True and filled["fp16"]["enabled"] is False and half == "bf16"
+    assert "auto" not in json.dumps(filled)
+    assert template["gradient_clipping"] == "auto", "filling works on a copy"
+    filled, half = _fill(template, precision_name="16-mixed", gradient_clip_val=None)
+    assert (filled["fp16"]["enabled"], filled["bf16"]["enabled"], half) == (True, False, "fp16")
+    assert filled["gradient_clipping"] == 0.0
+    filled, half = _fill(template, precision_name="32-true")
+    assert (filled["fp16"]["enabled"], filled["bf16"]["enabled"], half) == (False, False, None)
+
+
+def test_user_values_are_kept_and_missing_ones_filled():
+    # a user config without the Trainer-known keys gets them; values it states stay
+    filled, half = _fill({"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 0.1}, precision_name="32-true")
+    assert filled == {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 0.1, "gradient_accumulation_steps": 2}
+    assert half is None
+    # train_batch_size alone: DeepSpeed derives the micro batch from it
+    filled, _ = _fill({"train_batch_size": 16}, precision_name="32-true")
+    assert "train_micro_batch_size_per_gpu" not in filled and filled["train_batch_size"] == 16
+    # bf16 enabled in the config with the Trainer's default precision: the config's choice holds
+    filled, half = _fill({"bf16": {"enabled": True}}, precision_name="32-true")
+    assert half == "bf16" and filled["bf16"]["enabled"] is True
+
+
+@pytest.mark.parametrize(("config", "kw", "words"), [
+    ({"gradient_accumulation_steps": 4}, {}, "accumulate_grad_batches"),
+    ({"fp16": {"enabled": True}}, {"precision_name": "bf16-mixed"}, "enables fp16"),
+    ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, {"precision_name": "32-true"}, "both fp16 and bf16"),
+    ({}, {"precision_name": "64-true"}, "64-true"),
+    ({}, {"gradient_clip_algorithm": "value"}, "norm only"),
+])
+def test_contradictions_with_the_trainer_are_errors(config, kw, words):
+    with pytest.raises(ConfigurationError, match=words):
+        _fill(config, **kw)
+
+
+@needs_deepspeed
+@pytest.mark.parametrize(("name", "stage", "offload_optimizer", "offload_param"), [
+    ("deepspeed", 2, None, None),
+    ("deepspeed_stage_1", 1, None, None),
+    ("deepspeed_stage_1_offload", 1, "cpu", None),
+    ("deepspeed_stage_2", 2, None, None),
+    ("deepspeed_stage_2_offload", 2, "cpu", None),
+    ("deepspeed_stage_3", 3, None, None),
+    ("deepspeed_stage_3_offload", 3, "cpu", "cpu"),
+    ("deepspeed_stage_3_offload_nvme", 3, "nvme", "nvme"),
+])
+def test_registered_names(name, stage, offload_optimizer, offload_param, tmp_path):
+    entry = StrategyRegistry.entry(name)
+    assert entry.cls is DeepSpeedStrategy and entry.description
+    overrides = {"nvme_path": str(tmp_path)} if name.endswith("nvme") else {}
+    strategy = StrategyRegistry.get(name, **overrides)
+    zero = strategy.config["zero_optimization"]
+    assert zero["stage"] == stage == strategy.zero_stage
+    assert zero.get("offload_optimizer", {}).get("device") == offload_optimizer
+    assert zero.get("offload_param", {}).get("device") == offload_param
+    if name.endswith("nvme"):
+        assert strategy.remote_device == "nvme"
+
+
+# ------------------------------------------------------------------ bad input
+@needs_deepspeed
+@pytest.mark.parametrize("stage", [4, -1, True, "2", 2.5])
+def test_stage_outside_0_to_3(stage):
+    with pytest.raises(ConfigurationError, match="is not a ZeRO stage"):
+        DeepSpeedStrategy(stage=stage)
+
+
+@needs_deepspeed
+def test_stage_outside_0_to_3_in_a_user_config():
+    with pytest.raises(ConfigurationError, match="stage=5 is not a ZeRO stage"):
+        DeepSpeedStrategy(config={"zero_optimization": {"stage": 5}})
+
+
+@needs_deepspeed
+def test_nvme_offload_needs_an_existing_nvme_path(tmp_path):
+    missing = tmp_path / "no_such_dir"
+    with pytest.raises(ConfigurationError, match="not an existing directory"):
+        DeepSpeedStrategy(stage=3, offload_parameters=True, offload_params_device="nvme", nvme_path=str(missing))
+    with pytest.raises(ConfigurationError, match="not an existing directory"):
+        DeepSpeedStrategy(offload_optimizer=True, offload_optimizer_device="nvme", nvme_path=str(missing))
+    with pytest.raises(ConfigurationError, match="not an existing directory"):
+        DeepSpeedStrategy(config={"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})
+    # the registered name uses the seed docs' default /local_nvme
+    import os
+
+    if not os.path.isdir("/local_nvme"):
+        with pytest.raises(ConfigurationError, match="/local_nvme"):
+            StrategyRegistry.get("deepspeed_stage_3_offload_nvme")
+    # an existing directory is accepted
+    DeepSpeedStrategy(offload_optimizer=True, offload_optimizer_device="nvme", nvme_path=str(tmp_path))
+
+
+@needs_deepspeed
+def test_config_path_that_does_not_exist(tmp_path):
+    with pytest.raises(ConfigurationError, match="does not exist"):
+        DeepSpeedStrategy(config=str(tmp_path / "missing.json"))
+    with pytest.raises(ConfigurationError, match="is a directory"):
+        DeepSpeedStrategy(config=tmp_path)
+
+
+@needs_deepspeed
+@pytest.mark.parametrize(("text", "words"), [("{stage: 2,", "not valid JSON"), ("[1, 2]", "JSON list, not an object")])
+def test_config_file_that_is_not_a_json_object(tmp_path, text, words):
+    path = tmp_path / "ds.json"
+    path.write_text(text)
+    with pytest.raises(ConfigurationError, match=words):
+        DeepSpeedStrategy(config=path)
+
+
+@needs_deepspeed
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"config": 3}, "as a dict or as the path"),
+    ({"stage": 2, "offload_parameters": True}, "needs stage=3"),
+    ({"offload_optimizer": True, "offload_optimizer_device": "gpu"}, "'cpu'"),
+    ({"zero_optimization": False, "offload_optimizer": True}, "zero_optimization=False"),
+    ({"logging_batch_size_per_gpu": 0}, "logging_batch_size_per_gpu"),
+    ({"remote_device": "cuda"}, "remote_device"),
+])
+def test_other_bad_arguments(kwargs, words):
+    with pytest.raises(ConfigurationError, match=words):
+        DeepSpeedStrategy(**kwargs)
+
+
+def test_deepspeed_not_installed(monkeypatch):
+    import torchfleet as tf
+    from torchfleet.strategies.deepspeed import consolidate_deepspeed
+
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # what `import deepspeed` sees when it is not installed
+    for name in [n for n in StrategyRegistry.available() if n.startswith("deepspeed")]:
+        with pytest.raises(ConfigurationError, match=r'pip install "torchfleet\[deepspeed\]"'):
+            StrategyRegistry.get(name)
+    with pytest.raises(ConfigurationError, match=r'pip install "torchfleet\[deepspeed\]"'):
+        tf.Trainer(strategy="deepspeed_stage_2", accelerator="cpu", devices=2, logger=False)
+    with pytest.raises(ConfigurationError, match=r'pip install "torchfleet\[deepspeed\]"'):
+        DeepSpeedStrategy()
+    with pytest.raises(ConfigurationError, match=r'pip install "torchfleet\[deepspeed\]"'):
+        consolidate_deepspeed("does-not-matter")
+
+
+@needs_deepspeed
+def test_things_deepspeed_cannot_do_say_so():
+    strategy = DeepSpeedStrategy()
+    with pytest.raises(ConfigurationError, match="by their norm"):
+        strategy.clip_gradients_value(None, None, 1.0)
+    with pytest.raises(ConfigurationError, match="setup"):
+        strategy.backward(None)
+    with pytest.raises(ConfigurationError, match="storage_options"):
+        strategy.save_checkpoint("x.ckpt", {}, storage_options={"a": 1})
+    with pytest.raises(CheckpointError, match="own checkpoints"):
+        strategy.load_optimizer_state_dict(None, {"state": {}, "param_groups": []})
