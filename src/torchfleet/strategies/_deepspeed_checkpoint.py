@@ -32,7 +32,6 @@ from torchfleet.strategies.deepspeed import (
     CHECKPOINT_TAG,
     DEEPSPEED_SUBDIR,
     META_DEEPSPEED_KEY,
-    SHARDED_FORMAT,
     _InEngine,
     import_deepspeed,
 )
@@ -64,13 +63,12 @@ def _is_optimizer_marker(value: Any) -> bool:
 
 def save_deepspeed(strategy: DeepSpeedStrategy, path: str | os.PathLike, plain: Mapping[str, Any]) -> None:
     """Write ``plain`` (modules and optimizers already placeholders) as a "deepspeed" layout directory at ``path``."""
-    import torchfleet
-    from torchfleet.checkpoint.distributed import atomic_checkpoint_dir, write_meta
+    from torchfleet.checkpoint.distributed import atomic_checkpoint_dir, sharded_marker, write_meta
 
     modules = [k for k, v in plain.items() if isinstance(v, _InEngine) and v.kind == "module"]
     optimizers = {k: (len(v) if isinstance(v, list) else None) for k, v in plain.items() if _is_optimizer_marker(v)}
     meta = {k: v for k, v in plain.items() if k not in modules and k not in optimizers}
-    meta[FORMAT_KEY] = {"version": torchfleet.__version__, "format": SHARDED_FORMAT, "layout": "deepspeed"}
+    meta[FORMAT_KEY] = sharded_marker("deepspeed")
     meta[META_DEEPSPEED_KEY] = {
         "tag": CHECKPOINT_TAG,
         "world_size": strategy.world_size,

@@ -49,8 +49,6 @@ DEEPSPEED_SUBDIR = "deepspeed"
 CHECKPOINT_TAG = "checkpoint"
 #: the meta entry describing the engine checkpoint (world size, stage, tag, which entries it holds)
 META_DEEPSPEED_KEY = "deepspeed"
-#: format 2: a directory checkpoint (format 1 is the single file)
-SHARDED_FORMAT = 2
 #: DeepSpeed's universal-checkpoint converter needs this marker in checkpoints of stages 1-2
 _UNIVERSAL_INFO = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.4}}
 

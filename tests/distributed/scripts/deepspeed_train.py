@@ -1,0 +1,147 @@
+"""Small transformer runs under DeepSpeed strategies, driven by a JSON argument; the DeepSpeed tests run it as a script.
+
+One launch trains several runs in turn (the ranks and process group are started once; each run
+builds a new Trainer and DeepSpeed engine). Every run is one entry of ``cfg["runs"]``:
+
+- ``{"name", "strategy", "save_at": step, "ckpt_dir": dir}``: train ``STEPS`` steps from scratch;
+  with ``save_at``, write a checkpoint at that global step to ``ckpt_dir/<name>.ckpt``.
+- ``{"name", "strategy", "resume": path}``: resume from a checkpoint directory and train to the end.
+- ``"expect_error": true``: the run must fail; its entry is ``{"error": message}``.
+- ``"precision"``, ``"accumulate"``: the Trainer's precision and accumulate_grad_batches.
+
+Rank 0 writes ``cfg["out"]`` (torch.save): per run, the final full weights (gathered), the global
+step, the world size, and the weights at the save step when one was written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import torchfleet as tf
+from torchfleet.callbacks import Callback
+
+N_SAMPLES = 48
+SEQ, DIM = 4, 8
+#: per-rank batch 4 on 2 ranks: 6 steps an epoch, 2 epochs
+BATCH, EPOCHS = 4, 2
+
+
+def make_data() -> TensorDataset:
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(N_SAMPLES, SEQ, DIM, generator=g)
+    y = x.flip(1).mean(-1, keepdim=True)
+    return TensorDataset(x, y)
+
+
+class TinyTransformer(tf.Module):
+    """One encoder layer and a linear head; AdamW (DeepSpeed's universal checkpoints need Adam-family state).
+
+    The encoder has no biases: the attention's key bias gets a gradient that is exactly zero in
+    theory and rounding noise in practice, which Adam would blow up to lr-sized steps that differ
+    between any two summation orders, hiding the comparison this model is for.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = nn.TransformerEncoderLayer(DIM, nhead=2, dim_feedforward=16, dropout=0.0, batch_first=True,
+                                                  bias=False)
+        self.head = nn.Linear(DIM, 1)
+        self.batches_run = 0
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+
+    def training_step(self, batch, batch_idx):
+        self.batches_run += 1
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        self.log("train_loss", loss, sync_dist=True, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y), sync_dist=True)
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=0.02, weight_decay=0.01)
+        # a per-step schedule: resuming must restore it too
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+class SaveAt(Callback):
+    """Writes ``trainer.save_checkpoint(path)`` once, after the optimizer step that reaches ``step``."""
+
+    def __init__(self, step: int, path: str) -> None:
+        self.step, self.path, self.weights = step, path, None
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and self.weights is None:
+            trainer.save_checkpoint(self.path)
+            self.weights = full_weights(trainer)
+
+
+def full_weights(trainer) -> dict:
+    state = trainer.strategy.module_state_dict(trainer._wrapped)
+    return {k: v.detach().float().clone() for k, v in state.items()}
+
+
+def build(strategy, devices: int, batch: int, callbacks=(), precision="32-true", accumulate=1):
+    """The model, trainer and loaders of one run (the tests build the one-process reference with it too)."""
+    model = TinyTransformer()
+    trainer = tf.Trainer(
+        strategy=strategy, accelerator="cpu", devices=devices, max_epochs=EPOCHS, precision=precision,
+        accumulate_grad_batches=accumulate, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, num_sanity_val_steps=0, callbacks=list(callbacks),
+    )
+    data = make_data()
+    train = DataLoader(data, batch_size=batch, shuffle=False)
+    val = DataLoader(TensorDataset(*data[:16]), batch_size=4)
+    return model, trainer, train, val
+
+
+def main(cfg: dict) -> None:
+    torch.set_num_threads(1)
+    devices = cfg.get("devices", 2)
+    results = {}
+    for run in cfg["runs"]:
+        tf.seed_everything(0)
+        saver = None
+        callbacks = []
+        if run.get("save_at"):
+            saver = SaveAt(run["save_at"], os.path.join(run["ckpt_dir"], f"{run['name']}.ckpt"))
+            callbacks.append(saver)
+        model, trainer, train, val = build(run["strategy"], devices, cfg.get("batch", BATCH), callbacks,
+                                           run.get("precision", "32-true"), run.get("accumulate", 1))
+        if run.get("expect_error"):
+            try:
+                trainer.fit(model, train, val, ckpt_path=run.get("resume"))
+                results[run["name"]] = {"error": None}
+            except Exception as exc:  # every rank fails the same way, before any collective
+                results[run["name"]] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        trainer.fit(model, train, val, ckpt_path=run.get("resume"))
+        results[run["name"]] = {
+            "weights": full_weights(trainer),
+            "saved_weights": saver.weights if saver is not None else None,
+            "global_step": trainer.global_step,
+            "batches_run": model.batches_run,
+            "world_size": trainer.world_size,
+            "stage": trainer.strategy.zero_stage,
+            "param_dtype": str(next(model.parameters()).dtype),
+            "config": trainer.strategy.config,
+            "val_loss": float(trainer.callback_metrics["val_loss"]),
+        }
+    if trainer.is_global_zero:
+        torch.save(results, cfg["out"])
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

@@ -1,0 +1,180 @@
+"""DeepSpeed on real CPU processes over gloo: equivalence with one process, resume, world-size change, consolidation.
+
+Two launches serve every test here (each DeepSpeed engine costs seconds, so they are shared):
+2 ranks train ZeRO stages 1, 2 and 3, with CPU offload, with gradient accumulation and in bf16,
+write checkpoints mid-run and resume from them; then 1 rank resumes those 2-rank checkpoints
+(DeepSpeed's universal checkpoint, converted for the user). The reference is the same small
+transformer trained in this process with the global batch (shuffle off, mean loss): ZeRO only
+partitions where the float32 state lives, so the weights must agree to rounding.
+
+No DeepSpeed C++ op is compiled: the optimizer is a torch one (no fused_adam or cpu_adam, also
+with offload) and the shared-memory communication op, which only inference uses, is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchfleet as tf
+from tests.distributed.scripts.deepspeed_train import BATCH, TinyTransformer, build
+from torchfleet.strategies.deepspeed import consolidate_deepspeed, deepspeed_available
+
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.slow,
+    pytest.mark.skipif(not deepspeed_available(), reason="deepspeed is not installed (the 'deepspeed' extra)"),
+]
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "deepspeed_train.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+#: checkpoints are written after this optimizer step, of 12 (mid-epoch: 6 steps an epoch)
+SAVE_AT, STEPS = 3, 12
+ATOL = 1e-5
+
+
+def run_script(cfg: dict, timeout: float = 240) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    for var in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
+        env.pop(var, None)
+    proc = subprocess.run([sys.executable, SCRIPT, json.dumps(cfg)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return torch.load(cfg["out"], weights_only=False)
+
+
+def reference(accumulate: int = 1) -> dict:
+    """One process, the global batch: the weights every 2-rank DeepSpeed run must end with."""
+    tf.seed_everything(0)
+    model, trainer, train, val = build("single_device", 1, 2 * BATCH, accumulate=accumulate)
+    trainer.fit(model, train, val)
+    return {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "global_step": trainer.global_step, "val_loss": float(trainer.callback_metrics["val_loss"])}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("deepspeed")
+    ckpts = str(tmp)
+    two = run_script({"out": str(tmp / "two.pt"), "devices": 2, "runs": [
+        {"name": "stage_1", "strategy": "deepspeed_stage_1"},
+        {"name": "stage_2", "strategy": "deepspeed_stage_2", "save_at": SAVE_AT, "ckpt_dir": ckpts},
+        {"name": "stage_2_resumed", "strategy": "deepspeed_stage_2", "resume": f"{ckpts}/stage_2.ckpt"},
+        {"name": "stage_3", "strategy": "deepspeed_stage_3", "save_at": SAVE_AT, "ckpt_dir": ckpts},
+        {"name": "stage_3_resumed", "strategy": "deepspeed_stage_3", "resume": f"{ckpts}/stage_3.ckpt"},
+        {"name": "stage_2_offload", "strategy": "deepspeed_stage_2_offload"},
+        {"name": "stage_3_offload", "strategy": "deepspeed_stage_3_offload"},
+        {"name": "stage_2_accumulate", "strategy": "deepspeed_stage_2", "accumulate": 2},
+        {"name": "stage_2_bf16", "strategy": "deepspeed_stage_2", "precision": "bf16-mixed"},
+    ]})
+    # 1 rank, twice the per-rank batch: the same global batch as the 2-rank runs
+    one = run_script({"out": str(tmp / "one.pt"), "devices": 1, "batch": 2 * BATCH, "runs": [
+        {"name": "stage_2_on_1", "strategy": "deepspeed_stage_2", "resume": f"{ckpts}/stage_2.ckpt"},
+        {"name": "stage_3_on_1", "strategy": "deepspeed_stage_3_offload", "resume": f"{ckpts}/stage_3.ckpt"},
+        {"name": "stage_3_as_2", "strategy": "deepspeed_stage_2", "resume": f"{ckpts}/stage_3.ckpt",
+         "expect_error": True},
+    ]})
+    return {**two, **one, "dir": tmp}
+
+
+@pytest.fixture(scope="module")
+def ref() -> dict:
+    return reference()
+
+
+def assert_close(got: dict, want: dict, atol: float = ATOL) -> None:
+    assert got.keys() == want.keys()
+    for k in want:
+        diff = (got[k].float() - want[k].float()).abs().max().item()
+        assert diff <= atol, f"{k}: max |diff| {diff:.3g} > {atol}"
+
+
+@pytest.mark.parametrize("name", ["stage_1", "stage_2", "stage_3", "stage_2_offload", "stage_3_offload"])
+def test_zero_stages_and_offload_match_one_process(runs, ref, name):
+    result = runs[name]
+    assert result["world_size"] == 2
+    assert result["stage"] == int(name.split("_")[1])
+    offload = result["config"]["zero_optimization"].get("offload_optimizer", {}).get("device")
+    assert offload == ("cpu" if name.endswith("offload") else None)
+    # the dict handed to DeepSpeed: "auto" filled from the Trainer
+    assert result["config"]["train_micro_batch_size_per_gpu"] == BATCH
+    assert result["config"]["gradient_accumulation_steps"] == 1
+    assert "auto" not in json.dumps(result["config"])
+    assert result["global_step"] == ref["global_step"] == STEPS
+    assert_close(result["weights"], ref["weights"])
+    assert result["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-5)
+
+
+def test_gradient_accumulation_matches_one_process(runs):
+    want = reference(accumulate=2)
+    result = runs["stage_2_accumulate"]
+    assert result["config"]["gradient_accumulation_steps"] == 2
+    assert result["global_step"] == want["global_step"] == STEPS // 2
+    assert_close(result["weights"], want["weights"])
+
+
+def test_bf16_runs_in_deepspeed_bf16(runs, ref):
+    result = runs["stage_2_bf16"]
+    assert result["config"]["bf16"]["enabled"] is True and result["config"]["fp16"]["enabled"] is False
+    assert result["param_dtype"] == "torch.bfloat16"  # DeepSpeed holds the module in bf16 (inputs cast to match)
+    # bfloat16 forward/backward with float32 master weights: close to, not equal to, the float32 run
+    assert result["val_loss"] == pytest.approx(ref["val_loss"], rel=0.05)
+    assert_close(result["weights"], ref["weights"], atol=0.1)
+
+
+@pytest.mark.parametrize("name", ["stage_2", "stage_3"])
+def test_resume_mid_run_ends_where_the_uninterrupted_run_ends(runs, ref, name):
+    resumed = runs[f"{name}_resumed"]
+    # it resumed: only the batches after the checkpoint were trained
+    assert resumed["batches_run"] == STEPS - SAVE_AT
+    assert resumed["global_step"] == STEPS
+    assert_close(resumed["weights"], runs[name]["weights"])
+    assert_close(resumed["weights"], ref["weights"])
+    ckpt = runs["dir"] / f"{name}.ckpt"
+    assert (ckpt / "torchfleet.pt").is_file() and (ckpt / "deepspeed").is_dir()
+    meta = torch.load(ckpt / "torchfleet.pt", weights_only=False)
+    assert meta["torchfleet"]["layout"] == "deepspeed" and meta["global_step"] == SAVE_AT
+    assert "state_dict" not in meta and "optimizer_states" not in meta
+
+
+@pytest.mark.parametrize(("name", "source"), [("stage_2_on_1", "stage_2"), ("stage_3_on_1", "stage_3")])
+def test_resume_at_another_world_size(runs, ref, name, source):
+    result = runs[name]
+    assert result["world_size"] == 1
+    assert result["batches_run"] == STEPS - SAVE_AT
+    assert_close(result["weights"], ref["weights"])
+    # the universal checkpoint was converted next to the checkpoint and removed again
+    leftovers = [p.name for p in runs["dir"].iterdir() if ".universal-" in p.name]
+    assert leftovers == []
+
+
+def test_moving_between_stage_3_and_stages_1_2_is_refused(runs):
+    error = runs["stage_3_as_2"]["error"]
+    assert error is not None and error.startswith("CheckpointError")
+    assert "ZeRO stage 3" in error and "stage=3" in error
+
+
+@pytest.mark.parametrize("name", ["stage_2", "stage_3"])
+def test_consolidated_checkpoint_loads_into_the_plain_module_and_resumes_elsewhere(runs, ref, name, tmp_path):
+    ckpt = runs["dir"] / f"{name}.ckpt"
+    weights_only = consolidate_deepspeed(ckpt)
+    assert "optimizer_states" not in weights_only and weights_only["global_step"] == SAVE_AT
+    plain = TinyTransformer()
+    plain.load_state_dict(weights_only["state_dict"])  # strict: the user's names, nothing added
+    assert_close(plain.state_dict(), runs[name]["saved_weights"], atol=0.0)
+
+    full = consolidate_deepspeed(ckpt, with_optimizer=True)
+    assert full["torchfleet"]["format"] == 1 and "layout" not in full["torchfleet"]
+    path = tmp_path / "consolidated.ckpt"
+    torch.save(full, path)
+    tf.seed_everything(0)
+    model, trainer, train, val = build("single_device", 1, 2 * BATCH)
+    trainer.fit(model, train, val, ckpt_path=str(path))
+    assert model.batches_run == STEPS - SAVE_AT
+    assert_close(model.state_dict(), ref["weights"])
