@@ -22,7 +22,8 @@ import pytest
 import torch
 
 import torchfleet as tf
-from tests.distributed.scripts.deepspeed_train import BATCH, TinyTransformer, build
+from tests.distributed.scripts import deepspeed_train
+from tests.distributed.scripts.deepspeed_train import BATCH, EPOCHS, TinyTransformer, build, make_data
 from torchfleet.strategies.deepspeed import consolidate_deepspeed, deepspeed_available
 
 pytestmark = [
@@ -34,7 +35,7 @@ pytestmark = [
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "deepspeed_train.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: checkpoints are written after this optimizer step, of 12 (mid-epoch: 6 steps an epoch)
-SAVE_AT, STEPS = 3, 12
+SAVE_AT, STEPS = deepspeed_train.SAVE_AT, 12
 ATOL = 1e-5
 
 
@@ -72,6 +73,8 @@ def runs(tmp_path_factory) -> dict:
         {"name": "stage_3_offload", "strategy": "deepspeed_stage_3_offload"},
         {"name": "stage_2_accumulate", "strategy": "deepspeed_stage_2", "accumulate": 2},
         {"name": "stage_2_bf16", "strategy": "deepspeed_stage_2", "precision": "bf16-mixed"},
+        {"name": "validate_stage_3", "strategy": "deepspeed_stage_3", "validate": f"{ckpts}/stage_2.ckpt"},
+        {"name": "fleet_stage_3", "strategy": "deepspeed_stage_3", "fleet": True, "ckpt_dir": ckpts},
     ]})
     # 1 rank, twice the per-rank batch: the same global batch as the 2-rank runs
     one = run_script({"out": str(tmp / "one.pt"), "devices": 1, "batch": 2 * BATCH, "runs": [
@@ -178,3 +181,34 @@ def test_consolidated_checkpoint_loads_into_the_plain_module_and_resumes_elsewhe
     trainer.fit(model, train, val, ckpt_path=str(path))
     assert model.batches_run == STEPS - SAVE_AT
     assert_close(model.state_dict(), ref["weights"])
+
+
+def test_validate_loads_checkpoint_weights_into_a_partitioned_model(runs):
+    """A stage-2 checkpoint's weights go into a stage-3 (partitioned) model: consolidated, then gathered per module."""
+    result = runs["validate_stage_3"]
+    saved = runs["stage_2"]["saved_weights"]
+    assert_close(result["weights"], saved, atol=0.0)
+    plain = TinyTransformer()
+    plain.load_state_dict(saved)
+    x, y = make_data()[:16]
+    with torch.no_grad():
+        want = torch.nn.functional.mse_loss(plain(x), y).item()
+    assert result["val_loss"] == pytest.approx(want, rel=1e-5)
+
+
+def test_fleet_loop_under_stage_3_matches_one_process_and_resumes(runs):
+    from torch.utils.data import DataLoader
+
+    torch.manual_seed(0)
+    net = TinyTransformer()
+    opt = torch.optim.AdamW(net.parameters(), lr=0.02, weight_decay=0.01)
+    for _ in range(EPOCHS):
+        for x, y in DataLoader(make_data(), batch_size=2 * BATCH):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+    result = runs["fleet_stage_3"]
+    assert result["world_size"] == 2 and result["extra"]["step"] == SAVE_AT
+    assert_close(result["weights"], net.state_dict())
+    # a fresh engine loaded the step-3 checkpoint through fleet.load and finished the same way
+    assert_close(result["resumed_weights"], net.state_dict())

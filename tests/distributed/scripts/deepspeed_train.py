@@ -8,6 +8,9 @@ builds a new Trainer and DeepSpeed engine). Every run is one entry of ``cfg["run
 - ``{"name", "strategy", "resume": path}``: resume from a checkpoint directory and train to the end.
 - ``"expect_error": true``: the run must fail; its entry is ``{"error": message}``.
 - ``"precision"``, ``"accumulate"``: the Trainer's precision and accumulate_grad_batches.
+- ``{"name", "strategy", "validate": path}``: ``trainer.validate`` with the weights of a checkpoint.
+- ``{"name", "strategy", "fleet": true, "ckpt_dir"}``: the same model in a hand-written Fleet loop
+  (no LR schedule) that saves at step ``SAVE_AT``; a fresh engine loads that and finishes.
 
 Rank 0 writes ``cfg["out"]`` (torch.save): per run, the final full weights (gathered), the global
 step, the world size, and the weights at the save step when one was written.
@@ -30,6 +33,8 @@ N_SAMPLES = 48
 SEQ, DIM = 4, 8
 #: per-rank batch 4 on 2 ranks: 6 steps an epoch, 2 epochs
 BATCH, EPOCHS = 4, 2
+#: where the runs that save a checkpoint write it (after this optimizer step)
+SAVE_AT = 3
 
 
 def make_data() -> TensorDataset:
@@ -107,12 +112,55 @@ def build(strategy, devices: int, batch: int, callbacks=(), precision="32-true",
     return model, trainer, train, val
 
 
+def fleet_run(strategy: str, devices: int, batch: int, ckpt: str) -> dict:
+    """A hand-written loop with Fleet: train, save at step SAVE_AT, then a fresh engine loads it and finishes."""
+    fleet = tf.Fleet(strategy=strategy, accelerator="cpu", devices=devices)
+    fleet.launch()
+
+    def setup():
+        torch.manual_seed(0)
+        net = TinyTransformer()
+        return fleet.setup(net, torch.optim.AdamW(net.parameters(), lr=0.02, weight_decay=0.01))
+
+    def train(model, opt, loader, start: int, save: bool) -> None:
+        step = 0
+        for epoch in range(EPOCHS):
+            loader.sampler.set_epoch(epoch)
+            for x, y in loader:
+                step += 1
+                if step <= start:
+                    continue
+                opt.zero_grad()
+                fleet.backward(nn.functional.mse_loss(model(x), y))
+                opt.step()
+                if save and step == SAVE_AT:
+                    fleet.save(ckpt, {"model": model, "optimizer": opt, "step": step})
+
+    loader = fleet.setup_dataloaders(DataLoader(make_data(), batch_size=batch))
+    model, opt = setup()
+    train(model, opt, loader, 0, save=True)
+    straight = full_weights_of(fleet.strategy)
+    model, opt = setup()
+    extra = fleet.load(ckpt, {"model": model, "optimizer": opt})
+    train(model, opt, loader, extra["step"], save=False)
+    return {"weights": straight, "resumed_weights": full_weights_of(fleet.strategy), "extra": extra,
+            "world_size": fleet.world_size}
+
+
+def full_weights_of(strategy) -> dict:
+    return {k: v.detach().float().clone() for k, v in strategy.module_state_dict(strategy.engine).items()}
+
+
 def main(cfg: dict) -> None:
     torch.set_num_threads(1)
     devices = cfg.get("devices", 2)
     results = {}
     for run in cfg["runs"]:
         tf.seed_everything(0)
+        if run.get("fleet"):
+            results[run["name"]] = fleet_run(run["strategy"], devices, cfg.get("batch", BATCH),
+                                             os.path.join(run["ckpt_dir"], f"{run['name']}.ckpt"))
+            continue
         saver = None
         callbacks = []
         if run.get("save_at"):
@@ -120,6 +168,11 @@ def main(cfg: dict) -> None:
             callbacks.append(saver)
         model, trainer, train, val = build(run["strategy"], devices, cfg.get("batch", BATCH), callbacks,
                                            run.get("precision", "32-true"), run.get("accumulate", 1))
+        if run.get("validate"):
+            model, trainer, _, val = build(run["strategy"], devices, cfg.get("batch", BATCH))
+            metrics = trainer.validate(model, val, ckpt_path=run["validate"], verbose=False)
+            results[run["name"]] = {"weights": full_weights(trainer), "val_loss": metrics[0]["val_loss"]}
+            continue
         if run.get("expect_error"):
             try:
                 trainer.fit(model, train, val, ckpt_path=run.get("resume"))
@@ -139,7 +192,7 @@ def main(cfg: dict) -> None:
             "config": trainer.strategy.config,
             "val_loss": float(trainer.callback_metrics["val_loss"]),
         }
-    if trainer.is_global_zero:
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         torch.save(results, cfg["out"])
 
 
