@@ -357,9 +357,11 @@ class MemoryProbe:
                 offloaded.add(st[0])
 
         def walk(e: Any, buffers: bool | None = None) -> None:
-            off = _ds_offloaded([e]) or bool(getattr(e, "offload_to_cpu", False))
+            fsdp_off = getattr(e, "offload_to_cpu", False) is True
+            opt_off, param_off = _ds_offloaded([e]), getattr(e, "offload_param", False) is True
             for name, value in getattr(e, "__dict__", {}).items():
                 cat, named = _category(name)
+                off = fsdp_off or (param_off if cat == "params" else opt_off and cat in ("grads", "optimizer", "master"))
                 if buffers is None or buffers == (cat == "buffers" and named):
                     for t in _tensors_in(value):
                         label(t, cat, f"{type(e).__name__}.{name}", off and cat in MODEL_STATES)
@@ -376,12 +378,13 @@ class MemoryProbe:
         for e in fsdp:
             walk(e)
         ds_off = _ds_offloaded(engines)
+        ds_params_off = any(getattr(e, "offload_param", False) is True for e in others)
         params = list(self.module.parameters())
         model_ids = {id(p) for p in params}
         for p in params:
             ds = getattr(p, "ds_tensor", None)
             if ds is not None:
-                label(ds, "params", "param.ds_tensor", ds_off)
+                label(ds, "params", "param.ds_tensor", ds_params_off)
                 if p.numel() > 0:
                     label(p, "gathered", "param (gathered by ZeRO-3)")
             else:
@@ -458,9 +461,9 @@ def _ddp_bucket_bytes(ddp: DistributedDataParallel) -> int:
 
 
 def _ds_offloaded(engines: list[Any]) -> bool:
-    """Whether a DeepSpeed ZeRO optimizer among ``engines`` keeps its partitions offloaded to the CPU."""
-    return any(getattr(e, "cpu_offload", False) or getattr(e, "offload_optimizer", False) for e in engines
-               if type(e).__module__.startswith("deepspeed"))
+    """Whether a DeepSpeed ZeRO optimizer among ``engines`` keeps its optimizer partitions offloaded to the CPU."""
+    return any(getattr(e, "cpu_offload", False) is True or getattr(e, "offload_optimizer", False) is True
+               for e in engines if type(e).__module__.startswith("deepspeed"))
 
 
 def _tensors_in(value: Any, depth: int = 0) -> list[torch.Tensor]:

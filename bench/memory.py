@@ -102,10 +102,10 @@ def report(cfg: dict, results: dict[str, list[dict]]) -> None:
         peak = worst(ranks, lambda r: r["peak_model_states"]["model_states"])
         at = max(ranks, key=lambda r: r["peak_model_states"]["model_states"])["peak_model_states"]
         ratio = peak / ddp_peak
-        ok = ("ok" if ratio <= TARGET else "MISS") if variant in TARGETED else ""
+        ok = ("ok" if ratio <= TARGET else "MISS") if variant in TARGETED and ddp else ""
         off = worst(ranks, lambda r: r["peak_model_states"]["offloaded"])
         cells = [formula, f"{pred:.2f}", f"{pred * params / gb:.3f}", f"{peak / params:.2f}", f"{peak / gb:.3f}",
-                 f"{ratio:.3f}", ok] + [f"{at['bytes'][c] / params:.2f}" for c in ("params", "grads", "optimizer", "master")] \
+                 f"{ratio:.3f}" if ddp else "-", ok] + [f"{at['bytes'][c] / params:.2f}" for c in ("params", "grads", "optimizer", "master")] \
             + [f"{off / gb:.3f}"]
         print(f"{variant:<26} " + " ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, cols)))
     print("\nbeside the model states, per rank (GB; the larger of the 2 ranks)")

@@ -30,6 +30,7 @@ commands:
   predict       run predict_step over the predict data
   strategies    list the registered strategies (name, class, description)
   accelerators  list the registered accelerators
+  consolidate   write a checkpoint of any strategy (fsdp/deepspeed shards too) as one torch.load-able file
 
 options:
   -h, --help     show this message
@@ -357,6 +358,36 @@ def _report(trainer: Any) -> None:
         print("; ".join(parts))
 
 
+def _consolidate(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="torchfleet consolidate",
+        description="Write the checkpoint CKPT (a single file, or a sharded fsdp/deepspeed directory written by any "
+                    "number of processes) as one ordinary checkpoint file OUT. torch.load(OUT)['state_dict'] loads "
+                    "into the plain model; with --with-optimizer, fit(ckpt_path=OUT) resumes under any strategy.",
+    )
+    parser.add_argument("ckpt", metavar="CKPT", help="the checkpoint to read (file or directory)")
+    parser.add_argument("out", metavar="OUT", help="the file to write")
+    parser.add_argument("--with-optimizer", action="store_true",
+                        help="keep the optimizer states (needed to resume training; the file is ~3x larger with Adam)")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 0
+    from torchfleet.checkpoint.consolidate import consolidate
+
+    if not os.path.exists(args.ckpt):
+        from torchfleet.errors import CheckpointError
+
+        raise CheckpointError(f"{args.ckpt!r} does not exist; give the path of a checkpoint file or directory.")
+    summary = consolidate(args.ckpt, args.out, with_optimizer=args.with_optimizer)
+    print(f"Wrote {args.out}: {summary['tensors']} tensors, {summary['parameters']:,} parameters"
+          f"{', with optimizer state' if summary['optimizer'] else ''} ({summary['bytes'] / 1e6:.1f} MB); "
+          f"entries: {', '.join(summary['entries'])}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``torchfleet`` command with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     from torchfleet.errors import TorchfleetError
@@ -374,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if command in ("strategies", "accelerators"):
             return _list_registry(command)
+        if command == "consolidate":
+            return _consolidate(rest)
         if command in STAGES:
             return _run_stage(command, rest)
     except TorchfleetError as exc:
@@ -382,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from torchfleet.errors import closest
 
-    near = closest(command, [*STAGES, "strategies", "accelerators"])
+    near = closest(command, [*STAGES, "strategies", "accelerators", "consolidate"])
     hint = f" Did you mean {near[0]!r}?" if near else ""
     print(f"torchfleet: unknown command {command!r}.{hint}\n\n{_HELP}", file=sys.stderr, end="")
     return 2

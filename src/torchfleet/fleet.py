@@ -471,18 +471,12 @@ class Fleet:
     def init_module(self, empty_init: bool | None = None) -> Iterator[None]:
         """Create a module's parameters directly on the device, in the precision's parameter dtype.
 
-        ``empty_init`` is accepted for sharded strategies (meta-device init); one device ignores it.
+        With ``empty_init=True`` sharded strategies (fsdp) create them on the meta device, without
+        memory, and ``setup`` materialises only this process's shards; one device ignores it.
         """
         # "-mixed" precisions keep float32 parameters; "-true" ones create them in their dtype
-        dtype = self._strategy.precision.param_dtype
-        previous = torch.get_default_dtype()
-        with torch.device(self.device):
-            if dtype != previous:
-                torch.set_default_dtype(dtype)
-            try:
-                yield
-            finally:
-                torch.set_default_dtype(previous)
+        with self._strategy.module_init_context(empty_init):
+            yield
 
     # -------------------------------------------------------------- training
     def backward(self, loss: Tensor, *args: Any, model: nn.Module | None = None, **kwargs: Any) -> None:

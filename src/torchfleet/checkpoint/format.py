@@ -36,7 +36,11 @@ def check_checkpoint(checkpoint: Any, path: str | os.PathLike) -> dict[str, Any]
 
 
 def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
-    """Read and check a torchfleet checkpoint file with the default CheckpointIO."""
+    """Read and check a torchfleet checkpoint (a file, or a sharded directory read whole) with the default CheckpointIO."""
+    if os.path.isdir(path):
+        from torchfleet.checkpoint.consolidate import read_full_checkpoint
+
+        return read_full_checkpoint(path)
     from torchfleet.checkpoint.io import TorchCheckpointIO
 
     return check_checkpoint(TorchCheckpointIO().load_checkpoint(path, map_location=map_location), path)

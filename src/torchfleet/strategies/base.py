@@ -198,6 +198,34 @@ class Strategy(ABC):
         """Adapt an optimizer that was built over the module's parameters (sharded strategies rebuild it)."""
         return optimizer
 
+    def setup_and_build_optimizers(
+        self, module: nn.Module, build: Callable[[], list[Optimizer]]
+    ) -> tuple[nn.Module, list[Optimizer]]:
+        """Set up ``module`` and the optimizers ``build()`` creates over its parameters (the Trainer's order).
+
+        Default: build them first, then ``setup``. Strategies whose wrapping replaces the parameters
+        (fsdp) set the module up first, so the optimizers hold the parameters that are trained.
+        """
+        return self.setup(module, build())
+
+    def module_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager:
+        """Where ``init_module`` creates a model: on ``root_device``, in the precision's parameter dtype.
+
+        ``empty_init`` is for sharded strategies (parameters on the meta device, materialised
+        sharded in setup); strategies that hold the whole model ignore it.
+        """
+        from torchfleet.precision import _DefaultDtype
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.device(self.root_device))
+        stack.enter_context(_DefaultDtype(self.precision.param_dtype))
+        return stack
+
+    @property
+    def supports_inference_mode(self) -> bool:
+        """Whether evaluation may run under ``torch.inference_mode`` (else ``torch.no_grad``)."""
+        return True
+
     def unwrap(self, module: nn.Module) -> nn.Module:
         """The user's module inside whatever ``setup_module`` wrapped it in."""
         return module
@@ -348,7 +376,13 @@ class Strategy(ABC):
         """Read the checkpoint at ``path``, load it into the modules/optimizers in ``state``, return it whole."""
         from torchfleet.checkpoint.io import load_with
 
-        checkpoint = load_with(self.checkpoint_io, path, map_location="cpu")
+        if os.path.isdir(path):
+            # a sharded checkpoint (any layout, any world size), read whole into this process
+            from torchfleet.checkpoint.consolidate import read_full_checkpoint
+
+            checkpoint = read_full_checkpoint(path)
+        else:
+            checkpoint = load_with(self.checkpoint_io, path, map_location="cpu")
         self.load_into(checkpoint, state or {}, strict=strict, path=path)
         return checkpoint
 

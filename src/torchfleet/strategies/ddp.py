@@ -127,10 +127,13 @@ class DDPStrategy(ParallelStrategy):
 
             self._launcher = ProcessLauncher(env, self.num_processes, num_nodes, self.start_method)
         if self.num_processes * num_nodes == 1:
-            log.warning(
-                "strategy='ddp' with a single process: it runs, but there is nothing to synchronise with; "
-                "strategy='single_device' does the same without the process group."
-            )
+            self._warn_single_process()
+
+    def _warn_single_process(self) -> None:
+        log.warning(
+            "strategy='ddp' with a single process: it runs, but there is nothing to synchronise with; "
+            "strategy='single_device' does the same without the process group."
+        )
 
     # ----------------------------------------------------------------- processes
     def _record_ranks(self) -> None:

@@ -303,6 +303,9 @@ class DeepSpeedStrategy(DDPStrategy):
         stepping goes through the engine (LR schedulers built over the given one keep working).
         """
         deepspeed = import_deepspeed()
+        # a later stage (validate after fit, a second fit): the previous engine's ZeRO-3 hooks are still on the
+        # module's layers and would fetch parameters alongside the new engine's
+        self._release_engine()
         optimizers = list(optimizers)
         if len(optimizers) > 1:
             raise ConfigurationError(
@@ -522,9 +525,14 @@ class DeepSpeedStrategy(DDPStrategy):
         )
         load_engine_checkpoint(self, checkpoint, with_optimizer=with_optimizer, strict=strict)
 
+    def _release_engine(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.destroy()
+
     def teardown(self) -> None:
-        """Drop the engine, then what DDPStrategy releases."""
-        self._engine = None
+        """Release the engine (its hooks on the module), then what DDPStrategy releases."""
+        self._release_engine()
         super().teardown()
 
     def __repr__(self) -> str:

@@ -49,6 +49,20 @@ def _register_ddp() -> None:
 _register_ddp()
 
 
+def _register_fsdp() -> None:
+    from torchfleet.strategies.fsdp import FSDPStrategy
+
+    StrategyRegistry.register(
+        "fsdp", FSDPStrategy,
+        description="FSDP2 (fully_shard): parameters, gradients and optimizer state sharded across processes.")
+    StrategyRegistry.register(
+        "fsdp_cpu_offload", FSDPStrategy, cpu_offload=True,
+        description="fsdp with the sharded parameters, gradients and optimizer step kept in CPU memory.")
+
+
+_register_fsdp()
+
+
 def _register_deepspeed() -> None:
     # the class imports deepspeed only when built, so the names exist (and explain how to install it) without it
     from torchfleet.strategies.deepspeed import DeepSpeedStrategy

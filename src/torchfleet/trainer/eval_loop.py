@@ -65,7 +65,9 @@ class EvalLoop:
         results.device = strategy.root_device
         start_cbs, end_cbs = hooks.cb(f"on_{hook}_batch_start"), hooks.cb(f"on_{hook}_batch_end")
         start_mod, end_mod = hooks.mod(f"on_{hook}_batch_start"), hooks.mod(f"on_{hook}_batch_end")
-        grad_ctx = torch.inference_mode if trainer.inference_mode else torch.no_grad
+        # fsdp cannot evaluate under inference_mode: its gathered parameters are reused in training
+        inference = trainer.inference_mode and strategy.supports_inference_mode
+        grad_ctx = torch.inference_mode if inference else torch.no_grad
         results_by_loader = []
         for dl_idx, (loader, limit) in enumerate(zip(self.loaders, self.limits)):
             res = results if not multi else Results(self.stage)

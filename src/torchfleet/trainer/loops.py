@@ -130,9 +130,12 @@ def _merge_callbacks(trainer: Trainer, extra: Any) -> None:
 
 def _setup_model(trainer: Trainer, model: Any, with_optimizers: bool) -> None:
     strategy = trainer.strategy
-    opts, scheds = [], []
-    if with_optimizers:
-        opts, scheds = parse_optimizers(model.configure_optimizers())
+    scheds: list[Any] = []
+
+    def build_optimizers() -> list[Any]:
+        # the strategy decides when: before wrapping (ddp), or after sharding replaced the parameters (fsdp)
+        opts, found = parse_optimizers(model.configure_optimizers())
+        scheds.extend(found)
         if not opts:
             log.warning("configure_optimizers() returned None: fit runs forward and backward but changes no weights.")
         if model.automatic_optimization and len(opts) > 1:
@@ -141,7 +144,12 @@ def _setup_model(trainer: Trainer, model: Any, with_optimizers: bool) -> None:
                 "Set self.automatic_optimization = False and step them yourself in training_step "
                 "(self.optimizers(), self.manual_backward(loss)), or combine the parameter groups in one optimizer."
             )
-    wrapped, opts = strategy.setup(model, opts)
+        return opts
+
+    if with_optimizers:
+        wrapped, opts = strategy.setup_and_build_optimizers(model, build_optimizers)
+    else:
+        wrapped, opts = strategy.setup(model, [])
     trainer._wrapped = wrapped
     trainer.optimizers = opts
     trainer.lr_scheduler_configs = scheds

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -458,6 +459,18 @@ class Trainer:
     def barrier(self, name: str | None = None) -> None:
         """Wait until every rank gets here."""
         self.strategy.barrier(name)
+
+    # ------------------------------------------------------------------ model creation
+    @contextlib.contextmanager
+    def init_module(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Create the model inside this block: on the strategy's device, in the precision's parameter dtype.
+
+        With ``empty_init=True`` sharded strategies (fsdp) create the parameters on the meta device,
+        without memory; ``fit`` then materialises only each process's shards and initialises them with
+        the modules' ``reset_parameters()``, so a model larger than one process's memory can be built.
+        """
+        with self.strategy.module_init_context(empty_init):
+            yield
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(

@@ -263,10 +263,10 @@ class ModelCheckpoint(Callback):
     # ----------------------------------------------------------------- finding
     @staticmethod
     def find_last(dirpath: str | os.PathLike) -> str | None:
-        """``last.ckpt`` in ``dirpath`` if present, else its newest checkpoint file, else None."""
+        """``last.ckpt`` in ``dirpath`` if present, else its newest checkpoint, else None (files or sharded directories)."""
         dirpath = os.fspath(dirpath)
         last = os.path.join(dirpath, ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION)
-        if os.path.isfile(last):
+        if os.path.exists(last):
             return last
         files = [f for f in glob.glob(os.path.join(dirpath, "*" + ModelCheckpoint.FILE_EXTENSION))
                  if not os.path.basename(f).startswith(".")]

@@ -1,0 +1,270 @@
+"""The "dcp" layout of sharded checkpoints: torch.distributed.checkpoint files beside torchfleet.pt.
+
+Entries that a strategy hands over as ``DCPStateDict`` (model state dicts whose tensors may be
+DTensor shards, optimizer states in the FQN-keyed form of
+``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict``) go into the DCP files; the rest
+of the checkpoint goes into ``torchfleet.pt``. DCP records every tensor's global shape and where
+each shard lives, so the files load at any world size: into sharded modules in place
+(``load_dcp_into``), or whole into one process without a process group (``read_dcp_full``).
+
+Single-file checkpoints keep optimizer states in ``torch.optim``'s positional form (parameters
+numbered 0, 1, ... in parameter-group order); ``optimizer_state_to_positional`` and
+``optimizer_state_to_fqn`` convert between the two.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from torchfleet.checkpoint.distributed import (
+    atomic_checkpoint_dir,
+    read_meta,
+    sharded_marker,
+    write_meta,
+)
+from torchfleet.checkpoint.format import FORMAT_KEY
+from torchfleet.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from torchfleet.strategies.base import Strategy
+
+#: key in the format marker listing the entries stored in the DCP files: {key: None (one dict) | n (a list of n)}
+SHARDED_ENTRIES = "sharded_entries"
+
+
+#: what a sharded entry holds: a module's state dict, or an optimizer's state (FQN-keyed in the files)
+KINDS = ("module", "optimizer")
+
+
+class DCPStateDict(dict):
+    """A state dict that goes into the DCP files of a sharded checkpoint (its tensors may be DTensor shards).
+
+    ``kind`` is "module" or "optimizer" (optimizer states are FQN-keyed, see ``optimizer_state_to_fqn``).
+    """
+
+    def __init__(self, state: Mapping[str, Any], kind: str = "module") -> None:
+        super().__init__(state)
+        if kind not in KINDS:
+            raise ValueError(f"kind={kind!r}; accepted: {KINDS}")
+        self.kind = kind
+
+
+class DCPEntry:
+    """Stands for an entry of a loaded "dcp" checkpoint that is still on disk; the strategy loads it in place.
+
+    ``key`` is the checkpoint entry ("state_dict", "optimizer_states"), ``kind`` "module" or
+    "optimizer", ``index`` the position in a list entry (one per optimizer), or None.
+    """
+
+    def __init__(self, path: str, key: str, kind: str, index: int | None = None) -> None:
+        self.path, self.key, self.kind, self.index = path, key, kind, index
+
+    @property
+    def prefix(self) -> str:
+        """The prefix of this entry's flattened keys in the DCP metadata."""
+        return self.key if self.index is None else f"{self.key}.{self.index}"
+
+    def __repr__(self) -> str:
+        where = self.key if self.index is None else f"{self.key}[{self.index}]"
+        return f"DCPEntry({where} in {self.path!r})"
+
+
+def _is_sharded(value: Any) -> bool:
+    return isinstance(value, DCPStateDict) or (
+        isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, DCPStateDict) for v in value)
+    )
+
+
+def save_dcp_checkpoint(path: str | os.PathLike, plain: Mapping[str, Any], strategy: Strategy) -> None:
+    """Write ``plain`` as a "dcp" layout directory at ``path`` (every rank calls it; atomic).
+
+    Its ``DCPStateDict`` entries (and lists of them) go into the DCP files, the rest into torchfleet.pt.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    sharded = {k: (dict(v) if isinstance(v, DCPStateDict) else [dict(x) for x in v])
+               for k, v in plain.items() if _is_sharded(v)}
+    meta = {k: v for k, v in plain.items() if k not in sharded}
+    marker = sharded_marker("dcp")
+    marker[SHARDED_ENTRIES] = {
+        k: {"kind": (v if isinstance(v, DCPStateDict) else v[0]).kind,
+            "count": None if isinstance(v, DCPStateDict) else len(v)}
+        for k, v in plain.items() if k in sharded
+    }
+    meta[FORMAT_KEY] = marker
+    with atomic_checkpoint_dir(path, strategy) as tmp:
+        dcp.save(sharded, checkpoint_id=tmp)
+        if strategy.is_global_zero:
+            write_meta(tmp, meta)
+
+
+def read_dcp_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint dict of a "dcp" directory: its meta, with a ``DCPEntry`` for each entry in the DCP files."""
+    path = os.fspath(path)
+    meta = read_meta(path)
+    checkpoint = dict(meta)
+    for key, info in meta[FORMAT_KEY].get(SHARDED_ENTRIES, {}).items():
+        kind, count = info["kind"], info["count"]
+        checkpoint[key] = (DCPEntry(path, key, kind) if count is None
+                           else [DCPEntry(path, key, kind, i) for i in range(count)])
+    return checkpoint
+
+
+def _metadata(path: str) -> Any:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        return FileSystemReader(path).read_metadata()
+    except Exception as exc:
+        raise CheckpointError(
+            f"The DCP files of {path!r} cannot be read ({type(exc).__name__}: {exc}). The directory is damaged or "
+            "was not written by a torchfleet sharded strategy."
+        ) from exc
+
+
+def _flatten(template: Mapping[str, Any]) -> dict[str, Any]:
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    flat, _ = flatten_state_dict(dict(template))
+    return flat
+
+
+def _listing(items: Sequence[str], limit: int = 5) -> str:
+    shown = ", ".join(repr(k) for k in items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def check_against_checkpoint(template: Mapping[str, Any], path: str, strict: bool = True) -> None:
+    """Raise CheckpointError naming the first keys of ``template`` that the DCP files at ``path`` lack,
+    the first they hold beyond it (strict only), and tensors whose global shapes differ."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    saved = _metadata(path).state_dict_metadata
+    wanted = _flatten(template)
+    roots = {k.split(".", 1)[0] for k in template}
+    # optimizer entries hold scalars (step counts) whose form depends on the optimizer; only tensors are matched
+    missing = [k for k, v in wanted.items() if k not in saved and hasattr(v, "shape")]
+    unexpected = [k for k, v in saved.items()
+                  if k.split(".", 1)[0] in roots and k not in wanted and isinstance(v, TensorStorageMetadata)]
+    shapes = [f"{k!r} (checkpoint {tuple(saved[k].size)}, model {tuple(v.shape)})" for k, v in wanted.items()
+              if k in saved and isinstance(saved[k], TensorStorageMetadata) and hasattr(v, "shape")
+              and tuple(saved[k].size) != tuple(v.shape)]
+    problems = []
+    if missing and strict:
+        problems.append(f"missing from the checkpoint: {_listing(missing)}")
+    if unexpected and strict:
+        problems.append(f"in the checkpoint but not in the model: {_listing(unexpected)}")
+    if shapes:
+        problems.append("shape differs for " + ", ".join(shapes[:5]) + (" ..." if len(shapes) > 5 else ""))
+    if problems:
+        raise CheckpointError(
+            f"The sharded checkpoint {path!r} does not fit the model: {'; '.join(problems)}. The model's architecture "
+            "or hyperparameters differ from the run that wrote it; build the model with the same arguments"
+            + (", or load with strict=False to skip missing and extra keys." if not shapes else ".")
+        )
+
+
+def saved_keys(path: str) -> set[str]:
+    """The flattened keys ("state_dict.net.0.weight", "optimizer_states.0.state.net.0.weight.exp_avg", ...) in the DCP files."""
+    return set(_metadata(path).state_dict_metadata)
+
+
+def load_dcp_into(path: str, template: dict[str, Any], strict: bool = True) -> None:
+    """Fill ``template`` (state dicts of sharded or plain tensors) in place from the DCP files at ``path``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    check_against_checkpoint(template, path, strict=strict)
+    dcp.load(template, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=not strict))
+
+
+def read_dcp_full(path: str | os.PathLike, keys: set[str] | None = None) -> dict[str, Any]:
+    """The entries (all, or ``keys``) of the DCP files at ``path`` as whole tensors, in this one process.
+
+    Needs no process group and no model: the shapes come from the DCP metadata. The whole model
+    (and optimizer, if asked for) must fit this process's memory.
+    """
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    state: dict[str, Any] = {}
+    # dcp.load rebuilds its argument's keys first, so a planner that creates them needs the inner loader
+    _load_state_dict(state, storage_reader=FileSystemReader(os.fspath(path)),
+                     planner=_EmptyStateDictLoadPlanner(keys=keys), no_dist=True)
+    return state
+
+
+def read_full_dcp_checkpoint(path: str | os.PathLike, with_optimizer: bool = True) -> dict[str, Any]:
+    """A "dcp" directory as one ordinary checkpoint dict: whole tensors, optimizer states in positional form."""
+    path = os.fspath(path)
+    checkpoint = read_dcp_checkpoint(path)
+    entries = {k: v for k, v in checkpoint.items() if _holds_entries(v)}
+    kinds = {k: (v if isinstance(v, DCPEntry) else v[0]).kind for k, v in entries.items()}
+    wanted = {k for k in entries if with_optimizer or kinds[k] != "optimizer"}
+    loaded = read_dcp_full(path, keys=wanted) if wanted else {}
+    for key, entry in entries.items():
+        if key not in wanted:
+            del checkpoint[key]
+            continue
+        value = loaded.get(key, {})
+        if isinstance(entry, list):
+            value = _as_list(value, len(entry))
+        if kinds[key] == "optimizer":
+            value = ([optimizer_state_to_positional(v) for v in value] if isinstance(entry, list)
+                     else optimizer_state_to_positional(value))
+        checkpoint[key] = value
+    marker = dict(checkpoint[FORMAT_KEY])
+    marker.pop(SHARDED_ENTRIES, None)
+    checkpoint[FORMAT_KEY] = marker
+    return checkpoint
+
+
+def _holds_entries(value: Any) -> bool:
+    return isinstance(value, DCPEntry) or (isinstance(value, list) and bool(value)
+                                           and all(isinstance(v, DCPEntry) for v in value))
+
+
+def _as_list(value: Any, count: int) -> list[Any]:
+    # DCP stores a list as a mapping of its indices when read back without a template
+    if isinstance(value, Mapping):
+        return [value.get(i, value.get(str(i), {})) for i in range(count)]
+    return list(value)
+
+
+# ---------------------------------------------------------------------------- optimizer state forms
+def optimizer_state_to_positional(state: Mapping[str, Any]) -> dict[str, Any]:
+    """An FQN-keyed optimizer state dict in ``torch.optim``'s positional form (what ``Optimizer.load_state_dict`` takes).
+
+    Parameters are numbered in the order their names appear in the parameter groups, which is
+    the order ``Optimizer.state_dict`` numbers them in.
+    """
+    groups, numbered, index = [], {}, 0
+    for group in state.get("param_groups", []):
+        names = list(group["params"])
+        ids = list(range(index, index + len(names)))
+        numbered.update(zip(names, ids))
+        index += len(names)
+        groups.append({**group, "params": ids})
+    per_param = {numbered[name]: value for name, value in state.get("state", {}).items() if name in numbered}
+    return {"state": per_param, "param_groups": groups}
+
+
+def optimizer_state_to_fqn(state: Mapping[str, Any], names: Sequence[Sequence[str]]) -> dict[str, Any]:
+    """A positional optimizer state dict keyed by parameter names instead: ``names[g]`` lists group g's names."""
+    saved = state.get("param_groups", [])
+    if [len(g["params"]) for g in saved] != [len(n) for n in names]:
+        raise CheckpointError(
+            f"The checkpoint's optimizer has parameter groups of sizes {[len(g['params']) for g in saved]}, the "
+            f"optimizer to load into {[len(n) for n in names]}. Build the optimizer as in the run that wrote it."
+        )
+    by_id: dict[Any, str] = {}
+    groups = []
+    for group, group_names in zip(saved, names):
+        by_id.update(zip(group["params"], group_names))
+        groups.append({**group, "params": list(group_names)})
+    per_param = {by_id[i]: value for i, value in state.get("state", {}).items() if i in by_id}
+    return {"state": per_param, "param_groups": groups}
+

@@ -1,0 +1,512 @@
+"""FSDPStrategy: parameters, gradients and optimizer state sharded across processes with FSDP2 (``fully_shard``).
+
+It is DDPStrategy's process set-up (launchers, process group, samplers) with another wrapper: each
+submodule the ``auto_wrap_policy`` matches becomes its own FSDP unit, then the root. Between its
+forward and backward a unit's parameters are gathered whole; the rest of the time each rank holds
+1/N of them (FULL_SHARD). Checkpoints are torch.distributed.checkpoint directories by default
+(``state_dict_type="sharded"``, see torchfleet.checkpoint.dcp), loadable at any world size and by
+every strategy; ``"full"`` writes one ordinary file from rank 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from torchfleet.errors import ConfigurationError
+from torchfleet.strategies.ddp import DEFAULT_TIMEOUT, DDPStrategy
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from torchfleet.accelerators.base import Accelerator
+    from torchfleet.checkpoint.io import CheckpointIO
+    from torchfleet.environments.base import ClusterEnvironment
+    from torchfleet.precision import Precision
+
+log = logging.getLogger(__name__)
+
+SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD")
+STATE_DICT_TYPES = ("sharded", "full")
+#: the Module hooks that run the model: each runs FSDP's pre/post-forward (gather, then free, the root's parameters)
+_STEP_HOOKS = ("training_step", "validation_step", "test_step", "predict_step")
+_MESH_DIMS = ("replicate", "shard")
+
+Policy = Callable[[nn.Module], bool]
+
+
+def _as_policy(name: str, value: Any) -> Policy | None:
+    """``value`` (None, a layer class, a set/list of them, or a callable(module) -> bool) as a predicate."""
+    if value is None:
+        return None
+    if isinstance(value, type):
+        value = {value}
+    if isinstance(value, (set, frozenset, list, tuple)):
+        classes = tuple(value)
+        bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, nn.Module))]
+        if bad or not classes:
+            raise ConfigurationError(
+                f"{name}={value!r} is not valid: a set of layer classes must hold nn.Module subclasses "
+                f"(got {', '.join(repr(b) for b in bad) or 'an empty set'}). Give e.g. {{nn.TransformerEncoderLayer}}, "
+                "or a function that takes a module and returns True for those to wrap."
+            )
+        return lambda module: isinstance(module, classes)
+    if callable(value):
+        return value
+    raise ConfigurationError(
+        f"{name}={value!r} is not understood. Accepted: a set of layer classes ({{nn.TransformerEncoderLayer}}), or a "
+        "function that takes a module and returns True for each one to wrap."
+    )
+
+
+def _sharding_name(value: Any) -> str:
+    # torch's FSDP1 ShardingStrategy enum members are accepted by name
+    name = getattr(value, "name", value)
+    if isinstance(name, str) and name.upper() in SHARDING_STRATEGIES:
+        return name.upper()
+    from torchfleet.errors import closest
+
+    near = closest(str(name), SHARDING_STRATEGIES)
+    raise ConfigurationError(
+        f"sharding_strategy={value!r} is not understood.{f' Did you mean {near[0]!r}?' if near else ''} Accepted: "
+        "'FULL_SHARD' (parameters, gradients and optimizer state sharded; parameters gathered per layer and freed "
+        "after use), 'SHARD_GRAD_OP' (kept gathered from forward to backward), 'NO_SHARD' (replicated, like ddp) and "
+        "'HYBRID_SHARD' (sharded within a node, replicated across nodes)."
+    )
+
+
+class FSDPStrategy(DDPStrategy):
+    """Fully sharded data parallel training with FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+    ``auto_wrap_policy``: layer classes (``{nn.TransformerEncoderLayer}``) or a callable(module) -> bool;
+    each matching submodule is sharded as its own unit (gathered one at a time), then the root.
+    ``sharding_strategy``: "FULL_SHARD" (default), "SHARD_GRAD_OP" (no reshard after forward),
+    "NO_SHARD" (replicate: a mesh with a shard dimension of 1), "HYBRID_SHARD" (a 2-D mesh, nodes x
+    processes per node: shard within a node, replicate across nodes). ``device_mesh``: a DeviceMesh
+    (1-D: shard over it; 2-D: replicate x shard) or a tuple ``(replicate, shard)`` built after the
+    process group exists. ``cpu_offload``: True or a CPUOffloadPolicy (sharded parameters, gradients
+    and the optimizer step on the CPU; memory is pinned only with CUDA). ``mixed_precision``: a
+    MixedPrecisionPolicy; by default derived from the Trainer's precision ("bf16-mixed"/"16-mixed":
+    gather parameters in bf16/fp16, reduce gradients in fp32). ``activation_checkpointing_policy``:
+    layer classes (or a callable) whose activations are recomputed in backward.
+    ``state_dict_type``: "sharded" (a DCP directory, default) or "full" (one file from rank 0).
+    ``process_group_backend``, ``timeout`` and ``start_method`` are as for DDPStrategy.
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | float | None = DEFAULT_TIMEOUT,
+        start_method: str = "popen",
+        auto_wrap_policy: Any = None,
+        sharding_strategy: Any = "FULL_SHARD",
+        device_mesh: DeviceMesh | tuple[int, int] | None = None,
+        cpu_offload: bool | Any = False,
+        mixed_precision: Any = None,
+        activation_checkpointing_policy: Any = None,
+        state_dict_type: str = "sharded",
+    ) -> None:
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io, precision=precision,
+                         process_group_backend=process_group_backend, timeout=timeout, start_method=start_method)
+        from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
+
+        self.auto_wrap_policy = auto_wrap_policy
+        self._wrap_policy = _as_policy("auto_wrap_policy", auto_wrap_policy)
+        self._checkpoint_policy = _as_policy("activation_checkpointing_policy", activation_checkpointing_policy)
+        self.sharding_strategy = _sharding_name(sharding_strategy)
+        if device_mesh is not None and not _is_mesh(device_mesh) and not _is_mesh_shape(device_mesh):
+            raise ConfigurationError(
+                f"device_mesh={device_mesh!r} is not understood. Give a torch.distributed.device_mesh.DeviceMesh "
+                "(1-D: shard over it; 2-D: replicate x shard) or a tuple of two positive ints (replicate, shard) "
+                "whose product is the world size."
+            )
+        self.device_mesh = device_mesh
+        if not isinstance(cpu_offload, (bool, OffloadPolicy)):
+            raise ConfigurationError(
+                f"cpu_offload={cpu_offload!r} is not valid: give True/False or a "
+                "torch.distributed.fsdp.CPUOffloadPolicy."
+            )
+        self.cpu_offload = cpu_offload
+        if mixed_precision is not None and not isinstance(mixed_precision, MixedPrecisionPolicy):
+            raise ConfigurationError(
+                f"mixed_precision={mixed_precision!r} is not valid: give a torch.distributed.fsdp.MixedPrecisionPolicy, "
+                "or leave it None to derive it from the Trainer's precision."
+            )
+        self._mixed_precision = mixed_precision
+        if state_dict_type not in STATE_DICT_TYPES:
+            raise ConfigurationError(
+                f"state_dict_type={state_dict_type!r} is not valid. Accepted: 'sharded' (every rank writes its shard "
+                "into a checkpoint directory, loadable at any world size) and 'full' (rank 0 gathers the whole model "
+                "into one ordinary checkpoint file)."
+            )
+        self.state_dict_type = state_dict_type
+        self._mesh: DeviceMesh | None = None
+        self._modules: list[weakref.ref[nn.Module]] = []
+        # parameters replaced by fully_shard: id(old) -> (weak reference to old, new), to rebind optimizers built before
+        self._replaced: dict[int, tuple[weakref.ref[Tensor], nn.Parameter]] = {}
+
+    # ----------------------------------------------------------------- configuration
+    def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:
+        super().configure(devices, num_nodes, cluster_environment)
+        self._mesh_shape()  # a mesh that does not fit the world fails here, before any process starts
+
+    def _warn_single_process(self) -> None:
+        # one process is a legitimate fsdp run (e.g. resuming a sharded checkpoint on one device); nothing to say
+        pass
+
+    def _mesh_shape(self) -> tuple[int, ...] | None:
+        """(replicate, shard) for 2-D meshes, (world,) for 1-D; None when a DeviceMesh object was given."""
+        world, nodes = self.world_size, self.num_nodes
+        if _is_mesh(self.device_mesh):
+            return None
+        if self.device_mesh is not None:
+            replicate, shard = self.device_mesh
+            if replicate * shard != world:
+                raise ConfigurationError(
+                    f"device_mesh=({replicate}, {shard}) has {replicate * shard} positions but the run has {world} "
+                    f"processes. Give (replicate, shard) whose product is {world}, e.g. ({nodes}, {world // nodes})."
+                )
+            return (replicate, shard)
+        if self.sharding_strategy == "HYBRID_SHARD":
+            if world % nodes:
+                raise ConfigurationError(
+                    f"sharding_strategy='HYBRID_SHARD' shards within a node and replicates across the {nodes} nodes, but "
+                    f"the world size {world} does not divide into {nodes} nodes. Start the same number of processes on "
+                    "every node, or give device_mesh=(replicate, shard) with replicate x shard = world size."
+                )
+            return (nodes, world // nodes)
+        if self.sharding_strategy == "NO_SHARD":
+            return (world, 1)
+        return (world,)
+
+    def _build_mesh(self) -> DeviceMesh:
+        if _is_mesh(self.device_mesh):
+            return self.device_mesh  # type: ignore[return-value]
+        from torch.distributed.device_mesh import init_device_mesh
+
+        shape = self._mesh_shape()
+        assert shape is not None
+        names = _MESH_DIMS if len(shape) == 2 else ("shard",)
+        return init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
+
+    def _offload_policy(self) -> Any:
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+        policy = self.cpu_offload
+        pin = self.root_device.type == "cuda"
+        if policy is True:
+            return CPUOffloadPolicy(pin_memory=pin)
+        if isinstance(policy, CPUOffloadPolicy) and policy.pin_memory and not pin:
+            log.info("cpu_offload: pinned memory needs CUDA; this %s run offloads without pinning.", self.root_device)
+            return CPUOffloadPolicy(pin_memory=False)
+        return policy if isinstance(policy, OffloadPolicy) else OffloadPolicy()
+
+    @property
+    def mixed_precision_policy(self) -> Any:
+        """The MixedPrecisionPolicy given, or the one the precision implies (read at setup, after resolve)."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self._mixed_precision is not None:
+            return self._mixed_precision
+        compute = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(self.precision.name)
+        if compute is None:  # "-true" precisions already hold parameters in their dtype
+            return MixedPrecisionPolicy()
+        return MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+
+    # ----------------------------------------------------------------- creating the model
+    def module_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager:
+        """With ``empty_init``, parameters are created on the meta device (no memory) and materialised sharded in setup."""
+        if not empty_init:
+            return super().module_init_context(empty_init)
+        from torchfleet.precision import _DefaultDtype
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.device("meta"))
+        stack.enter_context(_DefaultDtype(self.precision.param_dtype))
+        return stack
+
+    def module_to_device(self, module: nn.Module) -> nn.Module:
+        # a module on the meta device is materialised after sharding, one shard per rank
+        if _on_meta(module):
+            return module
+        return module.to(self.root_device)
+
+    # ----------------------------------------------------------------- the module
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """Shard ``module``: activation checkpointing, then fully_shard on each policy match, then on the root."""
+        from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+
+        if isinstance(module, FSDPModule):
+            raise ConfigurationError(
+                f"The {type(module).__name__} given to the fsdp strategy was already sharded with fully_shard. Pass the "
+                "plain module: the strategy applies fully_shard itself, following auto_wrap_policy."
+            )
+        old = {name: p for name, p in module.named_parameters()}
+        if self._checkpoint_policy is not None:
+            _apply_activation_checkpointing(module, self._checkpoint_policy)
+        self._mesh = self._build_mesh()
+        reshard = False if self.sharding_strategy == "SHARD_GRAD_OP" else None
+        kwargs = {"mesh": self._mesh, "reshard_after_forward": reshard, "mp_policy": self.mixed_precision_policy,
+                  "offload_policy": self._offload_policy()}
+        units = self._wrap_units(module)
+        for sub in units:
+            fully_shard(sub, **kwargs)
+        fully_shard(module, **kwargs)
+        for hook in _STEP_HOOKS:
+            if callable(getattr(module, hook, None)):
+                register_fsdp_forward_method(module, hook)
+        if _on_meta(module):
+            _materialize(module, torch.device("cpu") if self.cpu_offload else self.root_device)
+        new = dict(module.named_parameters())
+        self._replaced.update({id(p): (weakref.ref(p), new[n]) for n, p in old.items() if n in new and new[n] is not p})
+        self._modules.append(weakref.ref(module))
+        return module
+
+    def _wrap_units(self, module: nn.Module) -> list[nn.Module]:
+        policy = self._wrap_policy
+        if policy is None:
+            return []
+        # children before parents: fully_shard on a parent must see its children already sharded
+        matched = [m for m in reversed(list(module.modules())) if m is not module and policy(m)]
+        if not matched:
+            log.warning(
+                "auto_wrap_policy=%r matched no submodule of %s: the whole model is one FSDP unit, so every parameter "
+                "is gathered at once in forward and backward (peak memory as without sharding). Name the classes of "
+                "its repeated blocks (e.g. {nn.TransformerEncoderLayer}).", self.auto_wrap_policy,
+                type(module).__name__,
+            )
+        return matched
+
+    def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
+        """Point an optimizer built over the module's parameters before sharding at the sharded parameters."""
+        groups = optimizer.param_groups
+        found = [[self._replacement(p) for p in g["params"]] for g in groups]
+        if any(r is not None for rs in found for r in rs):
+            if optimizer.state:
+                raise ConfigurationError(
+                    f"The {type(optimizer).__name__} was built over the model's parameters before sharding and already "
+                    "holds state, which cannot follow the parameters into their shards. Create the optimizer after "
+                    "the model is set up (Fleet: fleet.setup_module(model), then the optimizer, then "
+                    "fleet.setup_optimizers(optimizer))."
+                )
+            for group, replacements in zip(groups, found):
+                group["params"] = [r if r is not None else p for r, p in zip(replacements, group["params"])]
+        return optimizer
+
+    def _replacement(self, param: Tensor) -> nn.Parameter | None:
+        entry = self._replaced.get(id(param))
+        return entry[1] if entry is not None and entry[0]() is param else None
+
+    def setup_and_build_optimizers(
+        self, module: nn.Module, build: Callable[[], list[Optimizer]]
+    ) -> tuple[nn.Module, list[Optimizer]]:
+        """Shard first, then build the optimizers: they must hold the sharded parameters (and only 1/N of the state)."""
+        wrapped, _ = self.setup(module, [])
+        return wrapped, [self.setup_optimizer(o) for o in build()]
+
+    def modules_set_up(self) -> list[nn.Module]:
+        """The modules this strategy has sharded (and that still exist)."""
+        return [m for m in (r() for r in self._modules) if m is not None]
+
+    @contextlib.contextmanager
+    def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
+        """Keep gradients unsharded and unreduced in the block (gradient accumulation); the next synced backward reduces."""
+        from torch.distributed.fsdp import FSDPModule
+
+        if not (enabled and isinstance(module, FSDPModule)):
+            yield
+            return
+        module.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            module.set_requires_gradient_sync(True)
+
+    def process_dataloader(self, dataloader: Any, stage: str) -> Any:
+        """As ddp, but evaluation loaders give every rank the same number of batches.
+
+        Every forward gathers parameters from all ranks, so a rank with one batch more than the
+        others would wait for them forever. Where the samples do not divide evenly, the last
+        ranks repeat a sample or two (as torch's DistributedSampler does), which the metrics count.
+        """
+        loader = super().process_dataloader(dataloader, stage)
+        from torchfleet.samplers import ExactDistributedSampler
+
+        sampler = getattr(loader, "sampler", None)
+        if stage == "fit" or not isinstance(sampler, ExactDistributedSampler):
+            return loader
+        size = len(sampler.dataset)
+        if size % self.world_size == 0:
+            return loader
+        from torch.utils.data import DistributedSampler
+
+        from torchfleet.samplers import _rebuild
+
+        if self.is_global_zero:
+            log.warning(
+                "The %s data (%d samples) do not split evenly among %d processes; under fsdp every rank must run the "
+                "same number of batches, so %d sample(s) are evaluated twice and count twice in the %s metrics.",
+                stage, size, self.world_size, -size % self.world_size, stage,
+            )
+        padded = DistributedSampler(sampler.dataset, num_replicas=self.world_size, rank=self.global_rank,
+                                    shuffle=False, drop_last=False)
+        return _rebuild(loader, padded)
+
+    @property
+    def supports_inference_mode(self) -> bool:
+        # FSDP gathers parameters into buffers it reuses in training; inference tensors cannot be written to later
+        return False
+
+    def clip_gradients_norm(
+        self,
+        module: nn.Module | None,
+        optimizer: Optimizer | None,
+        max_norm: float,
+        norm_type: float = 2.0,
+        error_if_nonfinite: bool = False,
+    ) -> Tensor:
+        """Clip the sharded gradients to a total norm over all ranks; returns that norm as a plain tensor."""
+        norm = super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
+        full = getattr(norm, "full_tensor", None)
+        return full() if callable(full) else norm
+
+    # ----------------------------------------------------------------- checkpoints
+    def module_state_dict(self, module: nn.Module) -> dict[str, Any]:
+        """Sharded: this rank's shards (DTensors) under the user's names. Full: the whole state on rank 0, {} elsewhere."""
+        from torchfleet.strategies._fsdp_checkpoint import module_state
+
+        return module_state(self, module)
+
+    def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
+        """Sharded: FQN-keyed shards. Full: ``torch.optim``'s positional form, whole, on rank 0 ({} elsewhere)."""
+        from torchfleet.strategies._fsdp_checkpoint import optimizer_state
+
+        return optimizer_state(self, optimizer)
+
+    def save_checkpoint(
+        self, path: str | os.PathLike, state: Mapping[str, Any], storage_options: Any | None = None
+    ) -> None:
+        """Sharded: every rank writes its shards into the checkpoint directory ``path``. Full: rank 0 writes one file."""
+        if self.state_dict_type == "full":
+            return super().save_checkpoint(path, state, storage_options)
+        if storage_options is not None:
+            raise TypeError(
+                f"FSDPStrategy(state_dict_type='sharded') writes checkpoint directories itself and takes no "
+                f"storage_options (got {storage_options!r}); use state_dict_type='full' with a custom CheckpointIO."
+            )
+        from torchfleet.checkpoint.dcp import save_dcp_checkpoint
+
+        save_dcp_checkpoint(path, self.state_for_saving(state), self)
+
+    def load_checkpoint(
+        self, path: str | os.PathLike, state: Mapping[str, Any] | None = None, strict: bool = True
+    ) -> dict[str, Any]:
+        """Read a checkpoint of any layout; sharded entries stay on disk until ``load_into`` loads them in place."""
+        from torchfleet.strategies._fsdp_checkpoint import read_checkpoint
+
+        checkpoint = read_checkpoint(self, path)
+        self.load_into(checkpoint, state or {}, strict=strict, path=path)
+        return checkpoint
+
+    def load_into(
+        self, checkpoint: Mapping[str, Any], state: Mapping[str, Any], strict: bool = True, path: Any = None
+    ) -> None:
+        """Load into the sharded modules and optimizers in ``state``, from DCP files or whole state dicts."""
+        from torchfleet.strategies._fsdp_checkpoint import load_into
+
+        load_into(self, checkpoint, state, strict=strict, path=path)
+
+    def __repr__(self) -> str:
+        return (f"FSDPStrategy(sharding_strategy={self.sharding_strategy!r}, devices={self.num_processes}, "
+                f"num_nodes={self.num_nodes}, cpu_offload={bool(self.cpu_offload)}, "
+                f"state_dict_type={self.state_dict_type!r}, precision={self.precision!r})")
+
+
+def _is_mesh(value: Any) -> bool:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return isinstance(value, DeviceMesh)
+
+
+def _is_mesh_shape(value: Any) -> bool:
+    return (isinstance(value, tuple) and len(value) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value))
+
+
+def _on_meta(module: nn.Module) -> bool:
+    return any(t.is_meta for t in _tensors(module))
+
+
+def _tensors(module: nn.Module) -> Iterable[Tensor]:
+    yield from module.parameters()
+    yield from module.buffers()
+
+
+def _apply_activation_checkpointing(module: nn.Module, policy: Policy) -> None:
+    # the composable form keeps parameter names as they are (no wrapper module), so checkpoints stay portable
+    from torch.distributed._composable import checkpoint
+
+    matched = [m for m in module.modules() if m is not module and policy(m)]
+    if not matched:
+        log.warning("activation_checkpointing_policy matched no submodule of %s: nothing is recomputed.",
+                    type(module).__name__)
+    for sub in matched:
+        checkpoint(sub)
+
+
+def _init_method(module: nn.Module) -> Callable[[], None] | None:
+    # torch's layers name it reset_parameters; a few (MultiheadAttention) only have the private form
+    for name in ("reset_parameters", "_reset_parameters"):
+        method = getattr(module, name, None)
+        if callable(method):
+            return method
+    return None
+
+
+def _materialize(module: nn.Module, device: torch.device) -> None:
+    """Allocate the (sharded) parameters of a meta-device module on ``device`` and initialise them.
+
+    Every module that owns parameters or buffers must be initialised by its own or an ancestor's
+    ``reset_parameters``; buffers not set there come out uninitialised, so they must be too.
+    """
+    uncovered = []
+
+    def visit(mod: nn.Module, name: str, covered: bool) -> None:
+        covered = covered or _init_method(mod) is not None
+        owns = any(True for _ in mod.parameters(recurse=False)) or any(True for _ in mod.buffers(recurse=False))
+        if owns and not covered:
+            uncovered.append(name or type(mod).__name__)
+        for child_name, child in mod.named_children():
+            visit(child, f"{name}.{child_name}" if name else child_name, covered)
+
+    visit(module, "", False)
+    if uncovered:
+        raise ConfigurationError(
+            f"The model was created with init_module(empty_init=True), on the meta device, but "
+            f"{', '.join(map(repr, uncovered[:5]))}{' and others' if len(uncovered) > 5 else ''} own parameters or "
+            "buffers that no reset_parameters() initialises, so they would start as uninitialised memory. Give those "
+            "modules (or a parent) a reset_parameters() method that fills every parameter and buffer, or create the "
+            "model without empty_init."
+        )
+    module.to_empty(device=device)
+    with torch.no_grad():
+        # children first: a parent's own initialisation (of its children too) has the last word
+        for sub in reversed(list(module.modules())):
+            method = _init_method(sub)
+            if method is not None:
+                method()

@@ -1,0 +1,281 @@
+"""Small transformer runs under fsdp (and ddp, for the checkpoint moves), driven by a JSON argument.
+
+One launch trains several runs in turn (ranks and process group started once; each run builds a
+new Trainer). The global batch is ``GLOBAL_BATCH`` at every world size (per-rank batch =
+GLOBAL_BATCH / world size), so runs on 1, 2, 3 or 4 ranks see the same batches in the same steps
+and must end with the same weights. Every run is one entry of ``cfg["runs"]``:
+
+- ``{"name", "strategy", "save_at": step, "ckpt_dir": dir}``: train from scratch; with ``save_at``
+  write ``ckpt_dir/<name>.ckpt`` after that global step.
+- ``"resume": path``: resume from a checkpoint (file or directory) and train to the end.
+- ``"fsdp": {...}``: FSDPStrategy keyword arguments (``auto_wrap`` true means
+  ``{nn.TransformerEncoderLayer}``, ``device_mesh`` a [replicate, shard] list).
+- ``"precision"``, ``"accumulate"``: the Trainer's.
+- ``"empty_init": true``: create the model inside ``trainer.init_module(empty_init=True)``.
+- ``"validate": path``: ``trainer.validate`` with a checkpoint's weights.
+- ``"expect_error": true``: the run must fail; its entry is ``{"error": message}``.
+- ``"wrong_model": true``: build a model with a wider feed-forward (shapes differ from the checkpoint).
+- ``"fleet": true``: a hand-written Fleet loop that saves at ``SAVE_AT`` and resumes in a fresh model.
+
+Rank 0 writes ``cfg["out"]`` (torch.save) with, per run: the final full weights, global step,
+batches this process ran, world size, what the parameters are (DTensor placements, local numel).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import torchfleet as tf
+from torchfleet.callbacks import Callback
+
+N_SAMPLES = 48
+SEQ, DIM = 4, 8
+#: 4 steps an epoch at any world size, 2 epochs
+GLOBAL_BATCH, EPOCHS = 12, 2
+STEPS = EPOCHS * N_SAMPLES // GLOBAL_BATCH
+#: checkpoints are written after this optimizer step (mid-epoch)
+SAVE_AT = 3
+
+
+def make_data() -> TensorDataset:
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(N_SAMPLES, SEQ, DIM, generator=g)
+    y = x.flip(1).mean(-1, keepdim=True)
+    return TensorDataset(x, y)
+
+
+class TinyTransformer(tf.Module):
+    """Two encoder layers (each its own FSDP unit) and a linear head; AdamW and a per-step LR schedule.
+
+    No biases in the encoder: the attention's key bias has a gradient that is zero in theory and
+    rounding noise in practice, which Adam turns into lr-sized steps that differ between any two
+    summation orders.
+    """
+
+    def __init__(self, ff: int = 16) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(DIM, nhead=2, dim_feedforward=ff, dropout=0.0, batch_first=True, bias=False)
+            for _ in range(2)
+        )
+        self.head = nn.Linear(DIM, 1)
+        self.batches_run = 0
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+    def training_step(self, batch, batch_idx):
+        self.batches_run += 1
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        self.log("train_loss", loss, sync_dist=True, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y), sync_dist=True)
+
+    def configure_optimizers(self):
+        opt = torch.optim.AdamW(self.parameters(), lr=0.02, weight_decay=0.01)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def full_weights(module: nn.Module) -> dict:
+    """The whole (unsharded) weights of a module, sharded or not, on every rank."""
+    from torch.distributed.tensor import DTensor
+
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().float().clone()
+            for k, v in module.state_dict().items()}
+
+
+class SaveAt(Callback):
+    """Writes ``trainer.save_checkpoint(path)`` once, after the optimizer step that reaches ``step``.
+
+    With ``kill_later``, saves again to the same path two steps later, and global rank 1 is killed
+    (SIGKILL) after writing part of its shard file: the first checkpoint must survive.
+    """
+
+    def __init__(self, step: int, path: str, kill_later: bool = False) -> None:
+        self.step, self.path, self.weights, self.kill_later = step, path, None, kill_later
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step and self.weights is None:
+            trainer.save_checkpoint(self.path)
+            self.weights = full_weights(module)
+        elif self.kill_later and trainer.global_step == self.step + 2:
+            if trainer.global_rank == 1:
+                _die_while_writing()
+            trainer.save_checkpoint(self.path)
+
+
+def _die_while_writing() -> None:
+    import signal
+
+    from torch.distributed.checkpoint import filesystem
+
+    def write_data(self, plan, planner):
+        with open(os.path.join(self.path, "__1_0.distcp"), "wb") as f:
+            f.write(b"half a shard")
+            f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    filesystem.FileSystemWriter.write_data = write_data
+
+
+def make_strategy(name: str, options: dict | None):
+    if not options:
+        return name
+    from torchfleet.strategies import FSDPStrategy
+
+    options = dict(options)
+    if options.pop("auto_wrap", False):
+        options["auto_wrap_policy"] = {nn.TransformerEncoderLayer}
+    if options.pop("auto_wrap_policy_conv", False):
+        options["auto_wrap_policy"] = {nn.Conv2d}  # matches nothing in this model
+    if options.get("activation_checkpointing_policy") is True:
+        options["activation_checkpointing_policy"] = {nn.TransformerEncoderLayer}
+    if "device_mesh" in options:
+        options["device_mesh"] = tuple(options["device_mesh"])
+    if name == "fsdp_cpu_offload":
+        options["cpu_offload"] = True
+    return FSDPStrategy(**options)
+
+
+def build(strategy, devices: int, num_nodes: int = 1, callbacks=(), precision="32-true", accumulate=1,
+          fsdp=None, empty_init=False, ff=16):
+    """The model, trainer and loaders of one run (the tests build the one-process reference with it too)."""
+    trainer = tf.Trainer(
+        strategy=make_strategy(strategy, fsdp), accelerator="cpu", devices=devices, num_nodes=num_nodes,
+        max_epochs=EPOCHS, precision=precision, accumulate_grad_batches=accumulate, logger=False,
+        enable_checkpointing=any(type(c).__name__ == "ModelCheckpoint" for c in callbacks), enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        callbacks=list(callbacks),
+    )
+    if empty_init:
+        with trainer.init_module(empty_init=True):
+            model = TinyTransformer(ff)
+    else:
+        model = TinyTransformer(ff)
+    data = make_data()
+    batch = GLOBAL_BATCH // (devices * num_nodes)
+    train = DataLoader(data, batch_size=batch, shuffle=False)
+    val = DataLoader(TensorDataset(*data[:16]), batch_size=4)
+    return model, trainer, train, val
+
+
+def describe_params(module: nn.Module) -> dict:
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, p in module.named_parameters():
+        out[name.removeprefix("_forward_module.")] = {  # a Fleet-wrapped module's names
+            "dtensor": isinstance(p, DTensor),
+            "placements": [str(x) for x in p.placements] if isinstance(p, DTensor) else None,
+            "local_numel": (p.to_local() if isinstance(p, DTensor) else p).numel(),
+            "numel": p.numel(),
+            "device": str(p.device),
+        }
+    return out
+
+
+def fleet_run(strategy: str, devices: int, ckpt: str, options: dict | None) -> dict:
+    """Fleet: train, save at SAVE_AT; a fresh model + optimizer loads that checkpoint and finishes."""
+    fleet = tf.Fleet(strategy=make_strategy(strategy, options), accelerator="cpu", devices=devices)
+    fleet.launch()
+
+    def setup():
+        net = TinyTransformer()
+        # the optimizer is built before sharding, as in a plain loop; setup points it at the shards
+        return fleet.setup(net, torch.optim.AdamW(net.parameters(), lr=0.02, weight_decay=0.01))
+
+    def train(model, opt, loader, start: int, save: bool) -> None:
+        step = 0
+        for epoch in range(EPOCHS):
+            loader.sampler.set_epoch(epoch)
+            for x, y in loader:
+                step += 1
+                if step <= start:
+                    continue
+                opt.zero_grad()
+                fleet.backward(nn.functional.mse_loss(model(x), y))
+                opt.step()
+                if save and step == SAVE_AT:
+                    fleet.save(ckpt, {"model": model, "optimizer": opt, "step": step})
+
+    loader = fleet.setup_dataloaders(DataLoader(make_data(), batch_size=GLOBAL_BATCH // devices))
+    model, opt = setup()
+    train(model, opt, loader, 0, save=True)
+    straight = full_weights(model)
+    model, opt = setup()
+    extra = fleet.load(ckpt, {"model": model, "optimizer": opt})
+    train(model, opt, loader, extra["step"], save=False)
+    return {"weights": straight, "resumed_weights": full_weights(model), "extra": extra,
+            "world_size": fleet.world_size, "params": describe_params(model)}
+
+
+def main(cfg: dict) -> None:
+    torch.set_num_threads(1)
+    devices, num_nodes = cfg.get("devices", 2), cfg.get("num_nodes", 1)
+    results = {}
+    for run in cfg["runs"]:
+        tf.seed_everything(0)
+        name, strategy = run["name"], run["strategy"]
+        if run.get("fleet"):
+            results[name] = fleet_run(strategy, devices, os.path.join(run["ckpt_dir"], f"{name}.ckpt"),
+                                      run.get("fsdp"))
+            continue
+        saver = None
+        callbacks = []
+        if run.get("save_at"):
+            saver = SaveAt(run["save_at"], os.path.join(run["ckpt_dir"], f"{name}.ckpt"),
+                           kill_later=run.get("kill_in_second_save", False))
+            callbacks.append(saver)
+        if run.get("model_checkpoint"):
+            from torchfleet.callbacks import ModelCheckpoint
+
+            callbacks.append(ModelCheckpoint(dirpath=os.path.join(run["ckpt_dir"], name), monitor="val_loss",
+                                             save_top_k=1, save_last=True))
+        model, trainer, train, val = build(
+            strategy, devices, num_nodes, callbacks, run.get("precision", "32-true"), run.get("accumulate", 1),
+            run.get("fsdp"), run.get("empty_init", False), ff=32 if run.get("wrong_model") else 16)
+        was_meta = any(p.is_meta for p in model.parameters())
+        try:
+            if run.get("validate"):
+                metrics = trainer.validate(model, val, ckpt_path=run["validate"], verbose=False)
+                results[name] = {"weights": full_weights(model), "val_loss": metrics[0]["val_loss"]}
+                continue
+            trainer.fit(model, train, val, ckpt_path=run.get("resume"))
+        except Exception as exc:
+            if not run.get("expect_error"):
+                raise
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        if run.get("expect_error"):
+            results[name] = {"error": None}
+            continue
+        results[name] = {
+            "weights": full_weights(model),
+            "saved_weights": saver.weights if saver is not None else None,
+            "global_step": trainer.global_step,
+            "batches_run": model.batches_run,
+            "world_size": trainer.world_size,
+            "was_meta": was_meta,
+            "params": describe_params(model),
+            "val_loss": float(trainer.callback_metrics["val_loss"]),
+            "best_model_path": trainer.checkpoint_callback.best_model_path if run.get("model_checkpoint") else None,
+        }
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        torch.save(results, cfg["out"])
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
