@@ -49,6 +49,7 @@ def parse_args(variants: list[str], raw: bool = False) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, required=True)
     parser.add_argument("--batches-per-epoch", type=int, default=8, help="per process")
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--precision", default="32-true", help="the Trainer's precision (torchfleet variants only)")
     parser.add_argument("--out", required=True, help="JSON result (rank 0; every rank with --memory)")
     parser.add_argument("--memory", action="store_true",
                         help="memory run: probe model states after step 1 and through step 2 (see MemoryProbe)")

@@ -45,6 +45,8 @@ def command(variant: str, cfg: dict, out: str, memory: bool) -> list[str]:
         args += [f"--{key.replace('_', '-')}", str(cfg[key])]
     if memory:
         args.append("--memory")
+    if cfg.get("precision", "32-true") != "32-true":
+        args += ["--precision", cfg["precision"]]
     if variant.startswith("raw_"):
         return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
                 "--master-addr=127.0.0.1", f"--master-port={free_port()}", os.path.join(HERE, "_sharded_raw.py"),

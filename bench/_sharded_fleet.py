@@ -148,7 +148,7 @@ def main() -> None:
     data = dataset(args, 2)
     loader = torch.utils.data.DataLoader(data, batch_size=args.batch, shuffle=True)
     trainer = torchfleet.Trainer(
-        accelerator="cpu", devices=2, strategy=strategy(args.variant), max_steps=args.steps,
+        accelerator="cpu", devices=2, strategy=strategy(args.variant), max_steps=args.steps, precision=args.precision,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         num_sanity_val_steps=0, callbacks=[BenchCallback(clock)],
     )

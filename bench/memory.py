@@ -2,6 +2,7 @@
 
     python bench/memory.py            # full: the 100.7M-parameter model, 5 variants, ~3-4 minutes on 2 cores
     python bench/memory.py --quick    # smoke run, < 90 s: an 8.4M-parameter model
+    python bench/memory.py --precision bf16-mixed   # the ZeRO paper's mixed-precision case
     options: --variants ddp,fsdp,... (add raw_fsdp, raw_deepspeed_stage_3, deepspeed_stage_1, ..._offload),
              --width W --blocks B (model size), --save results.json, --keep
 
@@ -66,9 +67,18 @@ TARGETED = ("fsdp", "deepspeed_stage_3")
 N = 2
 
 
-def predicted(variant: str) -> tuple[float, str]:
-    """The ZeRO paper's model-state bytes per parameter for fp32 Adam on N ranks, and the formula."""
+def predicted(variant: str, precision: str = "32-true") -> tuple[float, str]:
+    """The ZeRO paper's model-state bytes per parameter for Adam on N ranks, and the formula.
+
+    fp32: params 4 + grads 4 + Adam 8. Mixed precision (the paper's case): 16-bit params 2 + 16-bit
+    grads 2 + fp32 master copy and Adam 12; torchfleet's ddp under "-mixed" keeps fp32 params and
+    grads (autocast), 4 + 4 + 8, the same 16.
+    """
     name = variant.removeprefix("raw_").removesuffix("_cpu_offload").removesuffix("_offload")
+    if precision.endswith("-mixed"):
+        return {"ddp": (16.0, "4+4+8"), "fsdp": (16.0 / N, "16/N"), "deepspeed_stage_3": (16.0 / N, "16/N"),
+                "deepspeed_stage_2": (2 + 14.0 / N, "2+14/N"),
+                "deepspeed_stage_1": (4 + 12.0 / N, "2+2+12/N")}.get(name, (float("nan"), "?"))
     if name == "ddp":
         return 16.0, "4+4+8"
     if name in ("fsdp", "deepspeed_stage_3"):
@@ -88,7 +98,8 @@ def report(cfg: dict, results: dict[str, list[dict]]) -> None:
     params = next(iter(results.values()))[0]["params"]
     gb = 1e9
     print(f"\nmodel states per rank: {cfg['blocks']} MLP blocks of width {cfg['width']} = {params / 1e6:.1f}M "
-          f"parameters, fp32, Adam, 2 ranks (gloo, CPU); the larger of the 2 ranks; GB = 10^9 bytes")
+          f"parameters, {cfg.get('precision', '32-true')}, Adam, 2 ranks (gloo, CPU); the larger of the 2 ranks; "
+          "GB = 10^9 bytes")
     print(f"target: fsdp and deepspeed_stage_3 model states <= {TARGET}x ddp's")
     cols = [("ZeRO", 8), ("predicts", 7), ("", 6), ("measured", 8), ("(peak)", 6), ("x ddp", 6), ("", 4),
             ("params", 6), ("grads", 6), ("optim", 6), ("master", 6), ("offloaded", 9)]
@@ -98,7 +109,7 @@ def report(cfg: dict, results: dict[str, list[dict]]) -> None:
     ddp = results.get("ddp")
     ddp_peak = worst(ddp, lambda r: r["peak_model_states"]["model_states"]) if ddp else float("nan")
     for variant, ranks in results.items():
-        pred, formula = predicted(variant)
+        pred, formula = predicted(variant, cfg.get("precision", "32-true"))
         peak = worst(ranks, lambda r: r["peak_model_states"]["model_states"])
         at = max(ranks, key=lambda r: r["peak_model_states"]["model_states"])["peak_model_states"]
         ratio = peak / ddp_peak
@@ -152,6 +163,9 @@ def main() -> None:
                         help="comma-separated, from " + ", ".join(DEFAULT_VARIANTS + OPTIONAL))
     parser.add_argument("--width", type=int, help=f"block width (default {FULL['width']})")
     parser.add_argument("--blocks", type=int, help=f"number of blocks (default {FULL['blocks']})")
+    parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"],
+                        help="the Trainer's precision (bf16-mixed: the ZeRO paper's mixed-precision case; "
+                             "torchfleet variants only)")
     parser.add_argument("--no-malloc-tuning", action="store_true", help="leave glibc's mmap threshold alone")
     parser.add_argument("--save", help="write every rank's result to this JSON file")
     parser.add_argument("--keep", action="store_true", help="keep the runs' logs and results (the folder is printed)")
@@ -164,6 +178,9 @@ def main() -> None:
     for key in ("width", "blocks"):
         if getattr(args, key):
             cfg[key] = getattr(args, key)
+    cfg["precision"] = args.precision
+    if args.precision != "32-true" and any(v.startswith("raw_") for v in variants):
+        parser.error("--precision applies to the torchfleet variants only; leave the raw_ variants out")
 
     print(f"{versions()}; {load_average()} at the start")
     why = available(variants)

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import torchfleet as tf
+from tests.distributed import sharded_helpers
 from tests.distributed.scripts import deepspeed_train
 from tests.distributed.scripts.deepspeed_train import BATCH, EPOCHS, TinyTransformer, build, make_data
+from tests.distributed.sharded_helpers import load_results, train_reference
 from torchfleet.strategies.deepspeed import consolidate_deepspeed, deepspeed_available
 
 pytestmark = [
@@ -33,30 +33,18 @@ pytestmark = [
 ]
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "deepspeed_train.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 #: checkpoints are written after this optimizer step, of 12 (mid-epoch: 6 steps an epoch)
 SAVE_AT, STEPS = deepspeed_train.SAVE_AT, 12
 ATOL = 1e-5
 
 
 def run_script(cfg: dict, timeout: float = 240) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    for var in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
-        env.pop(var, None)
-    proc = subprocess.run([sys.executable, SCRIPT, json.dumps(cfg)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return torch.load(cfg["out"], weights_only=False)
+    return load_results(cfg, sharded_helpers.run_script(SCRIPT, cfg, timeout))
 
 
 def reference(accumulate: int = 1) -> dict:
     """One process, the global batch: the weights every 2-rank DeepSpeed run must end with."""
-    tf.seed_everything(0)
-    model, trainer, train, val = build("single_device", 1, 2 * BATCH, accumulate=accumulate)
-    trainer.fit(model, train, val)
-    return {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "global_step": trainer.global_step, "val_loss": float(trainer.callback_metrics["val_loss"])}
+    return train_reference(build, batch=2 * BATCH, accumulate=accumulate)
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +80,7 @@ def ref() -> dict:
 
 
 def assert_close(got: dict, want: dict, atol: float = ATOL) -> None:
-    assert got.keys() == want.keys()
-    for k in want:
-        diff = (got[k].float() - want[k].float()).abs().max().item()
-        assert diff <= atol, f"{k}: max |diff| {diff:.3g} > {atol}"
+    sharded_helpers.assert_close(got, want, atol)
 
 
 @pytest.mark.parametrize("name", ["stage_1", "stage_2", "stage_3", "stage_2_offload", "stage_3_offload"])
@@ -212,3 +197,14 @@ def test_fleet_loop_under_stage_3_matches_one_process_and_resumes(runs):
     assert_close(result["weights"], net.state_dict())
     # a fresh engine loaded the step-3 checkpoint through fleet.load and finished the same way
     assert_close(result["resumed_weights"], net.state_dict())
+
+
+def test_consolidate_command_reads_zero_3_shards_without_the_processes(runs, tmp_path, capsys):
+    from torchfleet.cli import main
+
+    out = tmp_path / "weights.pt"
+    assert main(["consolidate", str(runs["dir"] / "stage_3.ckpt"), str(out)]) == 0
+    assert "Wrote" in capsys.readouterr().out
+    plain = TinyTransformer()
+    plain.load_state_dict(torch.load(out, weights_only=False)["state_dict"])
+    assert_close(plain.state_dict(), runs["stage_3"]["saved_weights"], atol=0.0)

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import torchfleet as tf
+from tests.distributed import sharded_helpers
 from tests.distributed.scripts import fsdp_train
 from tests.distributed.scripts.fsdp_train import (
     GLOBAL_BATCH,
@@ -30,31 +31,18 @@ from tests.distributed.scripts.fsdp_train import (
     build,
     make_data,
 )
+from tests.distributed.sharded_helpers import ROOT, child_env, load_results, train_reference
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "fsdp_train.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ATOL = 1e-5
 WRAP = {"auto_wrap": True}
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    for var in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
-        env.pop(var, None)
-    env.update(extra)
-    return env
-
-
-def run_script(cfg: dict, timeout: float = 240, expect_ok: bool = True) -> tuple[dict | None, subprocess.CompletedProcess]:
-    proc = subprocess.run([sys.executable, SCRIPT, json.dumps(cfg)], capture_output=True, text=True,
-                          timeout=timeout, env=_env(), cwd=ROOT)
-    if expect_ok:
-        assert proc.returncode == 0, proc.stderr[-6000:]
-        return torch.load(cfg["out"], weights_only=False), proc
-    return None, proc
+def run_script(cfg: dict, timeout: float = 240) -> tuple[dict, subprocess.CompletedProcess]:
+    proc = sharded_helpers.run_script(SCRIPT, cfg, timeout)
+    return load_results(cfg, proc), proc
 
 
 def _free_port() -> int:
@@ -70,7 +58,7 @@ def run_two_nodes(cfg: dict, timeout: float = 240) -> dict:
     port = str(_free_port())
     procs = [subprocess.Popen([sys.executable, SCRIPT, json.dumps(cfg)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                              env=_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(k)))
+                              env=child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(k)))
              for k in range(2)]
     outs = []
     try:
@@ -87,11 +75,7 @@ def run_two_nodes(cfg: dict, timeout: float = 240) -> dict:
 
 def reference(accumulate: int = 1) -> dict:
     """One process, the global batch: the weights every fsdp run must end with."""
-    tf.seed_everything(0)
-    model, trainer, train, val = build("single_device", 1, accumulate=accumulate)
-    trainer.fit(model, train, val)
-    return {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
-            "global_step": trainer.global_step, "val_loss": float(trainer.callback_metrics["val_loss"])}
+    return train_reference(build, accumulate=accumulate)
 
 
 @pytest.fixture(scope="module")
@@ -141,10 +125,7 @@ def ref() -> dict:
 
 
 def assert_close(got: dict, want: dict, atol: float = ATOL) -> None:
-    assert got.keys() == want.keys()
-    for k in want:
-        diff = (got[k].float() - want[k].float()).abs().max().item()
-        assert diff <= atol, f"{k}: max |diff| {diff:.3g} > {atol}"
+    sharded_helpers.assert_close(got, want, atol)
 
 
 @pytest.mark.parametrize("name", ["full_shard", "shard_grad_op", "no_shard", "root_only", "cpu_offload",
@@ -163,7 +144,7 @@ def test_sharding_strategies_match_one_process(runs, ref, name):
     ("no_shard", ["R", "S(0)"], 1.0)])
 def test_parameters_are_sharded_as_asked(runs, name, placements, local):
     params = runs[name]["params"]
-    weight = params["layers.0.linear1.weight"]  # 16 x 8: splits evenly over 2 ranks
+    weight = params["encoder.0.linear1.weight"]  # 16 x 8: splits evenly over 2 ranks
     assert weight["dtensor"] and weight["placements"] == placements
     assert weight["local_numel"] == int(weight["numel"] * local)
     if name == "cpu_offload":
@@ -225,11 +206,11 @@ def test_sharded_checkpoint_layout(runs):
 def test_meta_device_init_materialises_only_shards(runs, tmp_path):
     result = runs["empty_init"]
     assert result["was_meta"]
-    weight = result["params"]["layers.0.linear1.weight"]
+    weight = result["params"]["encoder.0.linear1.weight"]
     assert weight["local_numel"] == weight["numel"] // 2
     # initialised by reset_parameters (not zeros, not uninitialised memory) and trained to a finite loss
     assert all(torch.isfinite(w).all() for w in result["weights"].values())
-    assert result["weights"]["layers.0.norm1.weight"].ne(0).all()
+    assert result["weights"]["encoder.0.norm1.weight"].ne(0).all()
     assert result["val_loss"] < 1.0
     # its checkpoint holds the whole model: consolidated, it loads into the plain module
     from torchfleet.checkpoint.consolidate import consolidate
@@ -254,7 +235,7 @@ def test_validate_loads_a_ddp_checkpoint_into_the_sharded_model(runs):
 def test_loading_into_a_model_of_other_shapes_names_the_keys(runs):
     error = runs["wrong_shapes"]["error"]
     assert error is not None and error.startswith("CheckpointError")
-    assert "layers.0.linear1.weight" in error and "(16, 8)" in error and "(32, 8)" in error
+    assert "encoder.0.linear1.weight" in error and "(16, 8)" in error and "(32, 8)" in error
 
 
 def test_model_checkpoint_keeps_top_k_and_last_as_directories(runs):
@@ -278,7 +259,7 @@ def test_fleet_loop_matches_one_process_and_resumes(runs):
             opt.step()
     result = runs["fleet"]
     assert result["world_size"] == 2 and result["extra"]["step"] == SAVE_AT
-    assert result["params"]["layers.0.linear1.weight"]["dtensor"]
+    assert result["params"]["encoder.0.linear1.weight"]["dtensor"]
     assert_close(result["weights"], net.state_dict())
     assert_close(result["resumed_weights"], net.state_dict())
 
@@ -286,7 +267,7 @@ def test_fleet_loop_matches_one_process_and_resumes(runs):
 def test_consolidate_command_writes_one_loadable_file(runs, ref, tmp_path):
     out = tmp_path / "model.pt"
     proc = subprocess.run([sys.executable, "-m", "torchfleet", "consolidate", str(runs["dir"] / "full_shard.ckpt"),
-                           str(out), "--with-optimizer"], capture_output=True, text=True, env=_env(), cwd=ROOT)
+                           str(out), "--with-optimizer"], capture_output=True, text=True, env=child_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     checkpoint = torch.load(out, weights_only=False)
     plain = TinyTransformer()
@@ -306,7 +287,7 @@ def test_hybrid_shard_on_two_nodes_matches_one_process(ref, tmp_path):
         {"name": "hybrid", "strategy": "fsdp", "fsdp": {**WRAP, "sharding_strategy": "HYBRID_SHARD"}},
     ]})["hybrid"]
     assert result["world_size"] == 4
-    weight = result["params"]["layers.0.linear1.weight"]
+    weight = result["params"]["encoder.0.linear1.weight"]
     assert weight["placements"] == ["R", "S(0)"]
     assert weight["local_numel"] == weight["numel"] // 2
     assert_close(result["weights"], ref["weights"])
@@ -314,10 +295,10 @@ def test_hybrid_shard_on_two_nodes_matches_one_process(ref, tmp_path):
 
 def test_a_rank_killed_during_a_sharded_save_leaves_the_previous_checkpoint(ref, tmp_path):
     d = str(tmp_path)
-    _, proc = run_script({"out": f"{d}/killed.pt", "devices": 2, "runs": [
+    proc = sharded_helpers.run_script(SCRIPT, {"out": f"{d}/killed.pt", "devices": 2, "runs": [
         {"name": "killed", "strategy": "fsdp", "fsdp": WRAP, "save_at": SAVE_AT, "ckpt_dir": d,
          "kill_in_second_save": True},
-    ]}, expect_ok=False)
+    ]})
     assert proc.returncode != 0
     assert "rank 1" in proc.stderr.lower() or "local rank 1" in proc.stderr.lower(), proc.stderr[-3000:]
     ckpt = tmp_path / "killed.ckpt"

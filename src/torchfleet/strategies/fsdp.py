@@ -164,6 +164,12 @@ class FSDPStrategy(DDPStrategy):
     def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:
         super().configure(devices, num_nodes, cluster_environment)
         self._mesh_shape()  # a mesh that does not fit the world fails here, before any process starts
+        if self.sharding_strategy == "HYBRID_SHARD" and num_nodes == 1 and self.device_mesh is None:
+            log.warning(
+                "sharding_strategy='HYBRID_SHARD' on one node: there is nothing to replicate across, so it shards "
+                "over all %d processes, exactly as 'FULL_SHARD'. Give num_nodes, or device_mesh=(replicate, shard) "
+                "to replicate within the node.", self.world_size,
+            )
 
     def _warn_single_process(self) -> None:
         # one process is a legitimate fsdp run (e.g. resuming a sharded checkpoint on one device); nothing to say
@@ -196,7 +202,14 @@ class FSDPStrategy(DDPStrategy):
 
     def _build_mesh(self) -> DeviceMesh:
         if _is_mesh(self.device_mesh):
-            return self.device_mesh  # type: ignore[return-value]
+            mesh = self.device_mesh
+            if mesh.size() != self.world_size or mesh.ndim not in (1, 2):  # type: ignore[union-attr]
+                raise ConfigurationError(
+                    f"device_mesh has shape {tuple(mesh.shape)} ({mesh.size()} positions) but the run has "  # type: ignore[union-attr]
+                    f"{self.world_size} processes. Give a 1-D mesh of {self.world_size} (shard over all) or a 2-D mesh "
+                    f"(replicate, shard) whose product is {self.world_size}."
+                )
+            return mesh  # type: ignore[return-value]
         from torch.distributed.device_mesh import init_device_mesh
 
         shape = self._mesh_shape()

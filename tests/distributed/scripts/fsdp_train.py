@@ -34,8 +34,13 @@ from torch.utils.data import DataLoader, TensorDataset
 import torchfleet as tf
 from torchfleet.callbacks import Callback
 
-N_SAMPLES = 48
-SEQ, DIM = 4, 8
+try:
+    from tests.distributed.scripts import deepspeed_train
+except ImportError:  # run as a script from its folder
+    import deepspeed_train  # type: ignore[no-redef]
+
+DIM, N_SAMPLES, make_data = deepspeed_train.DIM, deepspeed_train.N_SAMPLES, deepspeed_train.make_data
+
 #: 4 steps an epoch at any world size, 2 epochs
 GLOBAL_BATCH, EPOCHS = 12, 2
 STEPS = EPOCHS * N_SAMPLES // GLOBAL_BATCH
@@ -43,51 +48,15 @@ STEPS = EPOCHS * N_SAMPLES // GLOBAL_BATCH
 SAVE_AT = 3
 
 
-def make_data() -> TensorDataset:
-    g = torch.Generator().manual_seed(1234)
-    x = torch.randn(N_SAMPLES, SEQ, DIM, generator=g)
-    y = x.flip(1).mean(-1, keepdim=True)
-    return TensorDataset(x, y)
-
-
-class TinyTransformer(tf.Module):
-    """Two encoder layers (each its own FSDP unit) and a linear head; AdamW and a per-step LR schedule.
-
-    No biases in the encoder: the attention's key bias has a gradient that is zero in theory and
-    rounding noise in practice, which Adam turns into lr-sized steps that differ between any two
-    summation orders.
-    """
+class TinyTransformer(deepspeed_train.TinyTransformer):
+    """The DeepSpeed tests' model with two encoder layers (each its own FSDP unit) of feed-forward width ``ff``."""
 
     def __init__(self, ff: int = 16) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layers = nn.ModuleList(
+        super().__init__()  # seeds the generator, builds the head (and one layer, replaced here)
+        self.encoder = nn.Sequential(*(
             nn.TransformerEncoderLayer(DIM, nhead=2, dim_feedforward=ff, dropout=0.0, batch_first=True, bias=False)
             for _ in range(2)
-        )
-        self.head = nn.Linear(DIM, 1)
-        self.batches_run = 0
-
-    def forward(self, x):
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x)
-
-    def training_step(self, batch, batch_idx):
-        self.batches_run += 1
-        x, y = batch
-        loss = nn.functional.mse_loss(self(x), y)
-        self.log("train_loss", loss, sync_dist=True, on_epoch=True)
-        return loss
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        self.log("val_loss", nn.functional.mse_loss(self(x), y), sync_dist=True)
-
-    def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.parameters(), lr=0.02, weight_decay=0.01)
-        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        ))
 
 
 def full_weights(module: nn.Module) -> dict:
