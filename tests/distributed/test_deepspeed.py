@@ -70,6 +70,8 @@ def runs(tmp_path_factory) -> dict:
         {"name": "stage_3_on_1", "strategy": "deepspeed_stage_3_offload", "resume": f"{ckpts}/stage_3.ckpt"},
         {"name": "stage_3_as_2", "strategy": "deepspeed_stage_2", "resume": f"{ckpts}/stage_3.ckpt",
          "expect_error": True},
+        # another strategy: fsdp consolidates the ZeRO shards in each process, then keeps its own shards
+        {"name": "fsdp_from_stage_2", "strategy": "fsdp", "resume": f"{ckpts}/stage_2.ckpt"},
     ]})
     return {**two, **one, "dir": tmp}
 
@@ -131,7 +133,8 @@ def test_resume_mid_run_ends_where_the_uninterrupted_run_ends(runs, ref, name):
     assert "state_dict" not in meta and "optimizer_states" not in meta
 
 
-@pytest.mark.parametrize(("name", "source"), [("stage_2_on_1", "stage_2"), ("stage_3_on_1", "stage_3")])
+@pytest.mark.parametrize(("name", "source"), [("stage_2_on_1", "stage_2"), ("stage_3_on_1", "stage_3"),
+                                              ("fsdp_from_stage_2", "stage_2")])
 def test_resume_at_another_world_size(runs, ref, name, source):
     result = runs[name]
     assert result["world_size"] == 1

@@ -95,7 +95,8 @@ class SaveAt(Callback):
 
 def full_weights(trainer) -> dict:
     state = trainer.strategy.module_state_dict(trainer._wrapped)
-    return {k: v.detach().float().clone() for k, v in state.items()}
+    # fsdp's state dict holds DTensor shards (one run resumes a DeepSpeed checkpoint under fsdp)
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().float().clone() for k, v in state.items()}
 
 
 def build(strategy, devices: int, batch: int, callbacks=(), precision="32-true", accumulate=1):
@@ -187,9 +188,9 @@ def main(cfg: dict) -> None:
             "global_step": trainer.global_step,
             "batches_run": model.batches_run,
             "world_size": trainer.world_size,
-            "stage": trainer.strategy.zero_stage,
+            "stage": getattr(trainer.strategy, "zero_stage", None),
             "param_dtype": str(next(model.parameters()).dtype),
-            "config": trainer.strategy.config,
+            "config": getattr(trainer.strategy, "config", None),
             "val_loss": float(trainer.callback_metrics["val_loss"]),
         }
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
