@@ -214,12 +214,7 @@ class Strategy(ABC):
         ``empty_init`` is for sharded strategies (parameters on the meta device, materialised
         sharded in setup); strategies that hold the whole model ignore it.
         """
-        from torchfleet.precision import _DefaultDtype
-
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.device(self.root_device))
-        stack.enter_context(_DefaultDtype(self.precision.param_dtype))
-        return stack
+        return creation_context(self.root_device, self.precision.param_dtype)
 
     @property
     def supports_inference_mode(self) -> bool:
@@ -661,3 +656,13 @@ class ParallelStrategy(Strategy, ABC):
             return bool(decision)
         votes = self.reduce(torch.tensor(int(decision), device=self.root_device), op="sum")
         return bool(votes == self.world_size) if all else bool(votes > 0)
+
+
+def creation_context(device: torch.device | str, dtype: torch.dtype) -> contextlib.ExitStack:
+    """A context in which new tensors are created on ``device`` with default dtype ``dtype``."""
+    from torchfleet.precision import _DefaultDtype
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.device(device))
+    stack.enter_context(_DefaultDtype(dtype))
+    return stack

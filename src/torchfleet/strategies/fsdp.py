@@ -246,12 +246,9 @@ class FSDPStrategy(DDPStrategy):
         """With ``empty_init``, parameters are created on the meta device (no memory) and materialised sharded in setup."""
         if not empty_init:
             return super().module_init_context(empty_init)
-        from torchfleet.precision import _DefaultDtype
+        from torchfleet.strategies.base import creation_context
 
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.device("meta"))
-        stack.enter_context(_DefaultDtype(self.precision.param_dtype))
-        return stack
+        return creation_context("meta", self.precision.param_dtype)
 
     def module_to_device(self, module: nn.Module) -> nn.Module:
         # a module on the meta device is materialised after sharding, one shard per rank
