@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchfleet.checkpoint.format import FORMAT_KEY
+from torchfleet.checkpoint.io import _fsync_dir
 from torchfleet.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -160,19 +161,6 @@ def partial_dir(path: str | os.PathLike) -> str:
 def _aside_dir(path: str) -> str:
     parent, name = os.path.split(path)
     return os.path.join(parent, f".{name}{_OLD_SUFFIX}")
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _remove(path: str) -> None:
