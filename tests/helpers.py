@@ -78,8 +78,11 @@ class RegressionData(DataModule):
 
 
 def quiet(**kw):
-    """Trainer kwargs that keep test output and files small."""
-    base = dict(enable_progress_bar=False, enable_model_summary=False, logger=False, enable_checkpointing=False,
+    """Trainer kwargs for unit tests: on the CPU (their references are computed there), small output, no files.
+
+    GPU runs of the same behaviours live in tests/gpu.
+    """
+    base = dict(accelerator="cpu", enable_progress_bar=False, enable_model_summary=False, logger=False, enable_checkpointing=False,
                 num_sanity_val_steps=0)
     base.update(kw)
     return base

@@ -33,7 +33,7 @@ class ScriptedVal(Regressor):
 
 
 def _fit(model, callbacks, tmp_path, epochs, **kw):
-    trainer = Trainer(max_epochs=epochs, default_root_dir=tmp_path, callbacks=callbacks,
+    trainer = Trainer(accelerator="cpu", max_epochs=epochs, default_root_dir=tmp_path, callbacks=callbacks,
                       enable_progress_bar=False, enable_model_summary=False, logger=False, num_sanity_val_steps=0, **kw)
     trainer.fit(model, datamodule=RegressionData())
     return trainer
@@ -71,7 +71,8 @@ def test_every_n_train_steps_without_monitor_keeps_latest(tmp_path):
 
 
 def test_default_checkpoint_dir_is_under_the_logger(tmp_path):
-    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False)
+    trainer = Trainer(accelerator="cpu", max_epochs=1, default_root_dir=tmp_path,
+                      enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(Regressor(), datamodule=RegressionData())
     assert trainer.checkpoint_callback.dirpath == os.path.join(tmp_path, "logs", "version_0", "checkpoints")
     assert os.listdir(trainer.checkpoint_callback.dirpath) == ["epoch=0-step=8.ckpt"]
@@ -97,7 +98,8 @@ def test_checkpoint_state_survives_resume(tmp_path):
     ck = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=1, save_last=True)
     _fit(ScriptedVal(values), [ck], tmp_path, epochs=2)
     ck2 = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=1, save_last=True)
-    trainer = Trainer(max_epochs=4, default_root_dir=tmp_path, callbacks=[ck2], enable_progress_bar=False,
+    trainer = Trainer(accelerator="cpu", max_epochs=4, default_root_dir=tmp_path, callbacks=[ck2],
+                      enable_progress_bar=False,
                       enable_model_summary=False, logger=False, num_sanity_val_steps=0)
     trainer.fit(ScriptedVal(values), datamodule=RegressionData(), ckpt_path=tmp_path / "ck" / "last.ckpt")
     # epoch 1's 0.2 stays the best: the resumed callback remembered it and did not replace it with 0.5
@@ -114,7 +116,7 @@ def test_two_checkpoint_callbacks_keep_separate_state():
 def test_early_stopping_after_patience(tmp_path):
     es = EarlyStopping(monitor="val_loss", patience=2)
     trainer = _fit(ScriptedVal([1.0, 0.5, 0.6, 0.55, 0.4, 0.3]), [es], tmp_path, epochs=6)
-    assert trainer.should_stop and es.stopped_epoch == 3 and trainer.current_epoch == 3
+    assert trainer.should_stop and es.stopped_epoch == 3 and trainer.current_epoch == 4
     assert es.best_score.item() == pytest.approx(0.5)
     assert "did not improve" in es.stopping_reason
 
@@ -141,7 +143,7 @@ def test_early_stopping_missing_metric(tmp_path):
 def test_early_stopping_respects_min_epochs(tmp_path):
     es = EarlyStopping(monitor="val_loss", patience=1)
     trainer = _fit(ScriptedVal([1.0, 2.0, 3.0, 4.0, 5.0]), [es], tmp_path, epochs=5, min_epochs=4)
-    assert trainer.current_epoch == 3
+    assert es.stopped_epoch == 3 and trainer.current_epoch == 4
 
 
 class Recorder(Logger):
@@ -176,7 +178,8 @@ def test_throughput_monitor_counts_samples(tmp_path):
 
 def test_progress_bar_shows_metrics(tmp_path, capsys):
     bar = ProgressBar(refresh_interval=0.0)
-    trainer = Trainer(max_epochs=1, callbacks=[bar], enable_progress_bar=True, enable_model_summary=False, logger=False,
+    trainer = Trainer(accelerator="cpu", max_epochs=1, callbacks=[bar], enable_progress_bar=True,
+                      enable_model_summary=False, logger=False,
                       enable_checkpointing=False, num_sanity_val_steps=0)
     trainer.fit(Regressor(), datamodule=RegressionData())
     err = capsys.readouterr().err
@@ -207,7 +210,8 @@ def test_configure_callbacks_from_model_replaces_same_type(tmp_path):
         def configure_callbacks(self):
             return [ModelCheckpoint(dirpath=tmp_path / "own", filename="mine")]
 
-    trainer = Trainer(max_epochs=1, default_root_dir=tmp_path, enable_progress_bar=False, enable_model_summary=False,
+    trainer = Trainer(accelerator="cpu", max_epochs=1, default_root_dir=tmp_path,
+                      enable_progress_bar=False, enable_model_summary=False,
                       logger=False)
     trainer.fit(WithOwnCheckpoint(), datamodule=RegressionData())
     assert len(trainer.checkpoint_callbacks) == 1 and os.listdir(tmp_path / "own") == ["mine.ckpt"]
@@ -218,7 +222,8 @@ def test_async_checkpoint_io_with_top_k(tmp_path):
 
     values = [0.9, 0.5, 0.7, 0.3]
     ck = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=2, save_last=True)
-    trainer = Trainer(max_epochs=4, default_root_dir=tmp_path, callbacks=[ck], plugins=[AsyncCheckpointIO()],
+    trainer = Trainer(accelerator="cpu", max_epochs=4, default_root_dir=tmp_path, callbacks=[ck],
+                      plugins=[AsyncCheckpointIO()],
                       enable_progress_bar=False, enable_model_summary=False, logger=False, num_sanity_val_steps=0)
     trainer.fit(ScriptedVal(values), datamodule=RegressionData())
     # every background write finished by the end of fit, and deletions waited for them

@@ -20,7 +20,15 @@ def four_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True, raising=False)
 
 
-def test_auto_on_cpu_is_single_device():
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """A machine without CUDA or MPS, whatever this one has."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+
+
+def test_auto_on_cpu_is_single_device(no_gpu):
     s = resolve()
     assert isinstance(s, SingleDeviceStrategy)
     assert s.root_device == torch.device("cpu")
@@ -147,3 +155,14 @@ def test_auto_devices_use_every_gpu_with_ddp(four_gpus):
     assert isinstance(s, DDPStrategy)
     assert s.parallel_devices == [torch.device("cuda", i) for i in range(4)]
     assert s.process_group_backend == "nccl"
+
+
+def test_a_strategy_built_for_the_cpu_stays_there_on_a_gpu_machine(four_gpus):
+    s = resolve(strategy=SingleDeviceStrategy(device="cpu"))
+    assert s.accelerator.name == "cpu" and s.root_device == torch.device("cpu")
+    assert s.precision.name == "32-true"
+    s = resolve(strategy=SingleDeviceStrategy(device="cuda:1"), devices=1)
+    assert s.accelerator.name == "cuda" and s.root_device == torch.device("cuda", 1)
+    # without a device of its own the strategy takes the machine's best one, as before
+    assert resolve(strategy=SingleDeviceStrategy(), devices=1).accelerator.name == "cuda"
+    assert not torch.cuda.is_initialized()

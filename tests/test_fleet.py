@@ -57,7 +57,7 @@ class Recording(SingleDeviceStrategy):
     """A real single-device strategy that notes which of its methods Fleet went through."""
 
     def __init__(self, launcher=None, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(**{"device": "cpu", **kwargs})
         self.calls: list[str] = []
         self._launcher = launcher
 
@@ -127,7 +127,7 @@ def test_bf16_autocast_is_active_in_the_wrapped_forward():
             seen["dtype"] = torch.get_autocast_dtype("cpu")
             return super().forward(x)
 
-    fleet = Fleet(precision="bf16-mixed")
+    fleet = Fleet(accelerator="cpu", precision="bf16-mixed")
     model = fleet.setup(Probe(4, 4))
     out = model(torch.randn(2, 4))
     assert seen == {"enabled": True, "dtype": torch.bfloat16}
@@ -141,7 +141,7 @@ def test_bf16_autocast_is_active_in_the_wrapped_forward():
 
 
 def test_16_mixed_scales_the_loss_and_the_step_unscales():
-    fleet = Fleet(precision="16-mixed")
+    fleet = Fleet(accelerator="cpu", precision="16-mixed")
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
     before = model.weight.detach().clone()
@@ -156,8 +156,41 @@ def test_16_mixed_scales_the_loss_and_the_step_unscales():
     assert not torch.equal(model.weight, before)
 
 
+def test_16_mixed_clip_gradients_lets_the_scaler_skip_an_overflowing_step():
+    fleet = Fleet(accelerator="cpu", precision="16-mixed")
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    before = model.weight.detach().clone()
+    model, opt = fleet.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    scaler = fleet.strategy.precision.scaler
+    scale = scaler.get_scale()
+    # times the loss scale (2**16) this exceeds float32's range: every gradient is inf
+    fleet.backward(model(torch.randn(8, 4)).float().mean() * 1e36)
+    norm = fleet.clip_gradients(model, opt, max_norm=1.0)  # error_if_nonfinite defaults to True
+    assert not torch.isfinite(norm)
+    opt.step()
+    assert torch.equal(model.weight, before)  # the step was skipped
+    assert scaler.get_scale() == scale * scaler.get_backoff_factor()
+    # the next, finite step goes through: clipping then bounds it
+    opt.zero_grad()
+    fleet.backward(model(torch.randn(8, 4)).float().mean())
+    assert torch.isfinite(fleet.clip_gradients(model, opt, max_norm=1e-3))
+    opt.step()
+    assert not torch.equal(model.weight, before)
+    assert (model.weight - before).norm() <= 0.1 * 1e-3 * 1.0001
+
+
+def test_clip_gradients_without_a_scaler_still_refuses_a_nonfinite_norm():
+    fleet = Fleet(accelerator="cpu")
+    model = nn.Linear(4, 1)
+    model, opt = fleet.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    fleet.backward(model(torch.randn(8, 4)).mean() * float("inf"))
+    with pytest.raises(RuntimeError, match="non-finite"):
+        fleet.clip_gradients(model, opt, max_norm=1.0)
+
+
 def test_lr_scheduler_accepts_the_set_up_optimizer():
-    fleet = Fleet()
+    fleet = Fleet(accelerator="cpu")
     model = _mlp()
     model, opt = fleet.setup(model, torch.optim.SGD(model.parameters(), lr=1.0))
     assert isinstance(opt, torch.optim.SGD) and isinstance(opt, FleetOptimizer)
@@ -171,7 +204,7 @@ def test_lr_scheduler_accepts_the_set_up_optimizer():
 
 
 def test_clip_gradients():
-    fleet = Fleet()
+    fleet = Fleet(accelerator="cpu")
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = fleet.setup(model, opt)
@@ -190,7 +223,7 @@ def test_clip_gradients():
 
 
 def test_backward_with_two_models_takes_model_argument():
-    fleet = Fleet()
+    fleet = Fleet(accelerator="cpu")
     a, b = fleet.setup(nn.Linear(2, 1)), fleet.setup(nn.Linear(2, 1))
     x = torch.randn(4, 2)
     fleet.backward((a(x) + b(x)).sum(), model=a)
@@ -201,7 +234,7 @@ def test_backward_with_two_models_takes_model_argument():
 
 
 def test_no_backward_sync_on_one_device_accumulates():
-    fleet = Fleet()
+    fleet = Fleet(accelerator="cpu")
     model = fleet.setup(nn.Linear(2, 1))
     x = torch.ones(1, 2)
     with fleet.no_backward_sync(model):
@@ -216,10 +249,10 @@ def test_no_backward_sync_on_one_device_accumulates():
 
 
 def test_save_load_round_trip(tmp_path):
-    fleet = Fleet()
+    fleet = Fleet(accelerator="cpu")
     model, opt = _fleet_loop(fleet, _mlp(), steps=5)
     fleet.save(tmp_path / "state.ckpt", {"model": model, "optimizer": opt, "step": 5, "note": "hi"})
-    fleet2 = Fleet()
+    fleet2 = Fleet(accelerator="cpu")
     model2 = _mlp(seed=1)
     opt2 = torch.optim.SGD(model2.parameters(), lr=0.05, momentum=0.9)
     model2, opt2 = fleet2.setup(model2, opt2)
@@ -240,16 +273,16 @@ def test_resume_gives_the_weights_of_an_uninterrupted_run(tmp_path):
         model = _mlp(seed)
         return fleet.setup(model, torch.optim.Adam(model.parameters(), lr=0.01))
 
-    fleet = Fleet()
+    fleet = Fleet(accelerator="cpu")
     straight, straight_opt = build(fleet, 0)
     _steps(fleet, straight, straight_opt, 0, 10)
 
-    fleet = Fleet()
+    fleet = Fleet(accelerator="cpu")
     first, first_opt = build(fleet, 0)
     _steps(fleet, first, first_opt, 0, 5)
     fleet.save(tmp_path / "half.ckpt", {"model": first, "optimizer": first_opt, "step": 5})
 
-    fleet = Fleet()
+    fleet = Fleet(accelerator="cpu")
     resumed, resumed_opt = build(fleet, 3)
     state = {"model": resumed, "optimizer": resumed_opt, "step": 0}
     fleet.load(tmp_path / "half.ckpt", state)
@@ -265,7 +298,7 @@ def test_resume_gives_the_weights_of_an_uninterrupted_run(tmp_path):
 
 
 def test_save_load_a_list_of_set_up_optimizers(tmp_path):
-    fleet = Fleet()
+    fleet = Fleet(accelerator="cpu")
     model = _mlp()
     model, o1, o2 = fleet.setup(model, torch.optim.SGD(model[0].parameters(), lr=0.1, momentum=0.9),
                                 torch.optim.Adam(model[2].parameters(), lr=0.1))
@@ -287,7 +320,7 @@ def test_save_load_a_list_of_set_up_optimizers(tmp_path):
 
 
 def test_load_strict_requires_every_requested_key(tmp_path):
-    fleet = Fleet()
+    fleet = Fleet(accelerator="cpu")
     fleet.save(tmp_path / "c.ckpt", {"step": 3})
     state = {"step": 0, "epoch": 7}
     with pytest.raises(CheckpointError, match="'epoch'"):
@@ -302,7 +335,7 @@ def test_load_strict_requires_every_requested_key(tmp_path):
 
 
 def test_collectives_on_one_device():
-    fleet = Fleet()
+    fleet = Fleet(accelerator="cpu")
     t = torch.arange(4.0)
     assert fleet.all_gather(t).shape == (1, 4)
     assert torch.equal(fleet.all_gather(t)[0], t)
@@ -352,7 +385,7 @@ def test_setup_dataloaders_moves_batches_to_the_device_and_keeps_length():
 
 
 def test_setup_dataloaders_applies_the_precision_to_batches():
-    fleet = Fleet(precision="64-true")
+    fleet = Fleet(accelerator="cpu", precision="64-true")
     x, y = next(iter(fleet.setup_dataloaders(loader(16))))
     assert x.dtype == torch.float64 and y.dtype == torch.float64
 
@@ -360,7 +393,7 @@ def test_setup_dataloaders_applies_the_precision_to_batches():
 def test_set_epoch_reaches_the_sampler():
     data = make_data(16)
     sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=0)
-    dl = Fleet().setup_dataloaders(DataLoader(data, sampler=sampler, batch_size=4))
+    dl = Fleet(accelerator="cpu").setup_dataloaders(DataLoader(data, sampler=sampler, batch_size=4))
     dl.set_epoch(3)
     assert sampler.epoch == 3
     assert dl.batch_size == 4  # other attributes come from the dataloader
@@ -370,7 +403,7 @@ def test_set_epoch_reaches_the_sampler():
 
 
 def test_bad_setup_calls():
-    fleet = Fleet()
+    fleet = Fleet(accelerator="cpu")
     with pytest.raises(ConfigurationError, match="before fleet.setup"):
         fleet.backward(torch.ones(1, requires_grad=True).sum())
     model = _mlp()
@@ -391,7 +424,7 @@ def test_bad_setup_calls():
 
 
 def test_setup_return_shapes_and_separate_setup():
-    fleet = Fleet()
+    fleet = Fleet(accelerator="cpu")
     m = _mlp()
     assert isinstance(fleet.setup(m), FleetModule)
     m2 = _mlp()
@@ -433,19 +466,19 @@ def test_launch_goes_through_the_strategy_launcher():
 
 
 def test_init_module_uses_device_and_param_dtype():
-    fleet = Fleet(precision="64-true")
+    fleet = Fleet(accelerator="cpu", precision="64-true")
     with fleet.init_module():
         layer = nn.Linear(2, 2)
     assert layer.weight.dtype == torch.float64
     assert torch.get_default_dtype() == torch.float32
-    with Fleet(precision="bf16-true").init_module():
+    with Fleet(accelerator="cpu", precision="bf16-true").init_module():
         assert nn.Linear(2, 2).weight.dtype == torch.bfloat16
-    with Fleet(precision="bf16-mixed").init_module():
+    with Fleet(accelerator="cpu", precision="bf16-mixed").init_module():
         assert nn.Linear(2, 2).weight.dtype == torch.float32  # mixed keeps float32 parameters
     with Fleet(strategy=SingleDeviceStrategy(device="meta")).init_module(empty_init=True):
         assert nn.Linear(2, 2).weight.is_meta
     assert torch.get_default_dtype() == torch.float32
-    with pytest.raises(RuntimeError), Fleet(precision="64-true").init_module():
+    with pytest.raises(RuntimeError), Fleet(accelerator="cpu", precision="64-true").init_module():
         raise RuntimeError("boom")
     assert torch.get_default_dtype() == torch.float32  # restored on errors too
 
@@ -462,7 +495,7 @@ def test_fleet_and_trainer_take_the_same_strategy_kinds():
 
 
 def test_wrapper_passes_state_dict_and_attributes_through():
-    fleet = Fleet()
+    fleet = Fleet(accelerator="cpu")
     model = _mlp()
     wrapped = fleet.setup(model)
     assert wrapped.state_dict().keys() == model.state_dict().keys()
@@ -480,7 +513,7 @@ def test_wrapper_passes_state_dict_and_attributes_through():
 
 
 def test_optimizer_wrapper_delegates():
-    fleet = Fleet()
+    fleet = Fleet(accelerator="cpu")
     model = _mlp()
     raw = torch.optim.SGD(model.parameters(), lr=0.1)
     model, opt = fleet.setup(model, raw)
@@ -531,7 +564,7 @@ def test_print_log_call_and_seed(capsys):
     a = torch.rand(3)
     fleet.seed_everything(123)
     assert torch.equal(a, torch.rand(3))
-    assert Fleet().logger is None
+    assert Fleet(accelerator="cpu").logger is None
 
 
 def test_to_device():

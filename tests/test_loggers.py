@@ -16,7 +16,8 @@ from torchfleet.loggers import CSVLogger, TensorBoardLogger
 
 
 def _fit(tmp_path, logger, **kw):
-    trainer = Trainer(max_epochs=2, default_root_dir=tmp_path, logger=logger, enable_progress_bar=False,
+    trainer = Trainer(accelerator="cpu", max_epochs=2, default_root_dir=tmp_path, logger=logger,
+                      enable_progress_bar=False,
                       enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
                       log_every_n_steps=4, **kw)
     trainer.fit(Regressor(hidden=5), datamodule=RegressionData())

@@ -95,7 +95,8 @@ def test_min_epochs_overrides_should_stop():
 
     trainer = Trainer(max_epochs=10, min_epochs=3, **quiet())
     trainer.fit(StopAtOnce(), loader())
-    assert trainer.current_epoch == 2  # stopped in the third epoch (0-based 2)
+    # stopped in the third epoch (0-based 2), which counts as done, as when max_epochs ends a run
+    assert trainer.current_epoch == 3
 
 
 def test_validation_schedule_and_metrics():
@@ -315,7 +316,8 @@ def test_validate_with_two_dataloaders_suffixes_names():
 
 
 def test_fast_dev_run_runs_one_batch_and_writes_nothing(tmp_path):
-    trainer = Trainer(fast_dev_run=True, default_root_dir=tmp_path, enable_progress_bar=False)
+    trainer = Trainer(accelerator="cpu", fast_dev_run=True, default_root_dir=tmp_path,
+                      enable_progress_bar=False)
     trainer.fit(Regressor(), datamodule=RegressionData())
     assert trainer.global_step == 1
     assert list(tmp_path.iterdir()) == []
@@ -355,7 +357,7 @@ def test_log_errors():
 
 
 def test_trainer_reports_what_was_resolved():
-    trainer = Trainer(accelerator="cpu", devices=1, precision="bf16", **quiet())
+    trainer = Trainer(devices=1, precision="bf16", **quiet(accelerator="cpu"))
     assert trainer.precision == "bf16-mixed"
     assert trainer.device_ids == [0] and trainer.num_devices == 1 and trainer.num_nodes == 1
     assert trainer.world_size == 1 and trainer.global_rank == 0 and trainer.local_rank == 0

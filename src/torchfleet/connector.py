@@ -99,7 +99,7 @@ def resolve(
     string/number or None (32-true unless a Precision plugin is given); ``plugins`` Precision,
     CheckpointIO or ClusterEnvironment objects, at most one of each kind.
     """
-    from torchfleet.accelerators import select_accelerator
+    from torchfleet.accelerators import AcceleratorRegistry, select_accelerator
     from torchfleet.environments import detect_environment
     from torchfleet.precision import normalize_precision, precision_for
     from torchfleet.strategies.base import Strategy
@@ -147,6 +147,10 @@ def resolve(
                     f"accelerator={acc_arg!r} disagrees with the strategy's accelerator {built.accelerator!r}."
                 )
         acc = built.accelerator
+    elif acc_arg in ("auto", None) and built is not None and built.requested_device_type is not None:
+        # the strategy object names its device: its type, not the machine's best device, is the accelerator
+        kind = built.requested_device_type
+        acc = select_accelerator(kind if kind in AcceleratorRegistry else "cpu")
     else:
         acc = select_accelerator(acc_arg if acc_arg is not None else "auto")
 

@@ -120,6 +120,11 @@ class Precision:
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Bring gradients to their true scale before clipping. Nothing to do without a scaler."""
 
+    @property
+    def skips_nonfinite_steps(self) -> bool:
+        """Whether inf/nan gradients are expected and handled (a loss scaler skips the step and lowers the scale)."""
+        return False
+
     def state_dict(self) -> dict[str, Any]:
         """State to save in a checkpoint (the loss scaler's, where there is one)."""
         return {}
@@ -261,6 +266,11 @@ class MixedPrecision(Precision):
         if self.scaler is not None and id(optimizer) not in self._unscaled and _has_grads(optimizer):
             self.scaler.unscale_(optimizer)
             self._unscaled.add(id(optimizer))
+
+    @property
+    def skips_nonfinite_steps(self) -> bool:
+        """True with a gradient scaler: an overflowing step is skipped, not an error."""
+        return self.scaler is not None
 
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         """Step ``optimizer``; with a scaler, a step whose gradients hold inf/nan is skipped and the scale lowered."""

@@ -152,3 +152,59 @@ def test_gloo_across_machines_warns_when_the_hostname_is_loopback(monkeypatch, c
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
     ddp._warn_if_gloo_would_advertise_loopback("10.1.2.3")
     assert not caplog.records
+
+
+class _NamedThread:
+    """A live thread of this process whose kernel-visible name is ``name`` (what autograd's device threads show)."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self._named, self._stop = name, threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import ctypes
+
+        pr_set_name = 15
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_name, self.name.encode(), 0, 0, 0)
+        self._named.set()
+        self._stop.wait()
+
+    def __enter__(self) -> _NamedThread:
+        self._thread.start()
+        self._named.wait(5)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names are read from /proc (Linux)")
+def test_ddp_fork_is_refused_once_autograd_runs_device_threads():
+    # On a machine with a GPU the first backward, even on the CPU, starts threads named pt_autograd_<i>,
+    # and every process forked after that fails in backward. Here they are stood in for by a thread of that name.
+    from tests.distributed.scripts.ddp_train import build
+    from torchfleet.launchers.processes import autograd_device_threads
+
+    with _NamedThread("pt_autograd_0"):
+        assert autograd_device_threads() == ["pt_autograd_0"]
+        model, trainer, train, val = build({"strategy": "ddp_fork", "devices": 2})
+        with pytest.raises(ConfigurationError) as err:
+            trainer.fit(model, train, val)
+    text = str(err.value)
+    assert "pt_autograd_0" in text and "ddp_spawn" in text and "accelerator='cpu'" in text
+    assert "\n" not in text
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names are read from /proc (Linux)")
+def test_a_cpu_backward_without_an_accelerator_starts_no_device_threads():
+    import os
+    import subprocess
+
+    code = ("import torch\nfrom torchfleet.launchers.processes import autograd_device_threads\n"
+            "torch.nn.Linear(2, 1)(torch.ones(1, 2)).sum().backward()\nprint(autograd_device_threads())")
+    # with CUDA hidden, as on a CPU machine, ddp_fork after a backward stays allowed
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -430,7 +430,7 @@ def _fit(devices: int) -> tuple[Tiny, Trainer, dict[str, Tensor]]:
     torch.manual_seed(0)
     model = Tiny()
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    trainer = Trainer(strategy="dp", accelerator="cuda", devices=devices, max_steps=3, **quiet())
+    trainer = Trainer(strategy="dp", devices=devices, max_steps=3, **quiet(accelerator="cuda"))
     trainer.fit(model, data())
     return model, trainer, before
 

@@ -144,6 +144,16 @@ class ProcessLauncher(Launcher):
                     "create a context), and CUDA does not survive a fork. Restart the notebook/interpreter and "
                     "keep GPU work out of it before trainer.fit, or use strategy='ddp_spawn', or 'ddp' in a script."
                 )
+            threads = autograd_device_threads()
+            if threads:
+                raise ConfigurationError(
+                    "strategy='ddp_fork' (or 'ddp_notebook') cannot start its processes: a backward pass already ran "
+                    f"in this process on a machine with an accelerator, so autograd started its device threads "
+                    f"({', '.join(threads)}), and a forked process cannot run backward after that (PyTorch refuses "
+                    "it in every rank). This happens even with accelerator='cpu'. Restart the notebook/interpreter "
+                    "and call trainer.fit before any other training in it, or use strategy='ddp_spawn', or 'ddp' "
+                    "in a script."
+                )
             return (fn, args, kwargs)
         try:
             return pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
@@ -176,6 +186,32 @@ class ProcessLauncher(Launcher):
             for p in self._supervisor.procs:
                 if p.exitcode is None and p.pid is not None:
                     os.kill(p.pid, signum)
+
+
+def autograd_device_threads() -> list[str]:
+    """Names of autograd's device worker threads running in this process (Linux; [] where it cannot tell).
+
+    PyTorch starts one thread per accelerator device at the first backward pass when the machine has
+    one, whatever device that backward ran on, and marks every process forked afterwards as unable to
+    run backward. Those threads are named ``pt_autograd_<device>``, which is how we see them.
+    """
+    names = []
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return names
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:  # the thread ended while we looked
+            continue
+        if name.startswith(_AUTOGRAD_THREAD_PREFIX):
+            names.append(name)
+    return sorted(names)
+
+
+_AUTOGRAD_THREAD_PREFIX = "pt_autograd_"
 
 
 def _name_of(obj: Any, default: str) -> str:

@@ -133,6 +133,15 @@ class Strategy(ABC):
     def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:
         """Receive the resolved devices for this node, the node count and the cluster environment."""
 
+    @property
+    def requested_device_type(self) -> str | None:
+        """The device type the constructor fixed (``SingleDeviceStrategy(device="cpu")``); None when not given.
+
+        With ``accelerator="auto"`` that type decides the accelerator, so a strategy built for the
+        CPU stays on the CPU on a machine with a GPU.
+        """
+        return None
+
     # --------------------------------------------------------------- topology
     @property
     @abstractmethod
@@ -216,6 +225,21 @@ class Strategy(ABC):
         """
         return creation_context(self.root_device, self.precision.param_dtype)
 
+    def release_module(self, module: nn.Module) -> None:
+        """Leave the user's ``module`` on the CPU when a Trainer stage ends, as Lightning does.
+
+        The model can then be called with CPU tensors after ``fit``/``predict`` on a GPU, and the
+        device's memory is given back. Sharded strategies keep their shards where they are.
+        """
+        if self.root_device.type != "cpu":
+            self.unwrap(module).cpu()
+
+    def outputs_to_cpu(self, outputs: Any) -> Any:
+        """``outputs`` (predictions) with every tensor on the CPU, where the caller of ``predict`` can use them."""
+        if self.root_device.type == "cpu":
+            return outputs
+        return move_to_device(outputs, torch.device("cpu"))
+
     @property
     def supports_inference_mode(self) -> bool:
         """Whether evaluation may run under ``torch.inference_mode`` (else ``torch.no_grad``)."""
@@ -267,9 +291,15 @@ class Strategy(ABC):
         norm_type: float = 2.0,
         error_if_nonfinite: bool = False,
     ) -> Tensor:
-        """Scale gradients so their total ``norm_type`` norm is at most ``max_norm``; returns the norm before."""
+        """Scale gradients so their total ``norm_type`` norm is at most ``max_norm``; returns the norm before.
+
+        Under a loss scaler (16-mixed) an inf/nan norm is never an error: the scaler skips that step
+        and lowers the scale, so ``error_if_nonfinite`` applies only to precisions without one.
+        """
         if optimizer is not None:
             self.precision.unscale_gradients(optimizer)
+        if error_if_nonfinite and self.precision.skips_nonfinite_steps:
+            error_if_nonfinite = False
         params = self._gradient_params(module, optimizer)
         return torch.nn.utils.clip_grad_norm_(
             params, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
@@ -465,6 +495,10 @@ class SingleDeviceStrategy(Strategy):
         return self._device if self._device is not None else torch.device("cpu")
 
     @property
+    def requested_device_type(self) -> str | None:
+        return self._device.type if self._device is not None else None
+
+    @property
     def device_ids(self) -> list[int]:
         return [self.root_device.index or 0]
 
@@ -505,6 +539,10 @@ class ParallelStrategy(Strategy, ABC):
     @cluster_environment.setter
     def cluster_environment(self, env: ClusterEnvironment | None) -> None:
         self._cluster_environment = env
+
+    @property
+    def requested_device_type(self) -> str | None:
+        return self.parallel_devices[0].type if self.parallel_devices else None
 
     def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:
         if self.parallel_devices is None:

@@ -377,6 +377,9 @@ class FSDPStrategy(DDPStrategy):
                                     shuffle=False, drop_last=False)
         return _rebuild(loader, padded)
 
+    def release_module(self, module: nn.Module) -> None:
+        """The shards stay where they are: moving DTensor parameters off their mesh's device would break them."""
+
     @property
     def supports_inference_mode(self) -> bool:
         # FSDP gathers parameters into buffers it reuses in training; inference tensors cannot be written to later

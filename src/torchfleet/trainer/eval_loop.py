@@ -92,7 +92,7 @@ class EvalLoop:
                     with strategy.forward_context():
                         out = step_fn(batch, batch_idx, *extra)
                     if self.collect:
-                        preds.append(out)
+                        preds.append(strategy.outputs_to_cpu(out))
                     for fn in end_cbs:
                         fn(trainer, model, out, batch, batch_idx, dl_idx)
                     if end_mod is not None:

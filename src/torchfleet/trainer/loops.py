@@ -110,6 +110,8 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
             lg.finalize("failed")
         raise
     finally:
+        if trainer._wrapped is not None:
+            strategy.release_module(trainer._wrapped)
         for cb in trainer.callbacks:
             cb.teardown(trainer, model, stage)
         model.teardown(stage)
