@@ -208,3 +208,16 @@ def test_a_cpu_backward_without_an_accelerator_starts_no_device_threads():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_fork_check_never_asks_is_available(monkeypatch):
+    # torch.cuda.is_available() starts the CUDA driver on a GPU machine, after which a fork is spoiled
+    def starts_the_driver():
+        raise AssertionError("torch.cuda.is_available() called before a fork")
+
+    monkeypatch.setattr(torch.cuda, "is_available", starts_the_driver)
+    from torchfleet.environments import LocalEnvironment
+
+    launcher = ProcessLauncher(LocalEnvironment(), 2, 1, start_method="fork")
+    fn, args, kwargs = launcher._check_can_start(print, (1,), {})
+    assert fn is print and args == (1,)

@@ -137,7 +137,8 @@ class ProcessLauncher(Launcher):
         optimizer would then step the same parameters.
         """
         if self.start_method == "fork":
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
+            # is_initialized() only: is_available() would itself start the CUDA driver and spoil the fork
+            if torch.cuda.is_initialized():
                 raise ConfigurationError(
                     "strategy='ddp_fork' (or 'ddp_notebook') cannot start its processes: CUDA was already "
                     "initialised in this process (something ran on the GPU, or called torch.cuda functions that "
