@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from tests.helpers import RegressionData, Regressor, quiet
 from torchfleet import Trainer
-from torchfleet.callbacks import Callback
+from torchfleet.callbacks import Callback, EarlyStopping
 from torchfleet.errors import CheckpointError
 
 
@@ -35,7 +36,7 @@ class SaveThenCrash(Callback):
 def _run(callbacks=(), ckpt_path=None, seed=0, **kw):
     torch.manual_seed(seed)
     model = Regressor(dropout=0.2, scheduler="step")
-    trainer = Trainer(max_epochs=3, callbacks=list(callbacks), **quiet(**kw))
+    trainer = Trainer(max_epochs=3, callbacks=list(callbacks), **quiet(accelerator="cpu", **kw))
     trainer.fit(model, datamodule=RegressionData(shuffle=True), ckpt_path=ckpt_path)
     return model, trainer
 
@@ -140,3 +141,148 @@ def test_test_with_best_checkpoint(tmp_path):
     assert set(out[0]) == {"test_loss"}
     for name, value in model.state_dict().items():
         assert torch.equal(value, best["state_dict"][name])
+
+
+# ---------------------------------------------------------------------------- a run that returned, then resumed
+class Plateau(Regressor):
+    """Logs a validation score that never improves, so EarlyStopping stops after ``patience`` checks."""
+
+    def validation_step(self, batch, batch_idx):
+        super().validation_step(batch, batch_idx)
+        self.log("plateau", torch.tensor(1.0))
+
+
+def _fit_cpu(model_cls=Regressor, ckpt_path=None, seed=0, scheduler="step", callbacks=(), **kw):
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    model = model_cls(dropout=0.2, scheduler=scheduler)
+    trainer = Trainer(callbacks=list(callbacks), **quiet(accelerator="cpu", **kw))
+    trainer.fit(model, datamodule=RegressionData(shuffle=True), ckpt_path=ckpt_path)
+    return model, trainer
+
+
+def _assert_same_run(model, trainer, ref_model, ref_trainer):
+    _assert_same(model, ref_model)
+    assert (trainer.global_step, trainer.current_epoch) == (ref_trainer.global_step, ref_trainer.current_epoch)
+    assert trainer.optimizers[0].param_groups[0]["lr"] == ref_trainer.optimizers[0].param_groups[0]["lr"]
+    for s1, s2 in zip(trainer.optimizers[0].state.values(), ref_trainer.optimizers[0].state.values()):
+        assert torch.equal(s1["momentum_buffer"], s2["momentum_buffer"])
+
+
+@pytest.mark.parametrize("scheduler", ["step", "epoch"])
+@pytest.mark.parametrize("stop_at", [10, 8, 3], ids=["mid-epoch", "epoch-boundary", "first-epoch"])
+def test_resume_after_max_steps_returned(tmp_path, stop_at, scheduler):
+    reference, ref_trainer = _fit_cpu(scheduler=scheduler, max_steps=20)
+    assert (ref_trainer.global_step, ref_trainer.current_epoch) == (20, 3)  # 8 + 8 + 4 batches
+
+    _, first = _fit_cpu(scheduler=scheduler, max_steps=stop_at)
+    first.save_checkpoint(tmp_path / "stop.ckpt")
+    fit = torch.load(tmp_path / "stop.ckpt", weights_only=False)["loops"]["fit"]
+    # the checkpoint says where the run stopped: in which epoch, after how many of its 8 batches
+    assert (fit["epoch"], fit["batches_done"]) == (stop_at // 8 - (stop_at % 8 == 0), stop_at % 8 or 8)
+    assert fit["stopped_mid_epoch"] == (stop_at % 8 != 0)
+    if scheduler == "epoch":
+        # StepLR(step_size=1, gamma=0.5) steps once per whole epoch, not at a stop inside one
+        assert first.optimizers[0].param_groups[0]["lr"] == 0.05 * 0.5 ** (stop_at // 8)
+
+    resumed, trainer = _fit_cpu(scheduler=scheduler, ckpt_path=tmp_path / "stop.ckpt", seed=123, max_steps=20)
+    _assert_same_run(resumed, trainer, reference, ref_trainer)
+
+
+def test_resume_that_has_nothing_left_to_run_keeps_the_position(tmp_path):
+    reference, ref_trainer = _fit_cpu(max_steps=20)
+    _, first = _fit_cpu(max_steps=10)
+    first.save_checkpoint(tmp_path / "a.ckpt")
+    _, again = _fit_cpu(ckpt_path=tmp_path / "a.ckpt", seed=7, max_steps=10)  # runs no step
+    assert (again.global_step, again.current_epoch) == (first.global_step, first.current_epoch)
+    torch.manual_seed(99)  # the RNG of this process must not leak into the re-saved checkpoint
+    again.save_checkpoint(tmp_path / "b.ckpt")
+    resumed, trainer = _fit_cpu(ckpt_path=tmp_path / "b.ckpt", seed=123, max_steps=20)
+    _assert_same_run(resumed, trainer, reference, ref_trainer)
+
+
+def test_resume_after_max_time_returned(tmp_path, monkeypatch):
+    from torchfleet.trainer.callbacks import timer
+
+    run = {}
+    # the budget's clock reads the step count as seconds: a stop after exactly 10 steps, without real time
+    monkeypatch.setattr(timer, "_now", lambda: float(run["trainer"].global_step))
+
+    def fit(ckpt_path=None, seed=0, **kw):
+        torch.manual_seed(seed)
+        model = Regressor(dropout=0.2, scheduler="step")
+        run["trainer"] = trainer = Trainer(**quiet(accelerator="cpu", **kw))
+        trainer.fit(model, datamodule=RegressionData(shuffle=True), ckpt_path=ckpt_path)
+        return model, trainer
+
+    reference, ref_trainer = fit(max_steps=20)
+    _, first = fit(max_time={"seconds": 10})
+    assert first.global_step == 10 and first.current_epoch == 2  # as max_steps=10 ends it
+    first.save_checkpoint(tmp_path / "time.ckpt")
+    resumed, trainer = fit(ckpt_path=tmp_path / "time.ckpt", seed=123, max_steps=20)
+    _assert_same_run(resumed, trainer, reference, ref_trainer)
+
+    # the time spent is in the checkpoint: a budget of 15 s leaves 5 for the resumed run
+    ref15, ref15_trainer = fit(max_steps=15)
+    resumed, trainer = fit(ckpt_path=tmp_path / "time.ckpt", seed=123, max_time="00:00:00:15")
+    _assert_same_run(resumed, trainer, ref15, ref15_trainer)
+
+
+@pytest.mark.parametrize("where", ["epoch-end", "mid-epoch"])
+def test_resume_after_early_stopping_returned(tmp_path, where):
+    kw = {"val_check_interval": 0.5} if where == "mid-epoch" else {}
+    # checks at each validation: the first improves, then `patience` do not
+    patience = 1 if where == "epoch-end" else 2
+    stop_step = 16 if where == "epoch-end" else 12
+
+    def stopper():
+        return EarlyStopping(monitor="plateau", patience=patience)
+
+    _, first = _fit_cpu(Plateau, callbacks=[stopper()], max_epochs=10, **kw)
+    assert first.global_step == stop_step
+    # parity: a stop in epoch k leaves current_epoch k + 1, as when max_epochs or max_steps ends the run there
+    _, same_stop = _fit_cpu(Plateau, max_steps=stop_step, **kw)
+    assert first.current_epoch == same_stop.current_epoch == 2
+    first.save_checkpoint(tmp_path / "early.ckpt")
+
+    reference, ref_trainer = _fit_cpu(Plateau, max_steps=28, **kw)
+    resumed, trainer = _fit_cpu(Plateau, ckpt_path=tmp_path / "early.ckpt", seed=123, max_steps=28, **kw)
+    _assert_same_run(resumed, trainer, reference, ref_trainer)
+
+
+class InterruptAt(Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        if trainer.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+class InterruptedStep(Regressor):
+    def training_step(self, batch, batch_idx):
+        if self.trainer.global_step == 10:  # before the step draws anything (dropout)
+            raise KeyboardInterrupt
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("source", ["callback", "training_step"])
+def test_resume_after_keyboard_interrupt(tmp_path, source):
+    reference, ref_trainer = _fit_cpu(max_steps=20)
+    torch.manual_seed(0)
+    model = InterruptedStep(dropout=0.2, scheduler="step") if source == "training_step" else Regressor(
+        dropout=0.2, scheduler="step")
+    seen = []
+
+    class Seen(Callback):
+        def on_exception(self, trainer, module, exc):
+            seen.append(type(exc))
+
+    callbacks = [Seen()] + ([InterruptAt(10)] if source == "callback" else [])
+    first = Trainer(max_steps=20, callbacks=callbacks, **quiet(accelerator="cpu"))
+    with pytest.raises(KeyboardInterrupt):  # reaches the caller, after the callbacks' on_exception
+        first.fit(model, datamodule=RegressionData(shuffle=True))
+    assert seen == [KeyboardInterrupt] and first.global_step == 10
+    first.save_checkpoint(tmp_path / "ctrl-c.ckpt")
+    resumed, trainer = _fit_cpu(ckpt_path=tmp_path / "ctrl-c.ckpt", seed=123, max_steps=20)
+    _assert_same_run(resumed, trainer, reference, ref_trainer)

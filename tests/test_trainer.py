@@ -95,8 +95,8 @@ def test_min_epochs_overrides_should_stop():
 
     trainer = Trainer(max_epochs=10, min_epochs=3, **quiet())
     trainer.fit(StopAtOnce(), loader())
-    # stopped in the third epoch (0-based 2), which counts as done, as when max_epochs ends a run
-    assert trainer.current_epoch == 3
+    # min_epochs=3 runs three whole epochs; the stop then leaves current_epoch 3, as max_epochs=3 would
+    assert trainer.current_epoch == 3 and trainer.global_step == 3 * len(loader())
 
 
 def test_validation_schedule_and_metrics():

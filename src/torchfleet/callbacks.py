@@ -7,6 +7,7 @@ from torchfleet.trainer.callbacks import (
     ModelCheckpoint,
     ProgressBar,
     ThroughputMonitor,
+    Timer,
 )
 
-__all__ = ["Callback", "ModelCheckpoint", "EarlyStopping", "ProgressBar", "LearningRateMonitor", "ThroughputMonitor"]
+__all__ = ["Callback", "ModelCheckpoint", "EarlyStopping", "ProgressBar", "LearningRateMonitor", "ThroughputMonitor", "Timer"]

@@ -18,6 +18,7 @@ from torchfleet.callbacks import EarlyStopping, ModelCheckpoint
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
+@pytest.mark.forks
 def test_sync_dist_reductions_and_rank_dependent_decisions(tmp_path):
     writes = tmp_path / "rank0.txt"
     early = EarlyStopping(monitor="local", mode="min", patience=0)

@@ -64,7 +64,7 @@ def test_a_rank_killed_by_a_signal_stops_the_run(tmp_path):
     assert _processes_mentioning(out) == []
 
 
-@pytest.mark.parametrize("strategy", ["ddp_spawn", "ddp_fork"])
+@pytest.mark.parametrize("strategy", ["ddp_spawn", pytest.param("ddp_fork", marks=pytest.mark.forks)])
 def test_spawned_rank_failure_raises_in_the_parent_with_rank_and_message(strategy):
     tf.seed_everything(0)
     model, trainer, train, val = build({"strategy": strategy, "devices": 2, "fail_rank": 1})
@@ -76,6 +76,7 @@ def test_spawned_rank_failure_raises_in_the_parent_with_rank_and_message(strateg
     assert "ValueError: boom in rank 1 at step 1" in str(info.value)
 
 
+@pytest.mark.forks
 def test_spawned_rank_killed_is_reported_with_the_signal():
     tf.seed_everything(0)
     model, trainer, train, val = build({"strategy": "ddp_fork", "devices": 2, "fail_rank": 0, "fail_how": "kill"})

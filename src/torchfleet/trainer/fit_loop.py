@@ -92,26 +92,41 @@ class FitLoop:
         resume = trainer._resume or {}
         progress = resume.get("loops") or None
         trainer._progress = {"epoch": trainer.current_epoch, "batches_done": 0, "epoch_done": False,
-                             "val_pending": False, "epoch_start_rng": None}
-        start_batch, mid_epoch = 0, None
+                             "val_pending": False, "epoch_start_rng": None, "stopped_mid_epoch": False,
+                             "resume_rng": None}
+        start_batch, mid_epoch, resume_rng = 0, None, None
         if progress is not None:
-            if progress["epoch_done"]:
+            # the RNG where the run stopped, if it stopped; else the one at the save (a save inside the loop)
+            resume_rng = progress.get("resume_rng") or resume.get("rng")
+            restored_epoch = trainer.current_epoch
+            if progress["epoch_done"] and not progress.get("stopped_mid_epoch", False):
                 trainer.current_epoch = progress["epoch"] + 1
-                if resume.get("rng") is not None:
-                    restore_rng(resume["rng"])
+                if resume_rng is not None:
+                    restore_rng(resume_rng)
             else:
                 trainer.current_epoch = progress["epoch"]
                 start_batch, mid_epoch = progress["batches_done"], progress
+            if self._done():
+                # nothing left to run: a checkpoint saved now must still say where the first run stopped
+                trainer.current_epoch = restored_epoch
+                trainer._progress = {**trainer._progress, **progress, "resume_rng": resume_rng}
         trainer._hooks.call("on_train_start", trainer)
+        ran = False
         while not self._done():
+            ran = True
             if mid_epoch is not None:
-                self.run_epoch(start_batch, mid_epoch, resume.get("rng"))
+                self.run_epoch(start_batch, mid_epoch, resume_rng)
                 mid_epoch = None
             else:
                 self.run_epoch(0, None, None)
-            if trainer.should_stop and self._may_stop():
-                break
+            stop = trainer.should_stop and self._may_stop(trainer.current_epoch + 1)
+            # the epoch counts as done even when a stop ended it early, as when max_epochs ends the run
             trainer.current_epoch += 1
+            if stop:
+                break
+        if ran and trainer._progress["resume_rng"] is None:
+            # stopped at an epoch end: the next epoch would start from this RNG state
+            trainer._progress["resume_rng"] = capture_rng()
         trainer._hooks.call("on_train_end", trainer)
 
     def _done(self) -> bool:
@@ -120,9 +135,9 @@ class FitLoop:
             return True
         return t.max_epochs != -1 and t.current_epoch >= t.max_epochs
 
-    def _may_stop(self) -> bool:
+    def _may_stop(self, epochs_done: int) -> bool:
         t = self.trainer
-        return t.current_epoch + 1 >= t.min_epochs and t.global_step >= t.min_steps
+        return epochs_done >= t.min_epochs and t.global_step >= t.min_steps
 
     def run_epoch(self, start_batch: int, resume_at: dict | None, rng: dict | None) -> None:
         trainer, strategy, model, hooks = self.trainer, self.strategy, self.model, self.trainer._hooks
@@ -135,7 +150,8 @@ class FitLoop:
             restore_rng(resume_at["epoch_start_rng"])
         epoch_start_rng = capture_rng()
         self._set_progress(epoch=trainer.current_epoch, batches_done=start_batch, epoch_done=False,
-                           val_pending=False, epoch_start_rng=epoch_start_rng)
+                           val_pending=False, epoch_start_rng=epoch_start_rng, stopped_mid_epoch=False,
+                           resume_rng=None)
         results = Results("train")
         results.device = strategy.root_device
         trainer._train_results = results
@@ -165,6 +181,7 @@ class FitLoop:
         progress = trainer._progress
         trainer._current_fx("training_step")
         window_has_grads = False
+        stopped = False
         for batch_idx, batch in enumerate(iterator, start_batch):
             if batch_idx >= limit:
                 break
@@ -205,11 +222,20 @@ class FitLoop:
                 hooks.call_module(trainer, "on_train_batch_end", batch_end_mod, outputs, batch, batch_idx)
             if validate_now:
                 self._validate()
-            if trainer.should_stop and self._may_stop():
+            # inside an epoch only the epochs before it count towards min_epochs: that one runs to its end
+            if trainer.should_stop and self._may_stop(trainer.current_epoch):
+                stopped = True
                 break
             if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+                stopped = True
                 break
         del iterator
+        # A stop before the epoch's last batch: a resumed run continues this epoch from the next batch, with the
+        # RNG as it is here, before the end-of-epoch work below (an uninterrupted run would not do it here).
+        # An iterable without a length cannot tell its last batch: a resumed run then finds it exhausted.
+        cut_short = stopped and progress["batches_done"] < limit
+        if cut_short:
+            self._set_progress(stopped_mid_epoch=True, resume_rng=capture_rng())
         # epoch end: ordinary callbacks and the Module, then epoch metrics and epoch schedulers,
         # then ModelCheckpoint/EarlyStopping, which see all of that.
         model._results = results
@@ -217,7 +243,8 @@ class FitLoop:
         def finish_epoch() -> None:
             self._sync_latest(results)
             self._log_epoch(results)
-            self._step_schedulers("epoch")
+            if not cut_short:  # as Lightning: epoch schedulers step only after a whole epoch
+                self._step_schedulers("epoch")
             self._set_progress(epoch_done=True, val_pending=False)
 
         hooks.call_module_between("on_train_epoch_end", trainer, between=finish_epoch)

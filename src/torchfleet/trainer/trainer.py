@@ -68,6 +68,7 @@ class Trainer:
         min_epochs: int | None = None,
         max_steps: int = -1,
         min_steps: int | None = None,
+        max_time: Any = None,
         limit_train_batches: int | float | None = None,
         limit_val_batches: int | float | None = None,
         limit_test_batches: int | float | None = None,
@@ -110,7 +111,8 @@ class Trainer:
             limit_train_batches = limit_val_batches = limit_test_batches = limit_predict_batches = dev_batches
             num_sanity_val_steps, val_check_interval, check_val_every_n_epoch = 0, 1.0, 1
             logger, enable_checkpointing = False, False
-        self.max_epochs = max_epochs if max_epochs is not None else (1000 if max_steps == -1 else -1)
+        # a time budget alone runs until it is spent, as Lightning
+        self.max_epochs = max_epochs if max_epochs is not None else (1000 if max_steps == -1 and max_time is None else -1)
         self.min_epochs = min_epochs or 0
         self.max_steps = max_steps
         self.min_steps = min_steps or 0
@@ -136,7 +138,7 @@ class Trainer:
         self.enable_model_summary = True if enable_model_summary is None else enable_model_summary
 
         self.loggers = self._build_loggers(logger)
-        self.callbacks = self._build_callbacks(callbacks)
+        self.callbacks = self._build_callbacks(callbacks, max_time)
 
         # run state
         self.current_epoch = 0
@@ -234,8 +236,8 @@ class Trainer:
             return [CSVLogger(self.default_root_dir, name="logs")]
         return list(logger) if isinstance(logger, Iterable) else [logger]
 
-    def _build_callbacks(self, callbacks: Any) -> list[Any]:
-        from torchfleet.trainer.callbacks import Callback, ModelCheckpoint, ProgressBar
+    def _build_callbacks(self, callbacks: Any, max_time: Any) -> list[Any]:
+        from torchfleet.trainer.callbacks import Callback, ModelCheckpoint, ProgressBar, Timer
 
         cbs = list(callbacks) if isinstance(callbacks, Iterable) else ([callbacks] if callbacks else [])
         for cb in cbs:
@@ -244,6 +246,12 @@ class Trainer:
                     f"callbacks=[...] holds {cb!r} of type {type(cb).__name__}; callbacks must subclass "
                     "torchfleet.callbacks.Callback."
                 )
+        if max_time is not None:
+            if any(isinstance(c, Timer) for c in cbs):
+                raise ConfigurationError(
+                    "Trainer(max_time=...) and a Timer in callbacks=[...] both set a time budget. Remove one of the two."
+                )
+            cbs.append(Timer(max_time, interval="step"))
         if self.enable_progress_bar and not any(isinstance(c, ProgressBar) for c in cbs):
             cbs.append(ProgressBar())
         if not self.enable_progress_bar:
