@@ -8,7 +8,7 @@ import torch
 
 from tests.helpers import RegressionData, Regressor, quiet
 from torchfleet import Trainer
-from torchfleet.callbacks import Callback, EarlyStopping
+from torchfleet.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from torchfleet.errors import CheckpointError
 
 
@@ -152,6 +152,13 @@ class Plateau(Regressor):
         self.log("plateau", torch.tensor(1.0))
 
 
+class NumpyNoise(Regressor):
+    """Scales its loss by a NumPy draw, so a resumed run matches only if NumPy's RNG state is restored."""
+
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch, batch_idx) * float(1.0 + 0.1 * np.random.rand())
+
+
 def _fit_cpu(model_cls=Regressor, ckpt_path=None, seed=0, scheduler="step", callbacks=(), **kw):
     torch.manual_seed(seed)
     np.random.seed(seed)
@@ -177,7 +184,7 @@ def test_resume_after_max_steps_returned(tmp_path, stop_at, scheduler):
 
     _, first = _fit_cpu(scheduler=scheduler, max_steps=stop_at)
     first.save_checkpoint(tmp_path / "stop.ckpt")
-    fit = torch.load(tmp_path / "stop.ckpt", weights_only=False)["loops"]["fit"]
+    fit = torch.load(tmp_path / "stop.ckpt", weights_only=True)["loops"]["fit"]
     # the checkpoint says where the run stopped: in which epoch, after how many of its 8 batches
     assert (fit["epoch"], fit["batches_done"]) == (stop_at // 8 - (stop_at % 8 == 0), stop_at % 8 or 8)
     assert fit["stopped_mid_epoch"] == (stop_at % 8 != 0)
@@ -285,4 +292,56 @@ def test_resume_after_keyboard_interrupt(tmp_path, source):
     assert seen == [KeyboardInterrupt] and first.global_step == 10
     first.save_checkpoint(tmp_path / "ctrl-c.ckpt")
     resumed, trainer = _fit_cpu(ckpt_path=tmp_path / "ctrl-c.ckpt", seed=123, max_steps=20)
+    _assert_same_run(resumed, trainer, reference, ref_trainer)
+
+
+# ---------------------------------------------------------------------------- weights_only loading
+def test_checkpoints_load_with_weights_only(tmp_path):
+    callbacks = [ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_last=True),
+                 EarlyStopping(monitor="val_loss", patience=5), LearningRateMonitor()]
+    _, trainer = _fit_cpu(NumpyNoise, scheduler="epoch", callbacks=callbacks, max_epochs=2, max_time={"hours": 1},
+                          enable_checkpointing=True, default_root_dir=tmp_path)
+    trainer.save_checkpoint(tmp_path / "all.ckpt")
+    for path in [tmp_path / "all.ckpt", tmp_path / "ck" / "last.ckpt", trainer.checkpoint_callback.best_model_path]:
+        ckpt = torch.load(path, weights_only=True)
+        assert {"optimizer_states", "lr_schedulers", "callbacks", "loops", "rng"} <= set(ckpt)
+    # NumPy's state, stored as plain values, still puts NumPy's generator back
+    from torchfleet.trainer.checkpointing import restore_rng
+
+    ckpt = torch.load(tmp_path / "all.ckpt", weights_only=True)
+    restore_rng(ckpt["rng"])
+    first = np.random.rand(3)
+    restore_rng(ckpt["rng"])
+    assert np.array_equal(first, np.random.rand(3))
+
+
+def test_bundled_example_checkpoint_loads_with_weights_only(tmp_path):
+    from torchfleet.examples.addition import AdditionData, AdditionTransformer
+
+    trainer = Trainer(max_steps=2, **quiet(accelerator="cpu"))
+    trainer.fit(AdditionTransformer(), datamodule=AdditionData(num_train=256, num_val=32, batch_size=64))
+    trainer.save_checkpoint(tmp_path / "example.ckpt")
+    ckpt = torch.load(tmp_path / "example.ckpt", weights_only=True)
+    assert ckpt["hyper_parameters"]["digits"] == 3
+
+
+def _as_old_format(rng):
+    # checkpoints before the plain-values format held NumPy's state as np.random.get_state() returns it
+    kind, keys, pos, has_gauss, cached = rng["numpy"]
+    return {**rng, "numpy": (kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)}
+
+
+def test_old_checkpoint_with_numpy_array_state_still_resumes(tmp_path):
+    reference, ref_trainer = _fit_cpu(NumpyNoise, max_steps=20)
+    _, first = _fit_cpu(NumpyNoise, max_steps=10)
+    first.save_checkpoint(tmp_path / "new.ckpt")
+    ckpt = torch.load(tmp_path / "new.ckpt", weights_only=True)
+    ckpt["rng"] = _as_old_format(ckpt["rng"])
+    fit = ckpt["loops"]["fit"]
+    for key in ("epoch_start_rng", "resume_rng"):
+        fit[key] = _as_old_format(fit[key])
+    torch.save(ckpt, tmp_path / "old.ckpt")
+    with pytest.raises(Exception, match="weights_only|Unsupported global"):
+        torch.load(tmp_path / "old.ckpt", weights_only=True)  # the old form, as the issue reports it
+    resumed, trainer = _fit_cpu(NumpyNoise, ckpt_path=tmp_path / "old.ckpt", seed=123, max_steps=20)
     _assert_same_run(resumed, trainer, reference, ref_trainer)

@@ -20,12 +20,17 @@ log = logging.getLogger("torchfleet")
 
 
 def capture_rng() -> dict[str, Any]:
-    """The state of every random generator a training step may draw from."""
+    """The state of every random generator a training step may draw from, as tensors and plain Python values.
+
+    Plain values keep checkpoints loadable with ``torch.load(path, weights_only=True)``: NumPy's own state
+    holds an ndarray, which that loader refuses.
+    """
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     try:
         import numpy as np
 
-        state["numpy"] = np.random.get_state()
+        kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+        state["numpy"] = (str(kind), keys.tolist(), int(pos), int(has_gauss), float(cached_gaussian))
     except ImportError:
         pass
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -34,13 +39,15 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    """Put back what ``capture_rng`` returned."""
+    """Put back what ``capture_rng`` returned (also the ndarray form of NumPy's state in older checkpoints)."""
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
     if "numpy" in state:
         import numpy as np
 
-        np.random.set_state(state["numpy"])
+        kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
+        np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
