@@ -11,6 +11,7 @@ import logging
 import sys
 
 import pytest
+import torch
 
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.strategies import StrategyRegistry
@@ -291,3 +292,69 @@ def test_things_deepspeed_cannot_do_say_so():
         strategy.save_checkpoint("x.ckpt", {}, storage_options={"a": 1})
     with pytest.raises(CheckpointError, match="own checkpoints"):
         strategy.load_optimizer_state_dict(None, {"state": {}, "param_groups": []})
+
+
+# ---------------------------------------------------------------------------- DeepSpeed's accelerator follows ours
+@pytest.fixture
+def restore_deepspeed_accelerator():
+    """Put back whatever accelerator DeepSpeed held before the test."""
+    from deepspeed.accelerator import real_accelerator
+
+    before = real_accelerator.ds_accelerator
+    yield real_accelerator
+    real_accelerator.ds_accelerator = before
+
+
+@needs_deepspeed
+@pytest.mark.parametrize(("device", "name"), [("cpu", "cpu"), ("cuda:1", "cuda"), ("cuda", "cuda"), ("mps", "mps")])
+def test_our_devices_name_deepspeeds_accelerators(device, name):
+    from torchfleet.strategies._deepspeed_accelerator import deepspeed_accelerator_name
+
+    assert deepspeed_accelerator_name(torch.device(device)) == name
+
+
+@needs_deepspeed
+def test_a_device_deepspeed_cannot_use_is_refused():
+    from torchfleet.strategies._deepspeed_accelerator import deepspeed_accelerator_name
+
+    with pytest.raises(ConfigurationError, match="cannot train on 'meta' devices.*cpu, cuda, mps"):
+        deepspeed_accelerator_name(torch.device("meta"))
+
+
+@needs_deepspeed
+def test_cpu_replaces_the_cuda_accelerator_deepspeed_chose_by_itself(restore_deepspeed_accelerator):
+    """What a GPU host does: DeepSpeed picks CUDA on import; accelerator='cpu' must take it back."""
+    from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
+
+    from torchfleet.strategies._deepspeed_accelerator import select_deepspeed_accelerator
+
+    real = restore_deepspeed_accelerator
+    real.set_accelerator(CUDA_Accelerator())
+    chosen = select_deepspeed_accelerator(torch.device("cpu"))
+    assert chosen.device_name() == "cpu" and real.get_accelerator() is chosen
+    assert type(chosen).__name__ == "CPU_Accelerator"
+    # already the right one: kept, not rebuilt
+    assert select_deepspeed_accelerator(torch.device("cpu")) is chosen
+    assert select_deepspeed_accelerator(torch.device("cuda", 1)).device_name() == "cuda"
+    assert type(real.get_accelerator()).__name__ == "CUDA_Accelerator"
+
+
+@needs_deepspeed
+def test_a_cuda_trainer_selects_deepspeeds_cuda_accelerator(restore_deepspeed_accelerator, monkeypatch):
+    """With 2 CUDA devices (the count patched), rank 1 trains on cuda:1 and DeepSpeed gets index 1."""
+    import torchfleet as tf
+    from torchfleet.strategies._deepspeed_accelerator import device_rank, select_deepspeed_accelerator
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    trainer = tf.Trainer(strategy="deepspeed_stage_2", accelerator="cuda", devices=2, logger=False)
+    strategy = trainer.strategy
+    assert [d.type for d in strategy.parallel_devices] == ["cuda", "cuda"]
+    device = strategy.parallel_devices[1]
+    assert select_deepspeed_accelerator(device).device_name() == "cuda"
+    assert device_rank(device, local_rank=1) == 1
+    cpu = tf.Trainer(strategy="deepspeed_stage_2", accelerator="cpu", devices=2, logger=False).strategy
+    assert [d.type for d in cpu.parallel_devices] == ["cpu", "cpu"]
+    assert select_deepspeed_accelerator(cpu.root_device).device_name() == "cpu"
+    # DeepSpeed's CPU accelerator ignores the index; a negative one would make the engine think it runs alone
+    assert device_rank(cpu.parallel_devices[1], local_rank=1) == 1

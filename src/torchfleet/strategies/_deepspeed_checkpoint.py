@@ -6,19 +6,17 @@ including a ``"deepspeed"`` entry: the world size and ZeRO stage it was written 
 which checkpoint entries (modules, optimizers) the engine checkpoint stands for.
 
 DeepSpeed reloads its own checkpoint only with the world size and stage that wrote it. Otherwise we
-convert it to DeepSpeed's universal checkpoint (one folder per parameter) in a temporary directory
-next to it and load that: the user never runs ``ds_to_universal`` by hand.
+read its ZeRO partitions whole (strategies/_zero_state.py: any torch optimizer, every state key)
+and place weights and optimizer state into the new engine's partitions ourselves. The same reader
+gives ``consolidate`` its optimizer state in torch.optim form.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import logging
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +25,7 @@ from torch import Tensor, nn
 
 from torchfleet.checkpoint.format import FORMAT_KEY, FORMAT_VERSION
 from torchfleet.errors import CheckpointError
+from torchfleet.strategies._zero_state import FullOptimizerState, has_zero_files, strip_wrapper
 from torchfleet.strategies.deepspeed import (
     _UNIVERSAL_INFO,
     CHECKPOINT_TAG,
@@ -41,8 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: the prefix the engine's module (our _HookDispatch around the user's module) puts on every name
-_WRAPPER_PREFIX = "module."
 _MODEL_STATES = "mp_rank_00_model_states.pt"
 
 
@@ -76,6 +73,8 @@ def save_deepspeed(strategy: DeepSpeedStrategy, path: str | os.PathLike, plain: 
         "half": strategy._half,
         "modules": modules,
         "optimizers": optimizers,
+        # how the user's optimizer numbered its parameters, so that consolidation can number them the same way
+        "param_names": strategy.optimizer_param_names,
     }
     with atomic_checkpoint_dir(path, strategy) as tmp:
         # every rank writes its own partition files; DeepSpeed synchronises the ranks inside
@@ -127,8 +126,8 @@ def load_engine_checkpoint(
     """Load the engine checkpoint behind ``checkpoint`` into ``strategy.engine``.
 
     Weights only (no optimizer to restore): the consolidated float32 weights, at any world size and
-    stage. With the optimizer: DeepSpeed's own load at the same world size and stage, else through a
-    universal checkpoint converted on the fly.
+    stage. With the optimizer: DeepSpeed's own load at the same world size and stage; otherwise the
+    ZeRO files are read whole (any torch optimizer) and placed into this engine's partitions.
     """
     path = _checkpoint_path(checkpoint)
     info = _deepspeed_info(checkpoint, path)
@@ -146,84 +145,13 @@ def load_engine_checkpoint(
         if loaded is None:
             raise CheckpointError(f"DeepSpeed found no checkpoint tagged {info['tag']!r} under {ds_dir!r}.")
         return
-    if _stage_family(saved_stage) != _stage_family(stage):
-        # DeepSpeed 0.19's universal checkpoints of stages 1-2 and of stage 3 differ (and stage 0 has none)
-        raise CheckpointError(
-            f"{path!r} was written with ZeRO stage {saved_stage} and this run uses stage {stage}. DeepSpeed moves "
-            "optimizer state between world sizes within stages 1-2, or within stage 3, but not between those and "
-            f"not to or from stage 0. Resume with stage={saved_stage} (any world size), or start from its weights: "
-            "`torchfleet consolidate CKPT OUT --with-optimizer` writes a file that resumes under ddp, fsdp or "
-            "single_device."
-        )
-    log.info("Resuming %s (ZeRO-%d on %d processes) with ZeRO-%d on %d processes through DeepSpeed's universal "
-             "checkpoint format", path, saved_stage, saved_ws, stage, ws)
-    _load_universal(strategy, path, info, strict)
+    log.info("Resuming %s (ZeRO-%d on %d processes) with ZeRO-%d on %d processes: placing its whole optimizer "
+             "state into this engine's partitions", path, saved_stage, saved_ws, stage, ws)
+    from torchfleet.strategies._zero_state import load_into_engine
 
-
-def _stage_family(stage: int) -> int:
-    return {0: 0, 1: 1, 2: 1, 3: 3}[stage]
-
-
-def _load_universal(strategy: DeepSpeedStrategy, path: str, info: Mapping[str, Any], strict: bool) -> None:
-    engine = strategy.engine
-    workdir, error = None, None
-    if strategy.is_global_zero:
-        try:
-            workdir = _scratch_dir_next_to(path)
-            to_universal(os.path.join(path, DEEPSPEED_SUBDIR), info["tag"], workdir)
-        except Exception as exc:  # reported on every rank below, instead of leaving the others waiting
-            error = f"{type(exc).__name__}: {exc}"
-    workdir, error = strategy.broadcast((workdir, error))
-    if error is not None:
-        raise CheckpointError(
-            f"Converting {path!r} (world size {info['world_size']}, ZeRO stage {info['zero_stage']}) to DeepSpeed's "
-            f"universal checkpoint format failed: {error}. Universal conversion needs an Adam-family optimizer (its "
-            f"exp_avg/exp_avg_sq states); otherwise resume with the original world size ({info['world_size']})."
-        )
-    config = engine._config
-    previous = config.load_universal_checkpoint
-    # read by load_checkpoint only, so switching it for this one load is enough
-    config.load_universal_checkpoint = True
-    try:
-        with _quiet():
-            loaded, _ = engine.load_checkpoint(workdir, tag=_universal_tag(info["tag"]), load_module_strict=strict,
-                                               load_optimizer_states=True, load_lr_scheduler_states=False)
-        if loaded is None:
-            raise CheckpointError(f"DeepSpeed could not load the universal checkpoint converted from {path!r}.")
-    finally:
-        config.load_universal_checkpoint = previous
-        strategy.barrier("universal_loaded")
-        if strategy.is_global_zero:
-            shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _universal_tag(tag: str) -> str:
-    return f"{tag}_universal"
-
-
-def _scratch_dir_next_to(path: str) -> str:
-    # next to the checkpoint: on the same (shared) file system as the checkpoint, which every rank can read
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    try:
-        return tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(path))}.universal-", dir=parent)
-    except OSError:
-        return tempfile.mkdtemp(prefix="torchfleet-universal-")
-
-
-def to_universal(ds_dir: str, tag: str, out_dir: str) -> str:
-    """Convert the engine checkpoint ``ds_dir/tag`` to DeepSpeed's universal format under ``out_dir``; returns its tag."""
-    import_deepspeed("Converting a DeepSpeed checkpoint")
-    from deepspeed.checkpoint import ds_to_universal
-
-    out_tag = _universal_tag(tag)
-    args = argparse.Namespace(
-        input_folder=os.path.join(ds_dir, tag), output_folder=os.path.join(out_dir, out_tag),
-        # worker processes would be forked from a rank that holds a process group: convert in this process
-        num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True,
-    )
-    with _quiet():
-        ds_to_universal.main(args)
-    return out_tag
+    full = read_full_optimizer(path, info)
+    load_full_weights(strategy, strategy.unwrap(engine), consolidated_weights(path, info), strict=strict)
+    load_into_engine(engine, full, path)
 
 
 @contextlib.contextmanager
@@ -307,11 +235,7 @@ def _is_non_persistent_buffer(module: nn.Module, name: str) -> bool:
 
 # ---------------------------------------------------------------------------- consolidation
 def _strip_wrapper(state: Mapping[str, Any]) -> dict[str, Any]:
-    return {(k[len(_WRAPPER_PREFIX):] if k.startswith(_WRAPPER_PREFIX) else k): v for k, v in state.items()}
-
-
-def _has_zero_files(tag_dir: str) -> bool:
-    return any(f.endswith("_optim_states.pt") for f in os.listdir(tag_dir))
+    return {strip_wrapper(k): v for k, v in state.items()}
 
 
 def consolidated_weights(path: str | os.PathLike, info: Mapping[str, Any] | None = None) -> dict[str, Tensor]:
@@ -325,7 +249,7 @@ def consolidated_weights(path: str | os.PathLike, info: Mapping[str, Any] | None
     tag_dir = os.path.join(ds_dir, info["tag"])
     if not os.path.isdir(tag_dir):
         raise CheckpointError(f"{os.fspath(path)!r} lacks the engine checkpoint {tag_dir!r}: the directory is incomplete.")
-    if int(info.get("zero_stage", 0)) == 0 and not _has_zero_files(tag_dir):
+    if int(info.get("zero_stage", 0)) == 0 and not has_zero_files(tag_dir):
         # no ZeRO: the model-states file holds the whole module
         module = torch.load(os.path.join(tag_dir, _MODEL_STATES), map_location="cpu", weights_only=False)["module"]
         return {k: v.float() if v.is_floating_point() else v for k, v in _strip_wrapper(module).items()}
@@ -336,72 +260,28 @@ def consolidated_weights(path: str | os.PathLike, info: Mapping[str, Any] | None
     return {k: v.clone() for k, v in _strip_wrapper(state).items()}
 
 
+def read_full_optimizer(path: str | os.PathLike, info: Mapping[str, Any]) -> FullOptimizerState:
+    """The ZeRO optimizer partitions of a "deepspeed" checkpoint, whole and per parameter (one process)."""
+    from torchfleet.strategies._zero_state import read_zero_optimizer
+
+    tag_dir = os.path.join(os.fspath(path), DEEPSPEED_SUBDIR, info["tag"])
+    if not os.path.isdir(tag_dir):
+        raise CheckpointError(f"{os.fspath(path)!r} lacks the engine checkpoint {tag_dir!r}: the directory is incomplete.")
+    return read_zero_optimizer(tag_dir)
+
+
 def consolidated_optimizer_state(path: str | os.PathLike, info: Mapping[str, Any]) -> dict[str, Any]:
     """The optimizer state of a "deepspeed" checkpoint in ``torch.optim.Optimizer.state_dict()`` form (one process).
 
-    Parameters are numbered as the optimizer saw them: param group by param group, in order (the
-    order ``configure_optimizers`` built them in, frozen parameters left out).
+    Any torch optimizer: every state key is mapped back onto the parameters. They are numbered as
+    the user's optimizer held them (recorded at save time; frozen parameters included, without
+    state), or, for checkpoints without that record, in the order ZeRO flattened them.
     """
-    ds_dir = os.path.join(os.fspath(path), DEEPSPEED_SUBDIR)
-    tag_dir = os.path.join(ds_dir, info["tag"])
-    if int(info.get("zero_stage", 0)) == 0 and not _has_zero_files(tag_dir):
+    tag_dir = os.path.join(os.fspath(path), DEEPSPEED_SUBDIR, info["tag"])
+    if int(info.get("zero_stage", 0)) == 0 and not has_zero_files(tag_dir):
         # no ZeRO: DeepSpeed saved the torch optimizer's own state dict
         return torch.load(os.path.join(tag_dir, _MODEL_STATES), map_location="cpu", weights_only=False)["optimizer"]
-    workdir = tempfile.mkdtemp(prefix="torchfleet-consolidate-")
-    try:
-        try:
-            out_tag = to_universal(ds_dir, info["tag"], workdir)
-        except Exception as exc:
-            raise CheckpointError(
-                f"Consolidating the optimizer state of {os.fspath(path)!r} failed in DeepSpeed's universal conversion "
-                f"({type(exc).__name__}: {exc}). It supports Adam-family optimizers (exp_avg/exp_avg_sq); consolidate "
-                "the weights alone (without --with-optimizer) for others."
-            ) from exc
-        return _read_universal_optimizer(os.path.join(workdir, out_tag))
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _read_universal_optimizer(folder: str) -> dict[str, Any]:
-    zero = os.path.join(folder, "zero")
-    common = torch.load(os.path.join(zero, "optimizer_state.pt"), map_location="cpu", weights_only=False)
-    model_files = sorted(f for f in os.listdir(folder) if f.endswith("model_states.pt"))
-    model_states = torch.load(os.path.join(folder, model_files[0]), map_location="cpu", weights_only=False)
-    shapes = model_states["param_shapes"]
-    if isinstance(shapes, Mapping):  # one group written as a bare mapping
-        shapes = [shapes]
-    if len(shapes) != len(common["param_groups"]):
-        raise CheckpointError(
-            f"The DeepSpeed checkpoint lists {len(shapes)} groups of parameters for {len(common['param_groups'])} "
-            "optimizer param groups, so its optimizer state cannot be given back per parameter. Consolidate the "
-            "weights alone (without --with-optimizer)."
-        )
-    # stage 3 keeps one step count for the whole (flat) group instead of one per parameter
-    flat_state = (common.get("optimizer_state_dict") or {}).get("state") or {}
-    group_step = next((v["step"] for v in flat_state.values() if isinstance(v, Mapping) and "step" in v), None)
-    groups, state, index = [], {}, 0
-    for group, names in zip(common["param_groups"], shapes):
-        ids = []
-        for name, shape in names.items():
-            entry: dict[str, Any] = {}
-            param_dir = os.path.join(zero, name)
-            for f in sorted(os.listdir(param_dir)):
-                key = f[:-3] if f.endswith(".pt") else f
-                if key == "fp32":
-                    continue
-                value = torch.load(os.path.join(param_dir, f), map_location="cpu", weights_only=False)
-                value = value["param"] if isinstance(value, Mapping) and "param" in value else value
-                if key == "step":
-                    entry[key] = torch.tensor(float(value), dtype=torch.float32)
-                else:
-                    entry[key] = value.reshape(shape) if isinstance(value, Tensor) and value.numel() == shape.numel() else value
-            if "step" not in entry and group_step is not None:
-                entry["step"] = torch.tensor(float(group_step), dtype=torch.float32)
-            state[index] = entry
-            ids.append(index)
-            index += 1
-        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": ids})
-    return {"state": state, "param_groups": groups}
+    return read_full_optimizer(path, info).to_torch(info.get("param_names"))
 
 
 def consolidate(path: str | os.PathLike, with_optimizer: bool = False) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from torch.optim import Optimizer
 
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.strategies import _deepspeed_config as dsc
+from torchfleet.strategies._deepspeed_accelerator import device_rank, select_deepspeed_accelerator
 from torchfleet.strategies.ddp import _HOOK_KWARG, DEFAULT_TIMEOUT, DDPStrategy, _HookDispatch
 
 if TYPE_CHECKING:
@@ -49,7 +50,8 @@ DEEPSPEED_SUBDIR = "deepspeed"
 CHECKPOINT_TAG = "checkpoint"
 #: the meta entry describing the engine checkpoint (world size, stage, tag, which entries it holds)
 META_DEEPSPEED_KEY = "deepspeed"
-#: DeepSpeed's universal-checkpoint converter needs this marker in checkpoints of stages 1-2
+#: DeepSpeed's own universal-checkpoint converter (ds_to_universal, Adam-family only) needs this marker in checkpoints
+#: of stages 1-2; written so that users can still run it, though torchfleet reads the ZeRO files itself
 _UNIVERSAL_INFO = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.4}}
 
 
@@ -263,6 +265,8 @@ class DeepSpeedStrategy(DDPStrategy):
         self._config_template = self.config
         self._engine: Any = None
         self._half: str | None = None
+        #: per param group of the user's optimizer, its parameters' names in the module (None: not in it)
+        self.optimizer_param_names: list[list[str | None]] | None = None
         self._loader_batch_size: int | None = None
 
     # ----------------------------------------------------------------- properties
@@ -327,12 +331,20 @@ class DeepSpeedStrategy(DDPStrategy):
         from deepspeed.utils import logger as ds_logger
 
         ds_logger.setLevel(self.logging_level)
+        select_deepspeed_accelerator(self.root_device)
         _skip_shm_build(self.root_device)
-        device_rank = self.root_device.index if self.root_device.index is not None else self.local_rank
+        self.optimizer_param_names = _param_names(module, optimizers[0]) if optimizers else None
         with _local_rank_env(self.local_rank):
             engine, _, _, _ = deepspeed.initialize(
-                args=argparse.Namespace(device_rank=device_rank), model=_HookDispatch(module),
-                optimizer=optimizers[0] if optimizers else None, config=config, dist_init_required=False,
+                args=argparse.Namespace(device_rank=device_rank(self.root_device, self.local_rank)),
+                model=_HookDispatch(module), optimizer=optimizers[0] if optimizers else None, config=config,
+                dist_init_required=False,
+            )
+        if torch.device(engine.device).type != self.root_device.type:
+            raise ConfigurationError(
+                f"DeepSpeed placed its engine on {engine.device} although this run trains on {self.root_device}. "
+                "Something selected DeepSpeed's accelerator after torchfleet did (DS_ACCELERATOR or "
+                "deepspeed.accelerator.set_accelerator in the script); leave the choice to Trainer(accelerator=...)."
             )
         if optimizers:
             # the Trainer says where the accumulation boundary is (no_backward_sync); not DeepSpeed's counter
@@ -570,6 +582,11 @@ def _skip_shm_build(device: torch.device) -> None:
     compatible["deepspeed_shm_comm"] = False
 
 
+def _param_names(module: nn.Module, optimizer: Optimizer) -> list[list[str | None]]:
+    names = {id(p): n for n, p in module.named_parameters()}
+    return [[names.get(id(p)) for p in group["params"]] for group in optimizer.param_groups]
+
+
 @contextlib.contextmanager
 def _local_rank_env(local_rank: int) -> Iterator[None]:
     # deepspeed.initialize reads LOCAL_RANK from the environment; torchfleet's launchers do not always set it in
@@ -590,7 +607,7 @@ def consolidate_deepspeed(path: str | os.PathLike, with_optimizer: bool = False)
 
     ``state_dict`` holds the float32 weights under the user module's names (any ZeRO stage, any
     world size it was written with); with ``with_optimizer`` also ``optimizer_states`` in
-    ``torch.optim`` form (Adam-family optimizers), so the result resumes under any strategy.
+    ``torch.optim`` form (any torch optimizer, every state key), so the result resumes under any strategy.
     """
     from torchfleet.strategies._deepspeed_checkpoint import consolidate
 

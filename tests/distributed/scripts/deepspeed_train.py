@@ -7,7 +7,10 @@ builds a new Trainer and DeepSpeed engine). Every run is one entry of ``cfg["run
   with ``save_at``, write a checkpoint at that global step to ``ckpt_dir/<name>.ckpt``.
 - ``{"name", "strategy", "resume": path}``: resume from a checkpoint directory and train to the end.
 - ``"expect_error": true``: the run must fail; its entry is ``{"error": message}``.
-- ``"precision"``, ``"accumulate"``: the Trainer's precision and accumulate_grad_batches.
+- ``"precision"``, ``"accumulate"``, ``"max_steps"``: the Trainer's precision, accumulate_grad_batches, max_steps.
+- ``"optimizer"``: a key of ``OPTIMIZERS`` (default ``"adamw"``).
+- ``"ds_accelerator": "cuda"``: select DeepSpeed's CUDA accelerator before the run, as DeepSpeed does by
+  itself on a GPU host (the run still asks for accelerator="cpu").
 - ``{"name", "strategy", "validate": path}``: ``trainer.validate`` with the weights of a checkpoint.
 - ``{"name", "strategy", "fleet": true, "ckpt_dir"}``: the same model in a hand-written Fleet loop
   (no LR schedule) that saves at step ``SAVE_AT``; a fresh engine loads that and finishes.
@@ -44,16 +47,26 @@ def make_data() -> TensorDataset:
     return TensorDataset(x, y)
 
 
+#: torch optimizers the runs can use: ZeRO's partitions must carry any of their state keys
+OPTIMIZERS = {
+    "adamw": lambda params: torch.optim.AdamW(params, lr=0.02, weight_decay=0.01),
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+    "adagrad": lambda params: torch.optim.Adagrad(params, lr=0.05),
+    "rmsprop": lambda params: torch.optim.RMSprop(params, lr=0.01, momentum=0.5, centered=True),
+}
+
+
 class TinyTransformer(tf.Module):
-    """One encoder layer and a linear head; AdamW (DeepSpeed's universal checkpoints need Adam-family state).
+    """One encoder layer and a linear head, trained with one of ``OPTIMIZERS`` (AdamW by default).
 
     The encoder has no biases: the attention's key bias gets a gradient that is exactly zero in
     theory and rounding noise in practice, which Adam would blow up to lr-sized steps that differ
     between any two summation orders, hiding the comparison this model is for.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, optimizer: str = "adamw") -> None:
         super().__init__()
+        self.optimizer_name = optimizer
         torch.manual_seed(0)
         self.encoder = nn.TransformerEncoderLayer(DIM, nhead=2, dim_feedforward=16, dropout=0.0, batch_first=True,
                                                   bias=False)
@@ -75,7 +88,7 @@ class TinyTransformer(tf.Module):
         self.log("val_loss", nn.functional.mse_loss(self(x), y), sync_dist=True)
 
     def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.parameters(), lr=0.02, weight_decay=0.01)
+        opt = OPTIMIZERS[self.optimizer_name](self.parameters())
         # a per-step schedule: resuming must restore it too
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
@@ -93,17 +106,32 @@ class SaveAt(Callback):
             self.weights = full_weights(trainer)
 
 
+class Probe(Callback):
+    """Where training happens: DeepSpeed's engine device and the parameters' devices, seen at the first batch."""
+
+    def __init__(self) -> None:
+        self.engine_device, self.param_devices = None, None
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if self.engine_device is None:
+            engine = getattr(trainer.strategy, "engine", None)
+            self.engine_device = None if engine is None else str(engine.device)
+            self.param_devices = sorted({p.device.type for p in module.parameters()})
+
+
 def full_weights(trainer) -> dict:
     state = trainer.strategy.module_state_dict(trainer._wrapped)
     # fsdp's state dict holds DTensor shards (one run resumes a DeepSpeed checkpoint under fsdp)
     return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().float().clone() for k, v in state.items()}
 
 
-def build(strategy, devices: int, batch: int, callbacks=(), precision="32-true", accumulate=1):
+def build(strategy, devices: int, batch: int, callbacks=(), precision="32-true", accumulate=1, optimizer="adamw",
+          max_steps=-1):
     """The model, trainer and loaders of one run (the tests build the one-process reference with it too)."""
-    model = TinyTransformer()
+    model = TinyTransformer(optimizer)
     trainer = tf.Trainer(
-        strategy=strategy, accelerator="cpu", devices=devices, max_epochs=EPOCHS, precision=precision,
+        strategy=strategy, accelerator="cpu", devices=devices, max_epochs=EPOCHS, max_steps=max_steps,
+        precision=precision,
         accumulate_grad_batches=accumulate, logger=False, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, callbacks=list(callbacks),
     )
@@ -152,6 +180,13 @@ def full_weights_of(strategy) -> dict:
     return {k: v.detach().float().clone() for k, v in strategy.module_state_dict(strategy.engine).items()}
 
 
+def _deepspeed_accelerator() -> str | None:
+    from deepspeed.accelerator import real_accelerator
+
+    held = real_accelerator.ds_accelerator
+    return None if held is None else held.device_name()
+
+
 def main(cfg: dict) -> None:
     torch.set_num_threads(1)
     devices = cfg.get("devices", 2)
@@ -162,13 +197,21 @@ def main(cfg: dict) -> None:
             results[run["name"]] = fleet_run(run["strategy"], devices, cfg.get("batch", BATCH),
                                              os.path.join(run["ckpt_dir"], f"{run['name']}.ckpt"))
             continue
+        if run.get("ds_accelerator") == "cuda":
+            from deepspeed.accelerator import set_accelerator
+            from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
+
+            set_accelerator(CUDA_Accelerator())
+        before = _deepspeed_accelerator()
         saver = None
-        callbacks = []
+        probe = Probe()
+        callbacks = [probe]
         if run.get("save_at"):
             saver = SaveAt(run["save_at"], os.path.join(run["ckpt_dir"], f"{run['name']}.ckpt"))
             callbacks.append(saver)
         model, trainer, train, val = build(run["strategy"], devices, cfg.get("batch", BATCH), callbacks,
-                                           run.get("precision", "32-true"), run.get("accumulate", 1))
+                                           run.get("precision", "32-true"), run.get("accumulate", 1),
+                                           run.get("optimizer", "adamw"), run.get("max_steps", -1))
         if run.get("validate"):
             model, trainer, _, val = build(run["strategy"], devices, cfg.get("batch", BATCH))
             metrics = trainer.validate(model, val, ckpt_path=run["validate"], verbose=False)
@@ -191,7 +234,12 @@ def main(cfg: dict) -> None:
             "stage": getattr(trainer.strategy, "zero_stage", None),
             "param_dtype": str(next(model.parameters()).dtype),
             "config": getattr(trainer.strategy, "config", None),
-            "val_loss": float(trainer.callback_metrics["val_loss"]),
+            # a run stopped by max_steps before an epoch's end has not validated
+            "val_loss": float(trainer.callback_metrics.get("val_loss", float("nan"))),
+            "ds_accelerator_before": before,
+            "ds_accelerator": _deepspeed_accelerator(),
+            "engine_device": probe.engine_device,
+            "param_devices": probe.param_devices,
         }
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         torch.save(results, cfg["out"])
