@@ -358,3 +358,18 @@ def test_a_cuda_trainer_selects_deepspeeds_cuda_accelerator(restore_deepspeed_ac
     assert select_deepspeed_accelerator(cpu.root_device).device_name() == "cpu"
     # DeepSpeed's CPU accelerator ignores the index; a negative one would make the engine think it runs alone
     assert device_rank(cpu.parallel_devices[1], local_rank=1) == 1
+
+
+@needs_deepspeed
+def test_a_stage_0_checkpoint_into_zero_is_refused_with_what_works(tmp_path):
+    """Checked from the checkpoint's record before the engine is touched (a stand-in strategy is enough)."""
+    from types import SimpleNamespace
+
+    from torchfleet.strategies._deepspeed_checkpoint import load_engine_checkpoint
+    from torchfleet.strategies.deepspeed import _InEngine
+
+    checkpoint = {"state_dict": _InEngine("module", str(tmp_path)),
+                  "deepspeed": {"tag": "checkpoint", "world_size": 2, "zero_stage": 0}}
+    strategy = SimpleNamespace(engine=SimpleNamespace(optimizer=object()), zero_stage=2, world_size=1)
+    with pytest.raises(CheckpointError, match="without ZeRO.*stage 2.*torchfleet consolidate"):
+        load_engine_checkpoint(strategy, checkpoint, with_optimizer=True)

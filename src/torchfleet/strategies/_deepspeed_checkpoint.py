@@ -145,6 +145,12 @@ def load_engine_checkpoint(
         if loaded is None:
             raise CheckpointError(f"DeepSpeed found no checkpoint tagged {info['tag']!r} under {ds_dir!r}.")
         return
+    if saved_stage == 0:
+        raise CheckpointError(
+            f"{path!r} was written without ZeRO (stage 0) and this run uses ZeRO stage {stage}. A stage-0 checkpoint "
+            "resumes under stage 0 (any world size); for ZeRO, or to move it anywhere else, write it as one file "
+            "first: `torchfleet consolidate CKPT OUT --with-optimizer` resumes under ddp, fsdp or single_device."
+        )
     log.info("Resuming %s (ZeRO-%d on %d processes) with ZeRO-%d on %d processes: placing its whole optimizer "
              "state into this engine's partitions", path, saved_stage, saved_ws, stage, ws)
     from torchfleet.strategies._zero_state import load_into_engine
