@@ -365,6 +365,9 @@ class DeepSpeedStrategy(DDPStrategy):
             "module: fleet.setup(model, optimizer), not fleet.setup_module(model) then fleet.setup_optimizers(...)."
         )
 
+    def release_module(self, module: nn.Module) -> None:
+        """The engine owns where its (partitioned) parameters live; they stay there."""
+
     def unwrap(self, module: nn.Module) -> nn.Module:
         """The user's module inside the engine and its hook dispatcher."""
         if self._engine is not None and module is self._engine:
