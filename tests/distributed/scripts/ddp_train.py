@@ -83,7 +83,8 @@ def build(cfg: dict, strategy=None):
     model = Net(cfg.get("fail_rank", -1), cfg.get("fail_how", "raise"), cfg.get("fail_step", 1))
     data = make_data()
     trainer = tf.Trainer(
-        strategy=strategy or cfg.get("strategy", "ddp"), accelerator="cpu", devices=cfg.get("devices", 2),
+        strategy=strategy or cfg.get("strategy", "ddp"), accelerator=cfg.get("accelerator", "cpu"),
+        devices=cfg.get("devices", 2),
         num_nodes=cfg.get("num_nodes", 1), max_epochs=cfg.get("epochs", 2),
         accumulate_grad_batches=cfg.get("accumulate", 1), logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,

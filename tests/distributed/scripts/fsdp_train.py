@@ -121,10 +121,10 @@ def make_strategy(name: str, options: dict | None):
 
 
 def build(strategy, devices: int, num_nodes: int = 1, callbacks=(), precision="32-true", accumulate=1,
-          fsdp=None, empty_init=False, ff=16):
+          fsdp=None, empty_init=False, ff=16, accelerator="cpu"):
     """The model, trainer and loaders of one run (the tests build the one-process reference with it too)."""
     trainer = tf.Trainer(
-        strategy=make_strategy(strategy, fsdp), accelerator="cpu", devices=devices, num_nodes=num_nodes,
+        strategy=make_strategy(strategy, fsdp), accelerator=accelerator, devices=devices, num_nodes=num_nodes,
         max_epochs=EPOCHS, precision=precision, accumulate_grad_batches=accumulate, logger=False,
         enable_checkpointing=any(type(c).__name__ == "ModelCheckpoint" for c in callbacks), enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         callbacks=list(callbacks),
@@ -156,9 +156,9 @@ def describe_params(module: nn.Module) -> dict:
     return out
 
 
-def fleet_run(strategy: str, devices: int, ckpt: str, options: dict | None) -> dict:
+def fleet_run(strategy: str, devices: int, ckpt: str, options: dict | None, accelerator: str = "cpu") -> dict:
     """Fleet: train, save at SAVE_AT; a fresh model + optimizer loads that checkpoint and finishes."""
-    fleet = tf.Fleet(strategy=make_strategy(strategy, options), accelerator="cpu", devices=devices)
+    fleet = tf.Fleet(strategy=make_strategy(strategy, options), accelerator=accelerator, devices=devices)
     fleet.launch()
 
     def setup():
@@ -194,13 +194,15 @@ def fleet_run(strategy: str, devices: int, ckpt: str, options: dict | None) -> d
 def main(cfg: dict) -> None:
     torch.set_num_threads(1)
     devices, num_nodes = cfg.get("devices", 2), cfg.get("num_nodes", 1)
+    #: "cpu" for the gloo tests here; tests/gpu runs the same script with "cuda"
+    accelerator = cfg.get("accelerator", "cpu")
     results = {}
     for run in cfg["runs"]:
         tf.seed_everything(0)
         name, strategy = run["name"], run["strategy"]
         if run.get("fleet"):
             results[name] = fleet_run(strategy, devices, os.path.join(run["ckpt_dir"], f"{name}.ckpt"),
-                                      run.get("fsdp"))
+                                      run.get("fsdp"), accelerator)
             continue
         saver = None
         callbacks = []
@@ -215,7 +217,8 @@ def main(cfg: dict) -> None:
                                              save_top_k=1, save_last=True))
         model, trainer, train, val = build(
             strategy, devices, num_nodes, callbacks, run.get("precision", "32-true"), run.get("accumulate", 1),
-            run.get("fsdp"), run.get("empty_init", False), ff=32 if run.get("wrong_model") else 16)
+            run.get("fsdp"), run.get("empty_init", False), ff=32 if run.get("wrong_model") else 16,
+            accelerator=accelerator)
         was_meta = any(p.is_meta for p in model.parameters())
         try:
             if run.get("validate"):
@@ -237,6 +240,7 @@ def main(cfg: dict) -> None:
             "global_step": trainer.global_step,
             "batches_run": model.batches_run,
             "world_size": trainer.world_size,
+            "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
             "was_meta": was_meta,
             "params": describe_params(model),
             "val_loss": float(trainer.callback_metrics["val_loss"]),
