@@ -345,3 +345,19 @@ def test_old_checkpoint_with_numpy_array_state_still_resumes(tmp_path):
         torch.load(tmp_path / "old.ckpt", weights_only=True)  # the old form, as the issue reports it
     resumed, trainer = _fit_cpu(NumpyNoise, ckpt_path=tmp_path / "old.ckpt", seed=123, max_steps=20)
     _assert_same_run(resumed, trainer, reference, ref_trainer)
+
+
+def test_cuda_rng_states_of_a_gpu_checkpoint_are_left_alone_in_a_run_without_cuda():
+    # a checkpoint written on a machine with 8 GPUs, resumed by a CPU run (here, or on a GPU machine)
+    from torchfleet.trainer.checkpointing import capture_rng, restore_rng
+
+    if torch.cuda.is_initialized():
+        pytest.skip("an earlier test used CUDA in this process; tests/gpu checks a GPU checkpoint resumed on the CPU")
+    state = capture_rng()
+    assert "cuda" not in state  # this process never used CUDA
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    restore_rng({**capture_rng(), "cuda": [torch.zeros(16, dtype=torch.uint8)] * 8})
+    assert torch.equal(torch.rand(3), expected)
+    assert not torch.cuda.is_initialized()

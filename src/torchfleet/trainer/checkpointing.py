@@ -33,7 +33,8 @@ def capture_rng() -> dict[str, Any]:
         state["numpy"] = (str(kind), keys.tolist(), int(pos), int(has_gauss), float(cached_gaussian))
     except ImportError:
         pass
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    # is_initialized(), not is_available(): asking the latter starts the CUDA driver in a CPU run
+    if torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
@@ -48,8 +49,11 @@ def restore_rng(state: dict[str, Any]) -> None:
 
         kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
         np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in state and torch.cuda.is_initialized():
+        # only where this run uses CUDA (a GPU checkpoint may resume on the CPU), and only for the devices
+        # this machine has (it may have been written on one with more)
+        for index, device_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(device_state, index)
 
 
 def dump_checkpoint(trainer: Trainer, weights_only: bool = False) -> dict[str, Any]:
