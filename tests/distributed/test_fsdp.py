@@ -37,6 +37,8 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "fsdp_train.py")
 ATOL = 1e-5
+#: a fit(max_steps=STOP_AT) that returns inside the second epoch
+STOP_AT = 5
 WRAP = {"auto_wrap": True}
 
 
@@ -87,6 +89,8 @@ def runs(tmp_path_factory) -> dict:
         {"name": "ddp", "strategy": "ddp", "save_at": SAVE_AT, "ckpt_dir": d},
         {"name": "full_shard", **fsdp(), "save_at": SAVE_AT, "ckpt_dir": d},
         {"name": "full_shard_resumed", **fsdp(), "resume": f"{d}/full_shard.ckpt"},
+        {"name": "stopped", **fsdp(), "stop_at": STOP_AT, "ckpt_dir": d},
+        {"name": "stopped_resumed", **fsdp(), "resume": f"{d}/stopped.ckpt"},
         {"name": "shard_grad_op", **fsdp(sharding_strategy="SHARD_GRAD_OP")},
         {"name": "no_shard", **fsdp(sharding_strategy="NO_SHARD")},
         {"name": "root_only", "strategy": "fsdp"},
@@ -187,11 +191,20 @@ def test_resume_mid_run_ends_where_the_uninterrupted_run_ends(runs, ref, name, s
     assert_close(result["weights"], ref["weights"])
 
 
+def test_a_checkpoint_saved_after_fit_stopped_inside_an_epoch_resumes_there(runs, ref):
+    stopped, resumed = runs["stopped"], runs["stopped_resumed"]
+    assert stopped["global_step"] == STOP_AT
+    assert resumed["batches_run"] == STEPS - STOP_AT and resumed["global_step"] == STEPS
+    assert_close(resumed["weights"], ref["weights"])
+    meta = torch.load(runs["dir"] / "stopped.ckpt" / "torchfleet.pt", weights_only=True)
+    assert meta["loops"]["fit"]["stopped_mid_epoch"] is True
+
+
 def test_sharded_checkpoint_layout(runs):
     ckpt = runs["dir"] / "full_shard.ckpt"
     files = sorted(p.name for p in ckpt.iterdir())
     assert files == [".metadata", "__0_0.distcp", "__1_0.distcp", "torchfleet.pt"]
-    meta = torch.load(ckpt / "torchfleet.pt", weights_only=False)
+    meta = torch.load(ckpt / "torchfleet.pt", weights_only=True)  # plain values and tensors only
     assert meta["torchfleet"]["layout"] == "dcp" and meta["global_step"] == SAVE_AT
     assert "state_dict" not in meta and "optimizer_states" not in meta
     assert meta["lr_schedulers"] and meta["loops"]

@@ -8,6 +8,8 @@ and must end with the same weights. Every run is one entry of ``cfg["runs"]``:
 - ``{"name", "strategy", "save_at": step, "ckpt_dir": dir}``: train from scratch; with ``save_at``
   write ``ckpt_dir/<name>.ckpt`` after that global step.
 - ``"resume": path``: resume from a checkpoint (file or directory) and train to the end.
+- ``"stop_at": step`` (with ``ckpt_dir``): ``max_steps=step``; after ``fit`` returns, write
+  ``ckpt_dir/<name>.ckpt`` with ``trainer.save_checkpoint``.
 - ``"fsdp": {...}``: FSDPStrategy keyword arguments (``auto_wrap`` true means
   ``{nn.TransformerEncoderLayer}``, ``device_mesh`` a [replicate, shard] list).
 - ``"precision"``, ``"accumulate"``: the Trainer's.
@@ -121,11 +123,11 @@ def make_strategy(name: str, options: dict | None):
 
 
 def build(strategy, devices: int, num_nodes: int = 1, callbacks=(), precision="32-true", accumulate=1,
-          fsdp=None, empty_init=False, ff=16, accelerator="cpu"):
+          fsdp=None, empty_init=False, ff=16, accelerator="cpu", max_steps=-1):
     """The model, trainer and loaders of one run (the tests build the one-process reference with it too)."""
     trainer = tf.Trainer(
         strategy=make_strategy(strategy, fsdp), accelerator=accelerator, devices=devices, num_nodes=num_nodes,
-        max_epochs=EPOCHS, precision=precision, accumulate_grad_batches=accumulate, logger=False,
+        max_epochs=EPOCHS, max_steps=max_steps, precision=precision, accumulate_grad_batches=accumulate, logger=False,
         enable_checkpointing=any(type(c).__name__ == "ModelCheckpoint" for c in callbacks), enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         callbacks=list(callbacks),
     )
@@ -218,7 +220,7 @@ def main(cfg: dict) -> None:
         model, trainer, train, val = build(
             strategy, devices, num_nodes, callbacks, run.get("precision", "32-true"), run.get("accumulate", 1),
             run.get("fsdp"), run.get("empty_init", False), ff=32 if run.get("wrong_model") else 16,
-            accelerator=accelerator)
+            accelerator=accelerator, max_steps=run.get("stop_at", -1))
         was_meta = any(p.is_meta for p in model.parameters())
         try:
             if run.get("validate"):
@@ -226,6 +228,9 @@ def main(cfg: dict) -> None:
                 results[name] = {"weights": full_weights(model), "val_loss": metrics[0]["val_loss"]}
                 continue
             trainer.fit(model, train, val, ckpt_path=run.get("resume"))
+            if run.get("stop_at"):
+                # fit returned at max_steps, inside an epoch; the checkpoint written now must resume there
+                trainer.save_checkpoint(os.path.join(run["ckpt_dir"], f"{name}.ckpt"))
         except Exception as exc:
             if not run.get("expect_error"):
                 raise
