@@ -2,7 +2,7 @@
 
 Three steps, each a function here so it can be tested without processes:
 
-1. ``default_config``: the constructor arguments (the seed docs' parameter list) mapped onto
+1. ``default_config``: the constructor arguments (Lightning's DeepSpeedStrategy parameters) mapped onto
    DeepSpeed's config keys. Values the Trainer knows are left as ``"auto"``.
 2. ``user_config``: a config the user passes (a dict, or the path of a JSON file) replaces that
    default entirely; DeepSpeed's own defaults then apply to whatever it leaves out.

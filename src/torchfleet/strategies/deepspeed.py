@@ -158,9 +158,9 @@ class _EngineOptimizer(Optimizer):
 class DeepSpeedStrategy(DDPStrategy):
     """Sharded data-parallel training with DeepSpeed ZeRO (stages 0-3), optionally offloading to CPU or NVMe.
 
-    The arguments are the seed docs' DeepSpeedStrategy parameters; they build the DeepSpeed config
-    exposed as ``strategy.config``. A ``config`` (a dict or the path of a JSON file) replaces that
-    default config entirely. Entries the Trainer knows (``train_micro_batch_size_per_gpu``,
+    The arguments are Lightning's DeepSpeedStrategy parameters (same names and defaults); they build
+    the DeepSpeed config exposed as ``strategy.config``. A ``config`` (a dict or the path of a JSON
+    file) replaces that default config entirely. Entries the Trainer knows (``train_micro_batch_size_per_gpu``,
     ``gradient_accumulation_steps``, ``gradient_clipping``, ``fp16``/``bf16`` enabled) may be
     ``"auto"`` or left out: setup fills them from the Trainer (the training DataLoader's batch size,
     ``accumulate_grad_batches``, ``gradient_clip_val``, ``precision``).

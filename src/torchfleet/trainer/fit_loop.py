@@ -203,9 +203,7 @@ class FitLoop:
                     if window_has_grads and opt is not None:
                         self._optimizer_step(opt, loss, step_fn, batch, batch_idx)
                     window_has_grads = False
-                    outputs = loss
-                else:
-                    outputs = loss
+                outputs = loss
             else:
                 outputs = step_fn(batch, batch_idx)
                 boundary = True

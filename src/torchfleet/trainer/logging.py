@@ -216,9 +216,6 @@ class Results:
                 bar[suffixed] = val
         return callback, logged, bar
 
-    def reset(self) -> None:
-        self.values.clear()
-
 
 def _distributed(strategy: Strategy | None) -> bool:
     return strategy is not None and strategy.world_size > 1
