@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def run_in_rank(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any,
                 kw: dict) -> Any:
     """Run the stage in this rank; rank 0 also returns the snapshot that ``restore`` applies in the parent."""
-    from torchfleet.trainer.loops import run_stage
+    from torchfleet.trainer.stage import run_stage
 
     out = run_stage(trainer, stage, model, train_dl, eval_dl, ckpt_path, kw)
     if not trainer.is_global_zero:

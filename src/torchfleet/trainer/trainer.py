@@ -415,7 +415,7 @@ class Trainer:
         return self._run("predict", model, None, dataloaders, datamodule, ckpt_path, return_predictions=return_predictions)
 
     def _run(self, stage: str, model: Any, train_dl: Any, eval_dl: Any, datamodule: Any, ckpt_path: Any, **kw: Any) -> Any:
-        from torchfleet.trainer.loops import run_stage
+        from torchfleet.trainer.stage import run_stage
 
         model = self._connect(stage, model, train_dl, eval_dl, datamodule)
         launcher = self.strategy.launcher
