@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "Trainer": "torchfleet.trainer.trainer",
-    "seed_everything": "torchfleet.trainer.trainer",
+    "seed_everything": "torchfleet.seed",
     "Module": "torchfleet.module",
     "DataModule": "torchfleet.data",
     "Fleet": "torchfleet.fleet",
@@ -48,4 +48,5 @@ if TYPE_CHECKING:
     from torchfleet.errors import CheckpointError, ConfigurationError
     from torchfleet.fleet import Fleet
     from torchfleet.module import Module
-    from torchfleet.trainer.trainer import Trainer, seed_everything
+    from torchfleet.seed import seed_everything
+    from torchfleet.trainer.trainer import Trainer

@@ -325,7 +325,7 @@ def _run_stage(stage: str, argv: list[str]) -> int:
     except SystemExit as exc:  # --help, --print_config, or jsonargparse's own usage error
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     if cfg.seed_everything is not None:
-        from torchfleet.trainer.trainer import seed_everything
+        from torchfleet.seed import seed_everything
 
         seed_everything(cfg.seed_everything)
     # `instantiate` replaced `instantiate_classes` in jsonargparse 4.49; older releases have only the latter

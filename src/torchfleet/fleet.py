@@ -595,7 +595,7 @@ class Fleet:
 
     def seed_everything(self, seed: int | None = None, workers: bool = False) -> int:
         """Seed Python's, NumPy's and torch's generators; returns the seed used."""
-        from torchfleet.trainer.trainer import seed_everything
+        from torchfleet.seed import seed_everything
 
         return seed_everything(seed, workers=workers)
 
