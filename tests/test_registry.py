@@ -16,19 +16,19 @@ from torchfleet.strategies import SingleDeviceStrategy, Strategy, StrategyRegist
 
 
 class RecordingCheckpointIO(CheckpointIO):
-    """The seed docs' custom CheckpointIO: two-argument save/load, here recording every call."""
+    """A custom CheckpointIO recording every call."""
 
     def __init__(self):
         self.saved, self.loaded = [], []
         self._inner = TorchCheckpointIO()
 
-    def save_checkpoint(self, checkpoint, path):
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
         self.saved.append(str(path))
-        self._inner.save_checkpoint(checkpoint, path)
+        self._inner.save_checkpoint(checkpoint, path, storage_options)
 
-    def load_checkpoint(self, path):
+    def load_checkpoint(self, path, map_location=None):
         self.loaded.append(str(path))
-        return self._inner.load_checkpoint(path)
+        return self._inner.load_checkpoint(path, map_location)
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ from torchfleet.checkpoint.io import (
     CheckpointIO,
     TorchCheckpointIO,
     is_temp_file,
-    load_with,
-    save_with,
 )
 
-__all__ = ["CheckpointIO", "TorchCheckpointIO", "AsyncCheckpointIO", "save_with", "load_with", "is_temp_file"]
+__all__ = ["CheckpointIO", "TorchCheckpointIO", "AsyncCheckpointIO", "is_temp_file"]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
-import inspect
 import itertools
 import logging
 import os
@@ -13,7 +11,7 @@ import re
 import shutil
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -29,9 +27,8 @@ CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth")
 class CheckpointIO(ABC):
     """Saves and loads checkpoint dicts. Subclass it to store checkpoints elsewhere (object stores, ...).
 
-    Subclasses may implement the two-argument forms ``save_checkpoint(checkpoint, path)`` and
-    ``load_checkpoint(path)``; torchfleet calls them through ``save_with``/``load_with``, which
-    pass only the arguments a method accepts.
+    Subclasses implement the two abstract methods with their declared signatures: torchfleet calls
+    ``save_checkpoint(checkpoint, path, storage_options=...)`` and ``load_checkpoint(path, map_location=...)``.
     """
 
     @abstractmethod
@@ -60,59 +57,6 @@ class CheckpointIO(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
-
-
-# How a method takes its optional third argument: by keyword, by position, or not at all.
-_KEYWORD, _POSITIONAL, _NONE = "keyword", "positional", "none"
-
-
-@functools.cache
-def _third_argument(cls: type, method: str, keyword: str) -> str:
-    """How ``cls.<method>`` accepts the optional argument ``keyword`` after the checkpoint and path (save) or the path (load)."""
-    function = getattr(cls, method)
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):  # builtins and odd callables: assume the documented full form
-        return _KEYWORD
-    leading = (object(), object()) if method == "save_checkpoint" else (object(),)
-    try:
-        signature.bind(object(), *leading, **{keyword: None})
-        return _KEYWORD
-    except TypeError:
-        pass
-    try:
-        signature.bind(object(), *leading, None)
-        return _POSITIONAL
-    except TypeError:
-        return _NONE
-
-
-_dropped_warned: set[type] = set()
-
-
-def _call(io: CheckpointIO, method: str, keyword: str, leading: tuple[Any, ...], value: Any) -> Any:
-    mode = _third_argument(type(io), method, keyword)
-    bound: Callable[..., Any] = getattr(io, method)
-    if mode == _KEYWORD:
-        return bound(*leading, **{keyword: value})
-    if mode == _POSITIONAL:
-        return bound(*leading, value)
-    if value is not None and type(io) not in _dropped_warned:
-        _dropped_warned.add(type(io))
-        log.warning("%s.%s takes no %s; %r was not passed to it.", type(io).__name__, method, keyword, value)
-    return bound(*leading)
-
-
-def save_with(
-    io: CheckpointIO, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any | None = None
-) -> None:
-    """``io.save_checkpoint`` with only the arguments its signature takes (custom two-argument IOs work)."""
-    _call(io, "save_checkpoint", "storage_options", (checkpoint, path), storage_options)
-
-
-def load_with(io: CheckpointIO, path: str | os.PathLike, map_location: Any | None = None) -> dict[str, Any]:
-    """``io.load_checkpoint`` with only the arguments its signature takes."""
-    return _call(io, "load_checkpoint", "map_location", (path,), map_location)
 
 
 _save_counter = itertools.count()
@@ -293,7 +237,7 @@ class AsyncCheckpointIO(CheckpointIO):
 
     def _run(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any) -> None:
         try:
-            save_with(self.checkpoint_io, checkpoint, path, storage_options)
+            self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
         except BaseException as exc:  # kept for wait(); logged now in case the program ends first
             log.error("Background save of %r failed: %s: %s", os.fspath(path), type(exc).__name__, exc)
             self._error = (os.fspath(path), exc)
@@ -329,7 +273,7 @@ class AsyncCheckpointIO(CheckpointIO):
     def load_checkpoint(self, path: str | os.PathLike, map_location: Any | None = None) -> dict[str, Any]:
         """Wait for the save in flight, then load through the wrapped CheckpointIO."""
         self.wait()
-        return load_with(self.checkpoint_io, path, map_location)
+        return self.checkpoint_io.load_checkpoint(path, map_location=map_location)
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         """Wait for the save in flight (it may be writing ``path``), then remove ``path``."""

@@ -105,9 +105,7 @@ def read_checkpoint(strategy: FSDPStrategy, path: str | os.PathLike) -> dict[str
         from torchfleet.checkpoint.consolidate import read_full_checkpoint
 
         return read_full_checkpoint(path)
-    from torchfleet.checkpoint.io import load_with
-
-    return load_with(strategy.checkpoint_io, path, map_location="cpu")
+    return strategy.checkpoint_io.load_checkpoint(path, map_location="cpu")
 
 
 def _is_object(value: Any) -> bool:

@@ -391,23 +391,19 @@ class Strategy(ABC):
         """
         plain = self.state_for_saving(state)
         if self.is_global_zero:
-            from torchfleet.checkpoint.io import save_with
-
-            save_with(self.checkpoint_io, plain, path, storage_options)
+            self.checkpoint_io.save_checkpoint(plain, path, storage_options=storage_options)
 
     def load_checkpoint(
         self, path: str | os.PathLike, state: Mapping[str, Any] | None = None, strict: bool = True
     ) -> dict[str, Any]:
         """Read the checkpoint at ``path``, load it into the modules/optimizers in ``state``, return it whole."""
-        from torchfleet.checkpoint.io import load_with
-
         if os.path.isdir(path):
             # a sharded checkpoint (any layout, any world size), read whole into this process
             from torchfleet.checkpoint.consolidate import read_full_checkpoint
 
             checkpoint = read_full_checkpoint(path)
         else:
-            checkpoint = load_with(self.checkpoint_io, path, map_location="cpu")
+            checkpoint = self.checkpoint_io.load_checkpoint(path, map_location="cpu")
         self.load_into(checkpoint, state or {}, strict=strict, path=path)
         return checkpoint
 
