@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 
+from torchfleet.environments.base import ClusterEnvironment
 from torchfleet.errors import ConfigurationError
 
 
@@ -66,3 +68,56 @@ def check_per_node(launcher: str, per_node: int, variable: str, num_devices: int
             f"{launcher} started {per_node} processes per node ({variable}={per_node}), but the Trainer is "
             f"configured for devices={num_devices} per node. Set devices={per_node}, or {fix}"
         )
+
+
+#: the port every rank computes alike when neither MASTER_PORT nor a job id says one
+DEFAULT_PORT = 12910
+
+
+def job_port(job_id_variable: str) -> int:
+    """MASTER_PORT, else 10000 + the last four digits of the scheduler's job id, else DEFAULT_PORT.
+
+    Every task computes the same port without talking to the others, and two jobs sharing a node
+    rarely collide.
+    """
+    if os.environ.get("MASTER_PORT"):
+        return env_int("MASTER_PORT")
+    digits = re.sub(r"\D", "", os.environ.get(job_id_variable, ""))
+    return 10000 + int(digits[-4:]) if digits else DEFAULT_PORT
+
+
+class LaunchedEnvironment(ClusterEnvironment):
+    """An environment whose launcher started every rank and says who is who in environment variables.
+
+    Subclasses name the variables (each a tuple, read first-set-wins): ``WORLD_SIZE``, ``RANK`` and
+    ``LOCAL_RANK``; ``LOCAL_RANK_DEFAULT`` is used when no local-rank variable is set (None: one must
+    be). The launcher decides the ranks, so the setters do nothing.
+    """
+
+    WORLD_SIZE: tuple[str, ...] = ()
+    RANK: tuple[str, ...] = ()
+    LOCAL_RANK: tuple[str, ...] = ()
+    LOCAL_RANK_DEFAULT: int | None = None
+
+    @property
+    def creates_processes_externally(self) -> bool:
+        """Always: the launcher started every rank."""
+        return True
+
+    def world_size(self) -> int:
+        """The first of ``WORLD_SIZE`` that is set."""
+        return env_int(*self.WORLD_SIZE)
+
+    def set_world_size(self, size: int) -> None:
+        """Ignored: the launcher decides."""
+
+    def global_rank(self) -> int:
+        """The first of ``RANK`` that is set."""
+        return env_int(*self.RANK)
+
+    def set_global_rank(self, rank: int) -> None:
+        """Ignored: the launcher decides."""
+
+    def local_rank(self) -> int:
+        """The first of ``LOCAL_RANK`` that is set (``LOCAL_RANK_DEFAULT`` when none is and one is given)."""
+        return env_int(*self.LOCAL_RANK, default=self.LOCAL_RANK_DEFAULT)

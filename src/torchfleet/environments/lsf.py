@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import socket
 
-from torchfleet.environments._common import check_world_size, env_int
-from torchfleet.environments.base import ClusterEnvironment
+from torchfleet.environments._common import LaunchedEnvironment, check_world_size, job_port
 
 _REQUIRED = ("LSB_JOBID", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK")
 
@@ -25,7 +24,7 @@ def lsf_hosts() -> list[str]:
     return list(dict.fromkeys(hosts))
 
 
-class LSFEnvironment(ClusterEnvironment):
+class LSFEnvironment(LaunchedEnvironment):
     """Ranks from JSM_NAMESPACE_SIZE/RANK/LOCAL_RANK (set by jsrun); hosts from LSB_DJOB_RANKFILE or LSB_MCPU_HOSTS.
 
     Detected when LSB_JOBID and the three JSM_NAMESPACE_* variables are set. Rank 0 runs on the
@@ -33,10 +32,7 @@ class LSFEnvironment(ClusterEnvironment):
     LSB_JOBID, which every rank computes alike.
     """
 
-    @property
-    def creates_processes_externally(self) -> bool:
-        """Always: jsrun started every rank."""
-        return True
+    WORLD_SIZE, RANK, LOCAL_RANK = ("JSM_NAMESPACE_SIZE",), ("JSM_NAMESPACE_RANK",), ("JSM_NAMESPACE_LOCAL_RANK",)
 
     @property
     def main_address(self) -> str:
@@ -49,33 +45,12 @@ class LSFEnvironment(ClusterEnvironment):
     @property
     def main_port(self) -> int:
         """MASTER_PORT, else 10000 + the last four digits of LSB_JOBID."""
-        if os.environ.get("MASTER_PORT"):
-            return env_int("MASTER_PORT")
-        job = "".join(ch for ch in os.environ.get("LSB_JOBID", "") if ch.isdigit())
-        return 10000 + int(job[-4:]) if job else 12910
+        return job_port("LSB_JOBID")
 
     @staticmethod
     def detect() -> bool:
         """Whether jsrun under LSF started this process."""
         return all(k in os.environ for k in _REQUIRED)
-
-    def world_size(self) -> int:
-        """JSM_NAMESPACE_SIZE."""
-        return env_int("JSM_NAMESPACE_SIZE")
-
-    def set_world_size(self, size: int) -> None:
-        """Ignored: jsrun decides."""
-
-    def global_rank(self) -> int:
-        """JSM_NAMESPACE_RANK."""
-        return env_int("JSM_NAMESPACE_RANK")
-
-    def set_global_rank(self, rank: int) -> None:
-        """Ignored: jsrun decides."""
-
-    def local_rank(self) -> int:
-        """JSM_NAMESPACE_LOCAL_RANK."""
-        return env_int("JSM_NAMESPACE_LOCAL_RANK")
 
     def node_rank(self) -> int:
         """The position of this host (HOSTNAME, else socket.gethostname()) among the job's compute hosts."""

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import os
 
-from torchfleet.environments._common import check_per_node, check_world_size, env_int
-from torchfleet.environments.base import ClusterEnvironment
+from torchfleet.environments._common import (
+    DEFAULT_PORT,
+    LaunchedEnvironment,
+    check_per_node,
+    check_world_size,
+    env_int,
+)
 
 _SIZE = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
 _RANK = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "MV2_COMM_WORLD_RANK")
 _LOCAL = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "MV2_COMM_WORLD_LOCAL_RANK")
 _LOCAL_SIZE = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_WORLD_LOCAL_SIZE")
 
-#: the port used when MASTER_PORT is not exported (every rank must compute the same one)
-DEFAULT_PORT = 12910
 
-
-class MPIEnvironment(ClusterEnvironment):
+class MPIEnvironment(LaunchedEnvironment):
     """Ranks from the MPI launcher's variables (OMPI_COMM_WORLD_*, PMI_*, MV2_COMM_WORLD_*).
 
     MPI does not say where rank 0 listens: export MASTER_ADDR (default 127.0.0.1, right on one
@@ -25,10 +27,7 @@ class MPIEnvironment(ClusterEnvironment):
     ``--map-by slot``): global rank // local size.
     """
 
-    @property
-    def creates_processes_externally(self) -> bool:
-        """Always: mpirun started every rank."""
-        return True
+    WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_RANK_DEFAULT = _SIZE, _RANK, _LOCAL, 0
 
     @property
     def main_address(self) -> str:
@@ -44,24 +43,6 @@ class MPIEnvironment(ClusterEnvironment):
     def detect() -> bool:
         """Whether an MPI launcher started this process (a world size and a rank are both set)."""
         return any(k in os.environ for k in _SIZE) and any(k in os.environ for k in _RANK)
-
-    def world_size(self) -> int:
-        """OMPI_COMM_WORLD_SIZE, PMI_SIZE or MV2_COMM_WORLD_SIZE."""
-        return env_int(*_SIZE)
-
-    def set_world_size(self, size: int) -> None:
-        """Ignored: mpirun decides."""
-
-    def global_rank(self) -> int:
-        """OMPI_COMM_WORLD_RANK, PMI_RANK or MV2_COMM_WORLD_RANK."""
-        return env_int(*_RANK)
-
-    def set_global_rank(self, rank: int) -> None:
-        """Ignored: mpirun decides."""
-
-    def local_rank(self) -> int:
-        """The launcher's local rank variable, default 0."""
-        return env_int(*_LOCAL, default=0)
 
     def _local_size(self) -> int | None:
         return env_int(*_LOCAL_SIZE, default=0) or None

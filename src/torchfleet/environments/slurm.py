@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from torchfleet.environments._common import check_world_size, env_int
-from torchfleet.environments.base import ClusterEnvironment
+from torchfleet.environments._common import LaunchedEnvironment, check_world_size, env_int, job_port
 from torchfleet.errors import ConfigurationError
 
 #: job names of an interactive allocation, where the shell (not srun) runs the script
@@ -76,12 +75,7 @@ def _tasks_per_node_from() -> tuple[int | None, str]:
     return (int(match.group(1)) if match else None), variable
 
 
-def _tasks_per_node() -> int | None:
-    """Tasks per node when SLURM says it and it is the same on every node, else None."""
-    return _tasks_per_node_from()[0]
-
-
-class SLURMEnvironment(ClusterEnvironment):
+class SLURMEnvironment(LaunchedEnvironment):
     """Ranks from SLURM_PROCID/SLURM_LOCALID/SLURM_NODEID; rank 0 runs on the first host of the job.
 
     Detected when SLURM_NTASKS is set and the job is not an interactive shell (SLURM_JOB_NAME
@@ -91,10 +85,7 @@ class SLURMEnvironment(ClusterEnvironment):
     jobs sharing a node rarely collide.
     """
 
-    @property
-    def creates_processes_externally(self) -> bool:
-        """Always: srun started every rank."""
-        return True
+    WORLD_SIZE, RANK, LOCAL_RANK = ("SLURM_NTASKS",), ("SLURM_PROCID",), ("SLURM_LOCALID",)
 
     @property
     def main_address(self) -> str:
@@ -108,10 +99,7 @@ class SLURMEnvironment(ClusterEnvironment):
     @property
     def main_port(self) -> int:
         """MASTER_PORT, else 10000 + the last four digits of SLURM_JOB_ID."""
-        if os.environ.get("MASTER_PORT"):
-            return env_int("MASTER_PORT")
-        digits = re.sub(r"\D", "", os.environ.get("SLURM_JOB_ID", ""))
-        return 10000 + int(digits[-4:]) if digits else 12910
+        return job_port("SLURM_JOB_ID")
 
     @staticmethod
     def detect() -> bool:
@@ -119,24 +107,6 @@ class SLURMEnvironment(ClusterEnvironment):
         if "SLURM_NTASKS" not in os.environ:
             return False
         return os.environ.get("SLURM_JOB_NAME") not in INTERACTIVE_JOB_NAMES
-
-    def world_size(self) -> int:
-        """SLURM_NTASKS."""
-        return env_int("SLURM_NTASKS")
-
-    def set_world_size(self, size: int) -> None:
-        """Ignored: SLURM decides."""
-
-    def global_rank(self) -> int:
-        """SLURM_PROCID."""
-        return env_int("SLURM_PROCID")
-
-    def set_global_rank(self, rank: int) -> None:
-        """Ignored: SLURM decides."""
-
-    def local_rank(self) -> int:
-        """SLURM_LOCALID."""
-        return env_int("SLURM_LOCALID")
 
     def node_rank(self) -> int:
         """SLURM_NODEID."""

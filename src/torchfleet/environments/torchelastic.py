@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 
-from torchfleet.environments._common import check_per_node, check_world_size, env_int
-from torchfleet.environments.base import ClusterEnvironment
+from torchfleet.environments._common import LaunchedEnvironment, check_per_node, check_world_size, env_int
 
 _REQUIRED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
-class TorchElasticEnvironment(ClusterEnvironment):
+class TorchElasticEnvironment(LaunchedEnvironment):
     """torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, GROUP_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT.
 
     Detected by TORCHELASTIC_RUN_ID, or by all of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
@@ -18,10 +17,7 @@ class TorchElasticEnvironment(ClusterEnvironment):
     setters do nothing.
     """
 
-    @property
-    def creates_processes_externally(self) -> bool:
-        """Always: torchrun started every rank."""
-        return True
+    WORLD_SIZE, RANK, LOCAL_RANK = ("WORLD_SIZE",), ("RANK",), ("LOCAL_RANK",)
 
     @property
     def main_address(self) -> str:
@@ -37,24 +33,6 @@ class TorchElasticEnvironment(ClusterEnvironment):
     def detect() -> bool:
         """Whether torchrun (or something setting its variables) started this process."""
         return "TORCHELASTIC_RUN_ID" in os.environ or all(k in os.environ for k in _REQUIRED)
-
-    def world_size(self) -> int:
-        """WORLD_SIZE."""
-        return env_int("WORLD_SIZE")
-
-    def set_world_size(self, size: int) -> None:
-        """Ignored: torchrun decides."""
-
-    def global_rank(self) -> int:
-        """RANK."""
-        return env_int("RANK")
-
-    def set_global_rank(self, rank: int) -> None:
-        """Ignored: torchrun decides."""
-
-    def local_rank(self) -> int:
-        """LOCAL_RANK."""
-        return env_int("LOCAL_RANK")
 
     def node_rank(self) -> int:
         """GROUP_RANK (torchrun's node rank), else NODE_RANK, else 0."""
