@@ -44,11 +44,6 @@ class Launcher(ABC):
     #: the caller then copies rank 0's results back into its own objects.
     runs_in_children: bool = False
 
-    @property
-    def is_interactive_compatible(self) -> bool:
-        """Whether this launcher works from a notebook or an interactive interpreter."""
-        return False
-
     @abstractmethod
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` in every rank; return rank 0's result."""

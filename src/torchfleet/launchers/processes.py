@@ -75,10 +75,6 @@ class ProcessLauncher(Launcher):
         self.start_method = start_method
         self._supervisor: Supervisor | None = None
 
-    @property
-    def is_interactive_compatible(self) -> bool:
-        return self.start_method == "fork"
-
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         env = self.cluster_environment
         if env.creates_processes_externally:

@@ -132,10 +132,6 @@ class ScriptLauncher(Launcher):
         self.num_processes = num_processes
         self.num_nodes = num_nodes
 
-    @property
-    def is_interactive_compatible(self) -> bool:
-        return False
-
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         env = self.cluster_environment
         if not env.creates_processes_externally:
