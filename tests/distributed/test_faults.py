@@ -8,6 +8,7 @@ under test.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import time
@@ -148,20 +149,22 @@ def test_ctrl_c_in_the_launching_process_stops_every_rank_as_an_interrupt(tmp_pa
 
     from tests.distributed.test_ddp import ROOT, SCRIPT
 
-    marker, out = tmp_path / "training", str(tmp_path / "never-written.pt")
-    cfg = {"strategy": "ddp", "devices": 2, "epochs": 10_000, "marker": str(marker), "out": out}
+    out = str(tmp_path / "never-written.pt")
+    started_read, started_write = os.pipe()
+    cfg = {"strategy": "ddp", "devices": 2, "epochs": 10_000, "started_fd": started_write, "out": out}
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
     proc = subprocess.Popen([sys.executable, SCRIPT, json.dumps(cfg)], stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=ROOT)
+                            cwd=ROOT, pass_fds=(started_write,))
+    os.close(started_write)  # the script holds the only write end: its exit ends the wait too
     try:
-        deadline = time.monotonic() + 60
-        while not marker.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
-            time.sleep(0.05)
+        # blocks until rank 0 has trained two steps (or the script died: end of file)
+        ready, _, _ = select.select([started_read], [], [], 60)
+        assert ready and os.read(started_read, 1) == b"1", "training did not start"
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the launching process
         _, stderr = proc.communicate(timeout=30)
     finally:
         proc.kill()
+        os.close(started_read)
     assert proc.returncode != 0
     assert "KeyboardInterrupt" in stderr
     assert "Rank 1 failed" not in stderr  # rank 1 was stopped by us, it did not fail

@@ -32,6 +32,7 @@ from tests.distributed.scripts.fsdp_train import (
     make_data,
 )
 from tests.distributed.sharded_helpers import ROOT, child_env, load_results, train_reference
+from torchfleet.environments import find_free_port
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -47,17 +48,9 @@ def run_script(cfg: dict, timeout: float = 240) -> tuple[dict, subprocess.Comple
     return load_results(cfg, proc), proc
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_two_nodes(cfg: dict, timeout: float = 240) -> dict:
     """Two "nodes" on this machine, each started by hand with NODE_RANK (each starts its own local rank 1)."""
-    port = str(_free_port())
+    port = str(find_free_port())
     procs = [subprocess.Popen([sys.executable, SCRIPT, json.dumps(cfg)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, cwd=ROOT,
                               env=child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=str(k)))

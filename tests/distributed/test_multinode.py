@@ -27,6 +27,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from torchfleet.environments import find_free_port
+
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 SCRIPT = Path(__file__).parent / "scripts" / "multinode_train.py"
@@ -51,12 +53,6 @@ def _child_env(**extra: object) -> dict[str, str]:
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update({k: str(v) for k, v in extra.items()})
     return env
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _free_port_in(lo: int, hi: int) -> int:
@@ -217,7 +213,7 @@ def _check_ranks(out: Path, results: list[Ran], devices: int, num_nodes: int, en
 def test_two_nodes_by_hand(tmp_path, devices):
     """Each node runs the same command with MASTER_ADDR/MASTER_PORT/NODE_RANK; devices=2 starts a local rank 1."""
     num_nodes, world = 2, 2 * devices
-    port = _free_port()
+    port = find_free_port()
     cmd = _script_cmd(tmp_path, devices=devices, num_nodes=num_nodes, batch=BATCH, epochs=EPOCHS)
     results = _run_together([
         (f"node{k}", cmd, _child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, NODE_RANK=k)) for k in range(num_nodes)
@@ -236,7 +232,7 @@ def test_two_nodes_by_hand(tmp_path, devices):
 # ------------------------------------------------------------------------------------------ 2. torchrun
 def test_two_nodes_torchrun(tmp_path):
     """Two torchrun invocations (static rendezvous), one process each; Trainer(devices=1, num_nodes=2)."""
-    port = _free_port()
+    port = find_free_port()
     cmd = _script_cmd(tmp_path, devices=1, num_nodes=2, batch=BATCH, epochs=EPOCHS)
     results = _run_together([
         (f"torchrun-node{k}",
@@ -308,7 +304,7 @@ def test_preflight_torchrun_nproc_disagrees(tmp_path):
     torchrun stops the other workers as soon as one fails, so which worker reports first is a race;
     the test below starts the workers itself to check every one of them.
     """
-    port = _free_port()
+    port = find_free_port()
     cmd = _script_cmd(tmp_path, devices=1, num_nodes=1)
     results = _run_together([
         ("torchrun", _torchrun_cmd("--nnodes=1", "--nproc-per-node=2", "--tee=3", "--master-addr=127.0.0.1",
@@ -327,7 +323,7 @@ def test_preflight_torchrun_nproc_disagrees(tmp_path):
 @pytest.mark.parametrize("strategy", ["ddp", "auto"])
 def test_preflight_every_torchrun_worker_fails(tmp_path, strategy):
     """The two workers of torchrun --nproc-per-node=2, started here with torchrun's variables: both fail fast."""
-    port = _free_port()
+    port = find_free_port()
     cmd = _script_cmd(tmp_path, devices=1, num_nodes=1, strategy=strategy)
     results = _run_together([
         (f"worker{k}", cmd, _child_env(
@@ -426,7 +422,7 @@ def test_two_nodes_over_veth_network_namespaces(tmp_path, veth_namespaces):
     many /etc/hosts files), and gloo would otherwise advertise the loopback address to the other node.
     """
     ns = veth_namespaces
-    port = _free_port()
+    port = find_free_port()
     cmd = _script_cmd(tmp_path, devices=1, num_nodes=2, batch=BATCH, epochs=EPOCHS)
     results = _run_together([
         (f"node{k}", ["ip", "netns", "exec", ns.names[k], *cmd],

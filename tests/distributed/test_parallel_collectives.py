@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from torchfleet.environments import find_free_port
 from torchfleet.environments.base import ClusterEnvironment
 from torchfleet.strategies import ParallelStrategy
 
@@ -56,12 +56,6 @@ class PlainParallel(ParallelStrategy):
     """The collective layer of ParallelStrategy, without any model wrapping."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -102,7 +96,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
 
 def test_collectives_and_synced_logging_two_processes(tmp_path):
-    port = _free_port()
+    port = find_free_port()
     mp.start_processes(_worker, args=(2, port, str(tmp_path)), nprocs=2, start_method="spawn")
     for rank in range(2):
         r = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)

@@ -3,7 +3,8 @@
 Rank 0 writes what the tests check to ``out`` (torch.save): final weights, step count, synced
 metrics, the number of gradient all-reduces, the gathered ranks. Options (all optional except
 ``out``): strategy, devices, num_nodes, batch, epochs, accumulate, shuffle, fail_rank, fail_how
-("raise" | "kill" | "exit"), fail_step, comm_count, max_port_wait.
+("raise" | "kill" | "exit"), fail_step, comm_count, max_port_wait, started_fd (rank 0 writes a byte
+there at step 2).
 """
 
 from __future__ import annotations
@@ -39,11 +40,14 @@ class Net(tf.Module):
         torch.manual_seed(0)
         self.net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
         self.fail_rank, self.fail_how, self.fail_step = fail_rank, fail_how, fail_step
-        self.marker = ""
+        #: a pipe's write end (a file descriptor) through which rank 0 tells a test that training runs
+        self.started_fd = -1
 
     def training_step(self, batch, batch_idx):
-        if self.marker and self.global_rank == 0 and self.trainer.global_step == 2:
-            open(self.marker, "w").close()  # tells a test that training runs
+        if self.started_fd >= 0 and self.global_rank == 0 and self.trainer.global_step == 2:
+            os.write(self.started_fd, b"1")
+            os.close(self.started_fd)
+            self.started_fd = -1
         if self.global_rank == self.fail_rank and self.trainer.global_step == self.fail_step:
             if self.fail_how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -106,7 +110,7 @@ def main(cfg: dict) -> None:
     if cfg.get("comm_count"):
         strategy = tf.strategies.DDPStrategy(ddp_comm_hook=counting_allreduce, ddp_comm_state=counter)
     model, trainer, train, val = build(cfg, strategy)
-    model.marker = cfg.get("marker", "")
+    model.started_fd = cfg.get("started_fd", -1)
     trainer.fit(model, train, val)
     if cfg.get("twice"):
         # a second Trainer in the same script: under ddp it joins the ranks (and process group) already running
