@@ -8,7 +8,7 @@ from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
 
-from torchfleet.trainer.loggers.base import FolderLogger, plain_params
+from torchfleet.loggers.base import FolderLogger, plain_params
 
 
 class CSVLogger(FolderLogger):

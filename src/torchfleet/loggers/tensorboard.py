@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchfleet.errors import ConfigurationError
-from torchfleet.trainer.loggers.base import FolderLogger, plain_params
+from torchfleet.loggers.base import FolderLogger, plain_params
 
 
 class TensorBoardLogger(FolderLogger):

@@ -1,1 +1,1 @@
-"""The Trainer, its loops, logging, callbacks and loggers."""
+"""The Trainer, its loops, self.log results and callbacks."""

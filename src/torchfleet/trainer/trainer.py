@@ -230,7 +230,7 @@ class Trainer:
         if logger is False:
             return []
         if logger is None or logger is True:
-            from torchfleet.trainer.loggers import CSVLogger
+            from torchfleet.loggers import CSVLogger
 
             return [CSVLogger(self.default_root_dir, name="logs")]
         return list(logger) if isinstance(logger, Iterable) else [logger]
