@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from torchfleet.checkpoint.state import stateful_kind
 from torchfleet.errors import CheckpointError, ConfigurationError
 
 if TYPE_CHECKING:
@@ -249,13 +250,6 @@ def _unwrap(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)) and obj and any(isinstance(o, FleetOptimizer) for o in obj):
         return type(obj)(_unwrap(o) for o in obj)
     return obj
-
-
-def _is_object(value: Any) -> bool:
-    """Whether the strategy loads ``value`` in place (a module, an optimizer, a list of optimizers)."""
-    return isinstance(value, (nn.Module, Optimizer)) or (
-        isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, Optimizer) for v in value)
-    )
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -583,7 +577,7 @@ class Fleet:
                     f"{', '.join(map(repr, checkpoint))}. Pass strict=False to leave missing entries as they are."
                 )
         for key, target in unwrapped.items():
-            if key in checkpoint and not _is_object(target):
+            if key in checkpoint and stateful_kind(target) is None:
                 state[key] = checkpoint[key]
         return {k: v for k, v in checkpoint.items() if k not in state}
 

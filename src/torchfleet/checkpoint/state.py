@@ -1,4 +1,4 @@
-"""Loading state dicts with errors that name the keys and shapes that do not match."""
+"""Loading state dicts with errors that name the keys and shapes that do not match; what in a state is stateful."""
 
 from __future__ import annotations
 
@@ -6,8 +6,27 @@ from collections.abc import Mapping
 from typing import Any
 
 from torch import Tensor, nn
+from torch.optim import Optimizer
 
 from torchfleet.errors import CheckpointError
+
+#: what ``stateful_kind`` answers for the values a strategy saves as state dicts and loads in place
+MODULE, OPTIMIZER, OPTIMIZERS = "module", "optimizer", "optimizers"
+
+
+def stateful_kind(value: Any) -> str | None:
+    """``MODULE``, ``OPTIMIZER``, ``OPTIMIZERS`` (a non-empty list or tuple of optimizers), or None for a plain value.
+
+    The values of a checkpoint ``state`` that strategies turn into state dicts when saving and load
+    into in place; everything else is saved and given back as it is.
+    """
+    if isinstance(value, nn.Module):
+        return MODULE
+    if isinstance(value, Optimizer):
+        return OPTIMIZER
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, Optimizer) for v in value):
+        return OPTIMIZERS
+    return None
 
 
 def _listing(keys: list[str], limit: int = 5) -> str:

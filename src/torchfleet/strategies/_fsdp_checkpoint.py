@@ -26,6 +26,7 @@ from torchfleet.checkpoint.dcp import (
     optimizer_state_to_positional,
     saved_keys,
 )
+from torchfleet.checkpoint.state import MODULE, OPTIMIZER, stateful_kind
 from torchfleet.errors import CheckpointError, ConfigurationError
 
 if TYPE_CHECKING:
@@ -108,12 +109,6 @@ def read_checkpoint(strategy: FSDPStrategy, path: str | os.PathLike) -> dict[str
     return strategy.checkpoint_io.load_checkpoint(path, map_location="cpu")
 
 
-def _is_object(value: Any) -> bool:
-    return isinstance(value, (nn.Module, Optimizer)) or (
-        isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, Optimizer) for v in value)
-    )
-
-
 def load_into(
     strategy: FSDPStrategy, checkpoint: Mapping[str, Any], state: Mapping[str, Any], strict: bool = True,
     path: Any = None,
@@ -129,7 +124,8 @@ def load_into(
     finish = []
     dcp_path: str | None = None
     for key, target in state.items():
-        if not _is_object(target):
+        kind = stateful_kind(target)
+        if kind is None:
             continue
         if key not in checkpoint:
             raise CheckpointError(
@@ -137,7 +133,7 @@ def load_into(
                 f"Its entries are: {', '.join(map(repr, checkpoint))}."
             )
         entry = checkpoint[key]
-        if isinstance(target, nn.Module):
+        if kind == MODULE:
             if isinstance(entry, DCPEntry):
                 dcp_path = entry.path
                 model_state = template[key] = _module_template(target)
@@ -145,7 +141,7 @@ def load_into(
             else:
                 _load_whole_module(target, entry, strict, path)
             continue
-        optimizers = [target] if isinstance(target, Optimizer) else list(target)
+        optimizers = [target] if kind == OPTIMIZER else list(target)
         entries = entry if isinstance(entry, list) else [entry]
         if len(entries) != len(optimizers):
             raise CheckpointError(

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from torchfleet.checkpoint.state import MODULE, OPTIMIZER, OPTIMIZERS, stateful_kind
 from torchfleet.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -372,11 +373,12 @@ class Strategy(ABC):
         """``state`` with its modules and optimizers replaced by their state dicts (as this strategy saves them)."""
         out: dict[str, Any] = {}
         for key, value in state.items():
-            if isinstance(value, nn.Module):
+            kind = stateful_kind(value)
+            if kind == MODULE:
                 out[key] = self.module_state_dict(value)
-            elif isinstance(value, Optimizer):
+            elif kind == OPTIMIZER:
                 out[key] = self.optimizer_state_dict(value)
-            elif isinstance(value, (list, tuple)) and value and all(isinstance(v, Optimizer) for v in value):
+            elif kind == OPTIMIZERS:
                 out[key] = [self.optimizer_state_dict(v) for v in value]
             else:
                 out[key] = value
@@ -414,19 +416,17 @@ class Strategy(ABC):
         from torchfleet.errors import CheckpointError
 
         for key, target in state.items():
-            is_object = isinstance(target, (nn.Module, Optimizer)) or (
-                isinstance(target, (list, tuple)) and target and all(isinstance(t, Optimizer) for t in target)
-            )
-            if not is_object:
+            kind = stateful_kind(target)
+            if kind is None:
                 continue
             if key not in checkpoint:
                 raise CheckpointError(
                     f"The checkpoint {path} has no entry {key!r} to load into the {type(target).__name__}. "
                     f"Its entries are: {', '.join(map(repr, checkpoint))}."
                 )
-            if isinstance(target, nn.Module):
+            if kind == MODULE:
                 self.load_module_state_dict(target, checkpoint[key], strict=strict)
-            elif isinstance(target, Optimizer):
+            elif kind == OPTIMIZER:
                 self.load_optimizer_state_dict(target, checkpoint[key])
             else:
                 saved = checkpoint[key]

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from torchfleet.checkpoint.state import MODULE, OPTIMIZER, OPTIMIZERS, stateful_kind
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.strategies import _deepspeed_config as dsc
 from torchfleet.strategies._deepspeed_accelerator import device_rank, select_deepspeed_accelerator
@@ -480,11 +481,12 @@ class DeepSpeedStrategy(DDPStrategy):
         """``state`` with modules and optimizers replaced by placeholders: the engine checkpoint holds them."""
         out: dict[str, Any] = {}
         for key, value in state.items():
-            if isinstance(value, nn.Module):
+            kind = stateful_kind(value)
+            if kind == MODULE:
                 out[key] = _InEngine("module")
-            elif isinstance(value, Optimizer):
+            elif kind == OPTIMIZER:
                 out[key] = _InEngine("optimizer")
-            elif isinstance(value, (list, tuple)) and value and all(isinstance(v, Optimizer) for v in value):
+            elif kind == OPTIMIZERS:
                 out[key] = [_InEngine("optimizer") for _ in value]
             else:
                 out[key] = value
@@ -534,10 +536,7 @@ class DeepSpeedStrategy(DDPStrategy):
         if not held:
             super().load_into(checkpoint, state, strict=strict, path=path)
             return
-        with_optimizer = any(
-            isinstance(t, Optimizer) or (isinstance(t, (list, tuple)) and t and all(isinstance(o, Optimizer) for o in t))
-            for t in state.values()
-        )
+        with_optimizer = any(stateful_kind(t) in (OPTIMIZER, OPTIMIZERS) for t in state.values())
         load_engine_checkpoint(self, checkpoint, with_optimizer=with_optimizer, strict=strict)
 
     def _release_engine(self) -> None:
