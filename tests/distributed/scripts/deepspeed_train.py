@@ -32,6 +32,11 @@ from torch.utils.data import DataLoader, TensorDataset
 import torchfleet as tf
 from torchfleet.callbacks import Callback
 
+try:
+    from tests.distributed.scripts.fleet_resume import train_save_resume
+except ImportError:  # run as a script from its folder
+    from fleet_resume import train_save_resume  # type: ignore[no-redef]
+
 N_SAMPLES = 48
 SEQ, DIM = 4, 8
 #: per-rank batch 4 on 2 ranks: 6 steps an epoch, 2 epochs
@@ -147,32 +152,12 @@ def fleet_run(strategy: str, devices: int, batch: int, ckpt: str) -> dict:
     fleet.launch()
 
     def setup():
-        torch.manual_seed(0)
         net = TinyTransformer()
         return fleet.setup(net, torch.optim.AdamW(net.parameters(), lr=0.02, weight_decay=0.01))
 
-    def train(model, opt, loader, start: int, save: bool) -> None:
-        step = 0
-        for epoch in range(EPOCHS):
-            loader.sampler.set_epoch(epoch)
-            for x, y in loader:
-                step += 1
-                if step <= start:
-                    continue
-                opt.zero_grad()
-                fleet.backward(nn.functional.mse_loss(model(x), y))
-                opt.step()
-                if save and step == SAVE_AT:
-                    fleet.save(ckpt, {"model": model, "optimizer": opt, "step": step})
-
     loader = fleet.setup_dataloaders(DataLoader(make_data(), batch_size=batch))
-    model, opt = setup()
-    train(model, opt, loader, 0, save=True)
-    straight = full_weights_of(fleet.strategy)
-    model, opt = setup()
-    extra = fleet.load(ckpt, {"model": model, "optimizer": opt})
-    train(model, opt, loader, extra["step"], save=False)
-    return {"weights": straight, "resumed_weights": full_weights_of(fleet.strategy), "extra": extra,
+    out = train_save_resume(fleet, setup, loader, EPOCHS, SAVE_AT, ckpt, lambda _: full_weights_of(fleet.strategy))
+    return {"weights": out["weights"], "resumed_weights": out["resumed_weights"], "extra": out["extra"],
             "world_size": fleet.world_size}
 
 

@@ -38,8 +38,10 @@ from torchfleet.callbacks import Callback
 
 try:
     from tests.distributed.scripts import deepspeed_train
+    from tests.distributed.scripts.fleet_resume import train_save_resume
 except ImportError:  # run as a script from its folder
     import deepspeed_train  # type: ignore[no-redef]
+    from fleet_resume import train_save_resume  # type: ignore[no-redef]
 
 DIM, N_SAMPLES, make_data = deepspeed_train.DIM, deepspeed_train.N_SAMPLES, deepspeed_train.make_data
 
@@ -168,29 +170,10 @@ def fleet_run(strategy: str, devices: int, ckpt: str, options: dict | None, acce
         # the optimizer is built before sharding, as in a plain loop; setup points it at the shards
         return fleet.setup(net, torch.optim.AdamW(net.parameters(), lr=0.02, weight_decay=0.01))
 
-    def train(model, opt, loader, start: int, save: bool) -> None:
-        step = 0
-        for epoch in range(EPOCHS):
-            loader.sampler.set_epoch(epoch)
-            for x, y in loader:
-                step += 1
-                if step <= start:
-                    continue
-                opt.zero_grad()
-                fleet.backward(nn.functional.mse_loss(model(x), y))
-                opt.step()
-                if save and step == SAVE_AT:
-                    fleet.save(ckpt, {"model": model, "optimizer": opt, "step": step})
-
     loader = fleet.setup_dataloaders(DataLoader(make_data(), batch_size=GLOBAL_BATCH // devices))
-    model, opt = setup()
-    train(model, opt, loader, 0, save=True)
-    straight = full_weights(model)
-    model, opt = setup()
-    extra = fleet.load(ckpt, {"model": model, "optimizer": opt})
-    train(model, opt, loader, extra["step"], save=False)
-    return {"weights": straight, "resumed_weights": full_weights(model), "extra": extra,
-            "world_size": fleet.world_size, "params": describe_params(model)}
+    out = train_save_resume(fleet, setup, loader, EPOCHS, SAVE_AT, ckpt, full_weights)
+    return {"weights": out["weights"], "resumed_weights": out["resumed_weights"], "extra": out["extra"],
+            "world_size": fleet.world_size, "params": describe_params(out["model"])}
 
 
 def main(cfg: dict) -> None:
