@@ -19,6 +19,7 @@ _LAZY = {
     "Fleet": "torchfleet.fleet",
     "ConfigurationError": "torchfleet.errors",
     "CheckpointError": "torchfleet.errors",
+    "TrainingSettings": "torchfleet.settings",
 }
 
 #: subpackages reachable as attributes after a plain ``import torchfleet`` (``torchfleet.strategies.DDPStrategy``)
@@ -49,4 +50,5 @@ if TYPE_CHECKING:
     from torchfleet.fleet import Fleet
     from torchfleet.module import Module
     from torchfleet.seed import seed_everything
+    from torchfleet.settings import TrainingSettings
     from torchfleet.trainer.trainer import Trainer

@@ -24,6 +24,7 @@ from torch.optim import Optimizer
 
 from torchfleet.checkpoint.state import stateful_kind
 from torchfleet.errors import CheckpointError, ConfigurationError
+from torchfleet.settings import TrainingSettings
 
 if TYPE_CHECKING:
     from torchfleet.strategies.base import Strategy
@@ -259,7 +260,12 @@ def _as_list(value: Any) -> list[Any]:
 
 
 class Fleet:
-    """Run your own loop over any torchfleet strategy: same arguments, same strategies as the Trainer."""
+    """Run your own loop over any torchfleet strategy: same arguments, same strategies as the Trainer.
+
+    ``training``: a TrainingSettings saying how the loop accumulates and clips gradients and its
+    per-process batch size, for strategies that build their own configuration from it (DeepSpeed's
+    gradient_accumulation_steps, gradient_clipping and train_micro_batch_size_per_gpu).
+    """
 
     def __init__(
         self,
@@ -271,11 +277,19 @@ class Fleet:
         plugins: Any = None,
         callbacks: Any = None,
         loggers: Any = None,
+        training: TrainingSettings | None = None,
     ) -> None:
         from torchfleet.connector import resolve
 
         self._strategy = resolve(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
                                  num_nodes=num_nodes, plugins=plugins)
+        if training is not None and not isinstance(training, TrainingSettings):
+            raise ConfigurationError(
+                f"training={training!r} is not valid: give a torchfleet.TrainingSettings (accumulate_grad_batches, "
+                "gradient_clip_val, gradient_clip_algorithm, micro_batch_size), or None for the defaults."
+            )
+        #: how this loop trains, told to the strategy at setup (DeepSpeed builds its config from it)
+        self.training = training if training is not None else TrainingSettings()
         self.callbacks: list[Any] = _as_list(callbacks)
         self._loggers: list[Any] = _as_list(loggers)
         self._environment_ready = False
@@ -382,6 +396,7 @@ class Fleet:
         if isinstance(module, Module):
             object.__setattr__(module, "_fleet", self)
         strategy = self._strategy
+        strategy.configure_training(self.training)
         if move_to_device:
             wrapped, opts = strategy.setup(module, list(optimizers))
         else:

@@ -24,15 +24,14 @@ from torchfleet.strategies.dp import (
     DataParallelStrategy,
     _HookParallel,
     _HookRedirect,
-    _ReplicaLog,
     _ReplicaResult,
     _scalars_as_vectors,
     combine_replica_outputs,
     mean_replica_loss,
-    replay_replica_logs,
 )
 from torchfleet.strategies.registry import StrategyRegistry
 from torchfleet.trainer.logging import Results
+from torchfleet.trainer.replica_logging import REPLICA_LOGGING, ReplicaLog, replay_replica_logs
 
 NO_CUDA_HERE = pytest.mark.skipif(
     torch.cuda.is_available(), reason="checks DataParallel's fallback when torch sees no GPU"
@@ -268,7 +267,7 @@ def test_redirect_replica_calls_the_hook_on_its_own_copy_and_records_its_logs():
     results = Results("train")
     model._results = results
     model._current_fx = "training_step"
-    redirect = _HookRedirect(model, "training_step")
+    redirect = _HookRedirect(model, "training_step", REPLICA_LOGGING)
     replicas = [_replica_of(redirect, 1.0), _replica_of(redirect, 10.0)]
     batch = next(iter(data()))
     expected = nn.functional.mse_loss(model(batch[0]), batch[1])
@@ -283,7 +282,7 @@ def test_redirect_replica_calls_the_hook_on_its_own_copy_and_records_its_logs():
 
     assert torch.allclose(outs[0].output, expected) and torch.allclose(outs[1].output, expected * 10)
     for i, scale in enumerate((1.0, 10.0)):
-        (call,) = outs[i].log.calls
+        (call,) = outs[i].collected.calls
         assert call["name"] == "train_loss" and call["fx"] == "training_step"
         assert torch.allclose(call["value"], expected * scale)
     # the shared Results was not written from the threads, and the original still holds it
@@ -296,16 +295,23 @@ def test_redirect_on_the_original_module_calls_the_hook_directly():
     results = Results("train")
     model._results, model._current_fx = results, "training_step"
     batch = next(iter(data()))
-    out = _HookRedirect(model, "training_step")(batch, 0)
+    out = _HookRedirect(model, "training_step", REPLICA_LOGGING)(batch, 0)
     assert isinstance(out, Tensor) and out.dim() == 0
     assert torch.allclose(results.values["train_loss"].latest, out.detach())
 
 
 def test_replica_without_results_records_nothing():
     model = Tiny()  # outside a Trainer: _results is None, self.log is a no-op
-    replica = _replica_of(_HookRedirect(model, "training_step"), 2.0)
+    replica = _replica_of(_HookRedirect(model, "training_step", REPLICA_LOGGING), 2.0)
     out = replica(next(iter(data())), 0)
-    assert out.log is None and out.output.dim() == 0
+    assert out.collected is None and out.output.dim() == 0
+
+
+def test_replica_without_hooks_collects_nothing():
+    model = Tiny()
+    model._results, model._current_fx = Results("train"), "training_step"
+    out = _replica_of(_HookRedirect(model, "training_step"), 2.0)(next(iter(data())), 0)
+    assert out.collected is None and out.output.dim() == 0
 
 
 # ------------------------------------------------------------------ combining the replicas' outputs
@@ -348,7 +354,7 @@ def test_training_step_scalar_losses_come_back_as_their_mean():
     a = torch.tensor(1.0, requires_grad=True)
     b = torch.tensor(3.0, requires_grad=True)
     out = combine_replica_outputs([_ReplicaResult(a * 1, None), _ReplicaResult(b * 1, None)], "training_step",
-                                  None, torch.device("cpu"), cat_gather)
+                                  None, cat_gather)
     assert out.dim() == 0 and out.item() == 2.0
     out.backward()
     assert a.grad.item() == 0.5 and b.grad.item() == 0.5
@@ -357,39 +363,42 @@ def test_training_step_scalar_losses_come_back_as_their_mean():
 def test_training_step_dict_loss_is_averaged_other_entries_stay_per_replica():
     outs = [_ReplicaResult({"loss": torch.tensor(2.0), "acc": torch.tensor(0.25)}, None),
             _ReplicaResult({"loss": torch.tensor([4.0]), "acc": torch.tensor(0.75)}, None)]
-    out = combine_replica_outputs(outs, "training_step", None, torch.device("cpu"), cat_gather)
+    out = combine_replica_outputs(outs, "training_step", None, cat_gather)
     assert out["loss"].dim() == 0 and out["loss"].item() == 3.0
     assert torch.equal(out["acc"], torch.tensor([0.25, 0.75]))
 
 
 def test_losses_that_are_not_single_numbers_and_other_hooks_are_only_gathered():
     bad = [_ReplicaResult(torch.ones(2), None), _ReplicaResult(torch.ones(2), None)]
-    assert combine_replica_outputs(bad, "training_step", None, torch.device("cpu"), cat_gather).shape == (4,)
+    assert combine_replica_outputs(bad, "training_step", None, cat_gather).shape == (4,)
     val = [_ReplicaResult(torch.tensor(1.0), None), _ReplicaResult(torch.tensor(3.0), None)]
-    assert torch.equal(combine_replica_outputs(val, "validation_step", None, torch.device("cpu"), cat_gather),
+    assert torch.equal(combine_replica_outputs(val, "validation_step", None, cat_gather),
                        torch.tensor([1.0, 3.0]))
     none = [_ReplicaResult(None, None), _ReplicaResult(None, None)]
-    assert combine_replica_outputs(none, "training_step", None, torch.device("cpu"), cat_gather) is None
+    assert combine_replica_outputs(none, "training_step", None, cat_gather) is None
 
 
 def test_combine_logs_what_the_replicas_logged_once():
-    results = Results("train")
+    model = Tiny()
+    results = model._results = Results("train")
     logs = []
     for value in (1.0, 3.0):
-        log = _ReplicaLog()
+        log = ReplicaLog()
         log.log("training_step", "train_loss", torch.tensor(value), True, True, None, None, "mean", False, None)
         logs.append(log)
     outs = [_ReplicaResult(torch.tensor(v), log) for v, log in zip((1.0, 3.0), logs)]
-    combine_replica_outputs(outs, "training_step", results, torch.device("cpu"), cat_gather)
+    outs.append(_ReplicaResult(torch.tensor(2.0), None))  # a replica that collected nothing is left out
+    combine_replica_outputs(outs, "training_step",
+                            lambda collected: REPLICA_LOGGING.merge(model, collected, torch.device("cpu")), cat_gather)
     entry = results.values["train_loss"]
     assert entry.latest.item() == 2.0 and entry.prog_bar and entry.on_step and not entry.on_epoch
 
 
 def _logged(*calls):
-    """One _ReplicaLog per (value, reduce_fx, batch_size), logged from validation_step (epoch aggregates)."""
+    """One ReplicaLog per (value, reduce_fx, batch_size), logged from validation_step (epoch aggregates)."""
     logs = []
     for value, fx, size in calls:
-        log = _ReplicaLog()
+        log = ReplicaLog()
         log.log("validation_step", "m", value, False, True, None, None, fx, False, size)
         logs.append(log)
     return logs

@@ -19,6 +19,7 @@ from torch.optim import Optimizer
 
 from torchfleet.checkpoint.state import MODULE, OPTIMIZER, OPTIMIZERS, stateful_kind
 from torchfleet.errors import ConfigurationError
+from torchfleet.settings import TrainingSettings
 
 if TYPE_CHECKING:
     from torchfleet.accelerators.base import Accelerator
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from torchfleet.environments.base import ClusterEnvironment
     from torchfleet.launchers.base import Launcher
     from torchfleet.precision import Precision
+    from torchfleet.settings import ReplicaHooks
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +190,16 @@ class Strategy(ABC):
         """Prepare this process: select its device (and, in parallel strategies, join the process group)."""
         if self.accelerator is not None:
             self.accelerator.setup_device(self.root_device)
+
+    #: how the caller trains (accumulation, clipping, micro-batch size): see ``configure_training``
+    training_settings: TrainingSettings = TrainingSettings()
+    #: what a strategy that runs the module's hooks on copies in one process (dp) calls around the copies
+    replica_hooks: ReplicaHooks | None = None
+
+    def configure_training(self, settings: TrainingSettings, replica_hooks: ReplicaHooks | None = None) -> None:
+        """Receive how the caller trains, before ``setup``: the Trainer's arguments, or Fleet's ``training=``."""
+        self.training_settings = settings
+        self.replica_hooks = replica_hooks
 
     def setup(self, module: nn.Module, optimizers: Sequence[Optimizer] = ()) -> tuple[nn.Module, list[Optimizer]]:
         """Convert, place and wrap ``module``; prepare ``optimizers``. Returns the objects to train with."""

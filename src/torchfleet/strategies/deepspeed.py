@@ -34,6 +34,7 @@ from torch.optim import Optimizer
 
 from torchfleet.checkpoint.state import MODULE, OPTIMIZER, OPTIMIZERS, stateful_kind
 from torchfleet.errors import CheckpointError, ConfigurationError
+from torchfleet.settings import loader_batch_size
 from torchfleet.strategies import _deepspeed_config as dsc
 from torchfleet.strategies._deepspeed_accelerator import device_rank, select_deepspeed_accelerator
 from torchfleet.strategies.ddp import _HOOK_KWARG, DEFAULT_TIMEOUT, DDPStrategy, _HookDispatch
@@ -163,8 +164,9 @@ class DeepSpeedStrategy(DDPStrategy):
     the DeepSpeed config exposed as ``strategy.config``. A ``config`` (a dict or the path of a JSON
     file) replaces that default config entirely. Entries the Trainer knows (``train_micro_batch_size_per_gpu``,
     ``gradient_accumulation_steps``, ``gradient_clipping``, ``fp16``/``bf16`` enabled) may be
-    ``"auto"`` or left out: setup fills them from the Trainer (the training DataLoader's batch size,
-    ``accumulate_grad_batches``, ``gradient_clip_val``, ``precision``).
+    ``"auto"`` or left out: setup fills them from the TrainingSettings that the Trainer (or Fleet's
+    ``training=``) gives ``configure_training`` (micro_batch_size, else the training DataLoader's batch
+    size; ``accumulate_grad_batches``; ``gradient_clip_val``) and from the precision.
 
     ``remote_device`` is where ``init_module`` creates a ZeRO stage-3 model (``"cpu"``/``"nvme"``;
     None: the training device). ``logging_level`` sets DeepSpeed's logger. ``load_full_weights`` is
@@ -283,11 +285,9 @@ class DeepSpeedStrategy(DDPStrategy):
 
     # ----------------------------------------------------------------- data
     def process_dataloader(self, dataloader: Any, stage: str) -> Any:
-        """DDP's sampler injection; the training loader's batch size also fills train_micro_batch_size_per_gpu."""
+        """DDP's sampler injection; the training loader's batch size is the default micro batch size."""
         if stage == "fit":
-            batch_sampler = getattr(dataloader, "batch_sampler", None)
-            size = getattr(dataloader, "batch_size", None) or getattr(batch_sampler, "batch_size", None)
-            self._loader_batch_size = size if isinstance(size, int) and size > 0 else None
+            self._loader_batch_size = loader_batch_size(dataloader)
         return super().process_dataloader(dataloader, stage)
 
     def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
@@ -317,13 +317,13 @@ class DeepSpeedStrategy(DDPStrategy):
                 f"DeepSpeed trains with one optimizer, but {len(optimizers)} were given. Combine the parameter groups "
                 "into one optimizer (one param group per set of hyperparameters)."
             )
-        trainer = getattr(module, "_trainer", None)
+        settings = self.training_settings
         config, half = dsc.fill_auto(
             self._config_template,
-            micro_batch_size=self._loader_batch_size or 1,
-            accumulate_grad_batches=getattr(trainer, "accumulate_grad_batches", 1),
-            gradient_clip_val=getattr(trainer, "gradient_clip_val", None),
-            gradient_clip_algorithm=getattr(trainer, "gradient_clip_algorithm", None),
+            micro_batch_size=settings.micro_batch_size or self._loader_batch_size or 1,
+            accumulate_grad_batches=settings.accumulate_grad_batches,
+            gradient_clip_val=settings.gradient_clip_val,
+            gradient_clip_algorithm=settings.gradient_clip_algorithm,
             precision_name=self.precision.name,
         )
         dsc.check_config(config)

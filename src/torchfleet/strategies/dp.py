@@ -20,11 +20,11 @@ module and no per-call state is written that threads could race on.
 
 What comes back from the replicas:
 
-* ``self.log`` inside a replica does not write to the Trainer's shared Results from several
-  threads: each replica records its calls in its own ``_ReplicaLog``; after the replicas finish,
-  the main thread combines each logged name across replicas with the call's ``reduce_fx`` (as if
-  every replica's chunk were one batch: a weighted mean when ``batch_size`` was given, else a
-  plain mean; a sum; a max; a min) and logs the result once.
+* Whatever the caller collects per replica: ``replica_hooks`` (given to ``configure_training``)
+  ``enter`` runs in each replica's thread on that replica's copy of the module, and ``merge`` in
+  the main thread afterwards with what each replica collected. The Trainer's hooks record
+  ``self.log`` calls per replica and log them once (trainer/replica_logging.py); this strategy
+  knows nothing of logging.
 * A training_step loss that is a single number on every replica comes back as one number: the
   per-device losses are gathered into a vector and averaged (``mean_replica_loss``), for a plain
   tensor and for the ``"loss"`` entry of a dict. A loss that is not a single number is left as
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from torchfleet.checkpoint.io import CheckpointIO
     from torchfleet.environments.base import ClusterEnvironment
     from torchfleet.precision import Precision
+    from torchfleet.settings import ReplicaHooks
 
 
 def _describe(devices: Sequence[torch.device]) -> str:
@@ -158,7 +159,7 @@ class DataParallelStrategy(Strategy):
             # not wrapped by setup_module, or torch saw no GPU when wrapping (DataParallel then only
             # calls the module): nothing to split across
             return getattr(user, name)
-        return _HookParallel(user, name, module)
+        return _HookParallel(user, name, module, self.replica_hooks)
 
 
 # ---------------------------------------------------------------- the hook on every replica
@@ -166,63 +167,32 @@ class _HookRedirect(nn.Module):
     """A module whose forward calls ``self.module.<hook>``, so DataParallel (which calls forward) runs the hook.
 
     DataParallel replicates this module and the user's module inside it together: on each
-    replica ``self.module`` is that replica's copy. On a replica (several devices), the hook's
-    ``self.log`` calls are recorded in a ``_ReplicaLog`` of the replica's own and returned with
-    the output, for the main thread to combine; the original module's Results is never touched
-    from a replica thread.
+    replica ``self.module`` is that replica's copy. On a replica (several devices),
+    ``replica_hooks.enter`` runs on that copy before the hook (in the replica's thread) and what
+    it returns comes back with the output, for the main thread to ``merge``.
     """
 
-    def __init__(self, module: nn.Module, hook: str) -> None:
+    def __init__(self, module: nn.Module, hook: str, replica_hooks: ReplicaHooks | None = None) -> None:
         super().__init__()
         self.module = module
         self.hook = hook
+        self.replica_hooks = replica_hooks
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         module = self.module
         if not getattr(self, "_is_replica", False):  # one device: DataParallel calls the original, no threads
             return getattr(module, self.hook)(*args, **kwargs)
-        log = None
-        if getattr(module, "_results", None) is not None:
-            log = _ReplicaLog()
-            # the replica has its own copy of the module's attribute dict: the original keeps its Results
-            module._results = log
-        return _ReplicaResult(getattr(module, self.hook)(*args, **kwargs), log)
+        # the replica has its own copy of the module's attribute dict: what enter changes stays on this replica
+        collected = self.replica_hooks.enter(module) if self.replica_hooks is not None else None
+        return _ReplicaResult(getattr(module, self.hook)(*args, **kwargs), collected)
 
 
 @dataclass
 class _ReplicaResult:
-    """What one replica returns: the hook's output and what the hook logged there (None: nothing to record)."""
+    """What one replica returns: the hook's output and what ``replica_hooks.enter`` collected there (or None)."""
 
     output: Any
-    log: _ReplicaLog | None
-
-
-class _ReplicaLog:
-    """Stands in for the Trainer's Results inside one replica: records ``self.log`` calls, logs nothing.
-
-    ``log`` takes the arguments of ``torchfleet.trainer.logging.Results.log``, which Module.log calls.
-    """
-
-    def __init__(self) -> None:
-        self.calls: list[dict[str, Any]] = []
-
-    def log(
-        self,
-        fx: str,
-        name: str,
-        value: Any,
-        prog_bar: bool,
-        logger: bool,
-        on_step: bool | None,
-        on_epoch: bool | None,
-        reduce_fx: Any,
-        sync_dist: bool,
-        batch_size: int | None,
-    ) -> None:
-        self.calls.append(
-            dict(fx=fx, name=name, value=value, prog_bar=prog_bar, logger=logger, on_step=on_step,
-                 on_epoch=on_epoch, reduce_fx=reduce_fx, sync_dist=sync_dist, batch_size=batch_size)
-        )
+    collected: Any
 
 
 class _HookParallel(nn.DataParallel):
@@ -231,20 +201,22 @@ class _HookParallel(nn.DataParallel):
     Built by ``step_function`` with the device settings of the module wrapped by ``setup_module``.
     """
 
-    def __init__(self, user_module: nn.Module, hook: str, like: nn.DataParallel) -> None:
+    def __init__(self, user_module: nn.Module, hook: str, like: nn.DataParallel,
+                 replica_hooks: ReplicaHooks | None = None) -> None:
         # a DataParallel built where torch saw no GPU has neither output_device nor dim
         super().__init__(
-            _HookRedirect(user_module, hook), device_ids=like.device_ids,
+            _HookRedirect(user_module, hook, replica_hooks), device_ids=like.device_ids,
             output_device=getattr(like, "output_device", None), dim=getattr(like, "dim", 0),
         )
         self.hook = hook
 
     def gather(self, outputs: Any, output_device: int | torch.device) -> Any:
         redirect = self.module
-        results = getattr(redirect.module, "_results", None)
+        hooks = redirect.replica_hooks
         device = torch.device("cuda", output_device) if isinstance(output_device, int) else torch.device(output_device)
+        merge = None if hooks is None else (lambda collected: hooks.merge(redirect.module, collected, device))
         return combine_replica_outputs(
-            outputs, self.hook, results, device, lambda outs: nn.DataParallel.gather(self, outs, output_device)
+            outputs, self.hook, merge, lambda outs: nn.DataParallel.gather(self, outs, output_device)
         )
 
 
@@ -252,21 +224,20 @@ class _HookParallel(nn.DataParallel):
 def combine_replica_outputs(
     replica_results: Sequence[_ReplicaResult],
     hook: str,
-    results: Any,
-    device: torch.device,
+    merge: Callable[[list[Any]], None] | None,
     gather: Callable[[list[Any]], Any],
 ) -> Any:
     """One output from the replicas' ``_ReplicaResult``s, in replica order.
 
-    What each replica logged is combined and logged once into ``results`` (when not None) on
-    ``device``. The outputs are passed to ``gather`` (DataParallel's gather onto the output
+    What the replicas collected (the non-None values, in replica order) goes to ``merge`` first,
+    when given. The outputs are passed to ``gather`` (DataParallel's gather onto the output
     device) with 0-dim tensors made 1-element vectors first (what DataParallel does itself, minus
     its warning). For training_step, a loss that was a single number on every replica is then
     averaged into one 0-dim loss.
     """
     outputs = [r.output for r in replica_results]
-    if results is not None:
-        replay_replica_logs([r.log for r in replica_results if r.log is not None], results, device)
+    if merge is not None:
+        merge([r.collected for r in replica_results if r.collected is not None])
     single_losses = hook == "training_step" and all(_is_single_number_loss(o) for o in outputs)
     gathered = gather([_scalars_as_vectors(o) for o in outputs])
     return mean_replica_loss(gathered) if single_losses else gathered
@@ -309,55 +280,3 @@ def mean_replica_loss(output: Any) -> Any:
         reduced["loss"] = output["loss"].mean()
         return reduced if type(output) is dict else type(output)(reduced)
     return output
-
-
-def _as_number_tensor(value: Any, device: torch.device) -> Tensor | None:
-    """``value`` as a 0-dim float tensor on ``device``; None when it is not a single number."""
-    if isinstance(value, Tensor):
-        if value.numel() != 1:
-            return None
-        value = value.detach().reshape(())
-        return (value if value.is_floating_point() else value.float()).to(device)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return torch.tensor(float(value), device=device)
-    return None
-
-
-def replay_replica_logs(logs: Sequence[_ReplicaLog], results: Any, device: torch.device) -> None:
-    """Log into ``results`` once per name what the replicas' ``logs`` recorded, combined with each name's reduce_fx.
-
-    The replicas' values are treated as values of smaller batches: "mean" averages them (weighted
-    by ``batch_size`` when every call gave one, which is then summed), "sum" adds them, "max" and
-    "min" take the extreme. The options of the first call of a name are used. A value that is not
-    a single number is handed to ``results`` as is, so it raises its usual error.
-    """
-    from torchfleet.trainer.logging import normalize_reduce_fx
-
-    by_name: dict[str, list[dict[str, Any]]] = {}
-    for log in logs:
-        for call in log.calls:
-            by_name.setdefault(call["name"], []).append(call)
-    for calls in by_name.values():
-        first = calls[0]
-        values = [_as_number_tensor(c["value"], device) for c in calls]
-        if any(v is None for v in values):
-            bad = next(c for c, v in zip(calls, values) if v is None)
-            results.log(**bad)  # Results explains what it accepts
-            continue
-        stacked = torch.stack(values)  # type: ignore[arg-type]
-        sizes = [c["batch_size"] for c in calls]
-        all_sized = all(s is not None for s in sizes)
-        fx = normalize_reduce_fx(first["reduce_fx"])
-        if fx == "mean":
-            if all_sized and sum(sizes) > 0:
-                weights = torch.tensor([float(s) for s in sizes], device=device)
-                value = (stacked * weights).sum() / weights.sum()
-            else:
-                value = stacked.mean()
-        elif fx == "sum":
-            value = stacked.sum()
-        elif fx == "max":
-            value = stacked.max()
-        else:
-            value = stacked.min()
-        results.log(**{**first, "value": value, "batch_size": sum(sizes) if all_sized else None})

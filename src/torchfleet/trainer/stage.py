@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
+from torchfleet.settings import loader_batch_size
 from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore
 from torchfleet.trainer.eval_loop import EvalLoop
 from torchfleet.trainer.fit_loop import FitLoop
 from torchfleet.trainer.optim import parse_optimizers
+from torchfleet.trainer.replica_logging import REPLICA_LOGGING
 
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
@@ -130,8 +132,9 @@ def _merge_callbacks(trainer: Trainer, extra: Any) -> None:
     trainer.callbacks = [c for c in trainer.callbacks if type(c) not in types] + extra
 
 
-def _setup_model(trainer: Trainer, model: Any, with_optimizers: bool) -> None:
+def _setup_model(trainer: Trainer, model: Any, with_optimizers: bool, micro_batch_size: int | None = None) -> None:
     strategy = trainer.strategy
+    strategy.configure_training(trainer.training_settings(micro_batch_size), REPLICA_LOGGING)
     scheds: list[Any] = []
 
     def build_optimizers() -> list[Any]:
@@ -186,13 +189,14 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
             "trainer.fit() found no training data: pass train_dataloaders=..., a datamodule with "
             "train_dataloader(), or define train_dataloader() on the model."
         )
+    micro_batch_size = loader_batch_size(train_loader)
     train_loader = _for_strategy(trainer, train_loader, "fit")
     val_loaders = [_for_strategy(trainer, v, "validate") for v in _as_list(_source(trainer, model, "val", val_dl))]
     trainer.num_training_batches = _num_batches(train_loader, trainer.limit_train_batches)
     trainer.num_val_batches = [_num_batches(v, trainer.limit_val_batches) for v in val_loaders]
     trainer.current_epoch = 0
     trainer.global_step = 0
-    _setup_model(trainer, model, with_optimizers=True)
+    _setup_model(trainer, model, with_optimizers=True, micro_batch_size=micro_batch_size)
     path = resolve_ckpt_path(trainer, ckpt_path, "fit")
     trainer.ckpt_path = path
     if path is not None:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from torchfleet.errors import ConfigurationError
+from torchfleet.settings import TrainingSettings
 from torchfleet.trainer.hooks import HookDispatcher
 from torchfleet.trainer.logging import Results
 
@@ -99,10 +100,12 @@ class Trainer:
             plugins=plugins,
         )
         self._validate_loop_args(
-            fast_dev_run, max_epochs, min_epochs, max_steps, accumulate_grad_batches, gradient_clip_val,
-            gradient_clip_algorithm, val_check_interval, check_val_every_n_epoch, log_every_n_steps,
-            num_sanity_val_steps, deterministic,
+            fast_dev_run, max_epochs, min_epochs, max_steps, val_check_interval, check_val_every_n_epoch,
+            log_every_n_steps, num_sanity_val_steps, deterministic,
         )
+        # validates them too; the strategy gets them at setup (configure_training)
+        settings = TrainingSettings(accumulate_grad_batches, gradient_clip_val,
+                                    "norm" if gradient_clip_algorithm is None else gradient_clip_algorithm)
         self.fast_dev_run = fast_dev_run
         dev_batches = int(fast_dev_run) if fast_dev_run else 0
         if dev_batches:
@@ -125,9 +128,9 @@ class Trainer:
         self.check_val_every_n_epoch = check_val_every_n_epoch
         self.num_sanity_val_steps = 2 if num_sanity_val_steps is None else num_sanity_val_steps
         self.log_every_n_steps = 50 if log_every_n_steps is None else log_every_n_steps
-        self.accumulate_grad_batches = accumulate_grad_batches
-        self.gradient_clip_val = gradient_clip_val
-        self.gradient_clip_algorithm = gradient_clip_algorithm or "norm"
+        self.accumulate_grad_batches = settings.accumulate_grad_batches
+        self.gradient_clip_val = settings.gradient_clip_val
+        self.gradient_clip_algorithm = settings.gradient_clip_algorithm
         self.deterministic = deterministic
         self.use_distributed_sampler = use_distributed_sampler
         self.inference_mode = inference_mode
@@ -186,9 +189,8 @@ class Trainer:
     # ------------------------------------------------------------------ setup helpers
     @staticmethod
     def _validate_loop_args(
-        fast_dev_run: Any, max_epochs: Any, min_epochs: Any, max_steps: Any, accumulate: Any, clip_val: Any,
-        clip_algo: Any, val_check_interval: Any, check_val_every_n_epoch: Any, log_every_n_steps: Any,
-        num_sanity_val_steps: Any, deterministic: Any,
+        fast_dev_run: Any, max_epochs: Any, min_epochs: Any, max_steps: Any, val_check_interval: Any,
+        check_val_every_n_epoch: Any, log_every_n_steps: Any, num_sanity_val_steps: Any, deterministic: Any,
     ) -> None:
         def positive_int(name: str, value: Any, minimum: int = 1, allow_none: bool = True) -> None:
             if value is None and allow_none:
@@ -203,17 +205,10 @@ class Trainer:
         positive_int("min_epochs", min_epochs, 0)
         if max_steps != -1:
             positive_int("max_steps", max_steps, 0, allow_none=False)
-        positive_int("accumulate_grad_batches", accumulate)
         positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
         positive_int("log_every_n_steps", log_every_n_steps)
         if num_sanity_val_steps is not None and num_sanity_val_steps != -1:
             positive_int("num_sanity_val_steps", num_sanity_val_steps, 0)
-        if clip_val is not None and (isinstance(clip_val, bool) or not isinstance(clip_val, (int, float)) or clip_val < 0):
-            raise ConfigurationError(f"gradient_clip_val={clip_val!r} is not valid: give a number >= 0 or None.")
-        if clip_algo not in (None, "norm", "value"):
-            raise ConfigurationError(
-                f"gradient_clip_algorithm={clip_algo!r} is not supported. Accepted values are 'norm' and 'value'."
-            )
         if val_check_interval is not None:
             ok = (isinstance(val_check_interval, float) and 0.0 < val_check_interval <= 1.0) or (
                 isinstance(val_check_interval, int) and not isinstance(val_check_interval, bool) and val_check_interval >= 1
@@ -262,6 +257,11 @@ class Trainer:
                 "enable_checkpointing=False but callbacks=[...] holds a ModelCheckpoint. Remove one of the two."
             )
         return cbs
+
+    def training_settings(self, micro_batch_size: int | None = None) -> TrainingSettings:
+        """What the strategy is told about this Trainer's training (``Strategy.configure_training``)."""
+        return TrainingSettings(self.accumulate_grad_batches, self.gradient_clip_val, self.gradient_clip_algorithm,
+                                micro_batch_size)
 
     # ------------------------------------------------------------------ properties
     @property

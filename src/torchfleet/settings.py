@@ -1,0 +1,73 @@
+"""What strategies are told about the training they serve: TrainingSettings, and ReplicaHooks (dp's replicas).
+
+Strategies never read the Trainer or the Module's logging. The caller (the Trainer, or a Fleet user)
+hands them these at ``Strategy.configure_training``, before ``setup``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from torchfleet.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+CLIP_ALGORITHMS = ("norm", "value")
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """How the caller trains, for strategies that must know it ahead of the loop (DeepSpeed's config).
+
+    ``accumulate_grad_batches``: batches whose gradients add up before one optimizer step.
+    ``gradient_clip_val`` (None or 0: no clipping) and ``gradient_clip_algorithm`` ("norm" or "value").
+    ``micro_batch_size``: the batch size of one process's step (None: taken from the training
+    DataLoader the strategy prepared, else 1).
+    """
+
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str = "norm"
+    micro_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        accumulate = self.accumulate_grad_batches
+        if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+            raise ConfigurationError(f"accumulate_grad_batches={accumulate!r} is not valid: it must be an int >= 1.")
+        clip = self.gradient_clip_val
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
+            raise ConfigurationError(f"gradient_clip_val={clip!r} is not valid: give a number >= 0 or None.")
+        if self.gradient_clip_algorithm not in CLIP_ALGORITHMS:
+            raise ConfigurationError(
+                f"gradient_clip_algorithm={self.gradient_clip_algorithm!r} is not supported. Accepted values are "
+                "'norm' and 'value'."
+            )
+        size = self.micro_batch_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ConfigurationError(
+                f"micro_batch_size={size!r} is not valid: give the per-process batch size as an int >= 1, or None to "
+                "take it from the training DataLoader."
+            )
+
+
+def loader_batch_size(loader: Any) -> int | None:
+    """The batch size of ``loader`` (a DataLoader, or one with a batch sampler); None when it has none."""
+    size = getattr(loader, "batch_size", None) or getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return size if isinstance(size, int) and size > 0 else None
+
+
+class ReplicaHooks(Protocol):
+    """What a strategy that runs a hook on copies of the module in one process (dp) calls around the copies.
+
+    ``enter`` runs in each replica's thread before the hook, with that replica's copy of the user's
+    module, and returns what the replica collects (None: nothing). ``merge`` runs once in the main
+    thread afterwards, with the original module, the non-None values ``enter`` returned (in replica
+    order) and the device the outputs are gathered on.
+    """
+
+    def enter(self, replica: nn.Module) -> Any: ...
+
+    def merge(self, module: nn.Module, collected: list[Any], device: torch.device) -> None: ...
