@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,7 @@ from torchfleet.strategies.ddp import DEFAULT_TIMEOUT, DDPStrategy
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, ShardingStrategy
 
     from torchfleet.accelerators.base import Accelerator
     from torchfleet.checkpoint.io import CheckpointIO
@@ -42,9 +43,11 @@ _STEP_HOOKS = ("training_step", "validation_step", "test_step", "predict_step")
 _MESH_DIMS = ("replicate", "shard")
 
 Policy = Callable[[nn.Module], bool]
+#: which submodules a policy selects: layer classes, or a predicate over modules
+LayerPolicy = type[nn.Module] | Collection[type[nn.Module]] | Policy | None
 
 
-def _as_policy(name: str, value: Any) -> Policy | None:
+def _as_policy(name: str, value: LayerPolicy) -> Policy | None:
     """``value`` (None, a layer class, a set/list of them, or a callable(module) -> bool) as a predicate."""
     if value is None:
         return None
@@ -68,7 +71,7 @@ def _as_policy(name: str, value: Any) -> Policy | None:
     )
 
 
-def _sharding_name(value: Any) -> str:
+def _sharding_name(value: str | ShardingStrategy) -> str:
     # torch's FSDP1 ShardingStrategy enum members are accepted by name
     name = getattr(value, "name", value)
     if isinstance(name, str) and name.upper() in SHARDING_STRATEGIES:
@@ -112,12 +115,12 @@ class FSDPStrategy(DDPStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | float | None = DEFAULT_TIMEOUT,
         start_method: str = "popen",
-        auto_wrap_policy: Any = None,
-        sharding_strategy: Any = "FULL_SHARD",
+        auto_wrap_policy: LayerPolicy = None,
+        sharding_strategy: str | ShardingStrategy = "FULL_SHARD",
         device_mesh: DeviceMesh | tuple[int, int] | None = None,
-        cpu_offload: bool | Any = False,
-        mixed_precision: Any = None,
-        activation_checkpointing_policy: Any = None,
+        cpu_offload: bool | OffloadPolicy = False,
+        mixed_precision: MixedPrecisionPolicy | None = None,
+        activation_checkpointing_policy: LayerPolicy = None,
         state_dict_type: str = "sharded",
     ) -> None:
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
@@ -217,7 +220,7 @@ class FSDPStrategy(DDPStrategy):
         names = _MESH_DIMS if len(shape) == 2 else ("shard",)
         return init_device_mesh(self.root_device.type, shape, mesh_dim_names=names)
 
-    def _offload_policy(self) -> Any:
+    def _offload_policy(self) -> OffloadPolicy:
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
 
         policy = self.cpu_offload
@@ -230,7 +233,7 @@ class FSDPStrategy(DDPStrategy):
         return policy if isinstance(policy, OffloadPolicy) else OffloadPolicy()
 
     @property
-    def mixed_precision_policy(self) -> Any:
+    def mixed_precision_policy(self) -> MixedPrecisionPolicy:
         """The MixedPrecisionPolicy given, or the one the precision implies (read at setup, after resolve)."""
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
