@@ -26,7 +26,7 @@ from tests.distributed import sharded_helpers
 from tests.distributed.scripts import deepspeed_train
 from tests.distributed.scripts.deepspeed_train import BATCH, EPOCHS, TinyTransformer, build, make_data
 from tests.distributed.sharded_helpers import load_results, train_reference
-from torchfleet.strategies.deepspeed import consolidate_deepspeed, deepspeed_available
+from torchfleet.checkpoint.deepspeed import consolidate_deepspeed, deepspeed_available
 
 pytestmark = [
     pytest.mark.distributed,

@@ -267,7 +267,7 @@ def test_other_bad_arguments(kwargs, words):
 
 def test_deepspeed_not_installed(monkeypatch):
     import torchfleet as tf
-    from torchfleet.strategies.deepspeed import consolidate_deepspeed
+    from torchfleet.checkpoint.deepspeed import consolidate_deepspeed
 
     monkeypatch.setitem(sys.modules, "deepspeed", None)  # what `import deepspeed` sees when it is not installed
     for name in [n for n in StrategyRegistry.available() if n.startswith("deepspeed")]:
@@ -365,10 +365,10 @@ def test_a_stage_0_checkpoint_into_zero_is_refused_with_what_works(tmp_path):
     """Checked from the checkpoint's record before the engine is touched (a stand-in strategy is enough)."""
     from types import SimpleNamespace
 
+    from torchfleet.checkpoint.deepspeed import InEngine
     from torchfleet.strategies._deepspeed_checkpoint import load_engine_checkpoint
-    from torchfleet.strategies.deepspeed import _InEngine
 
-    checkpoint = {"state_dict": _InEngine("module", str(tmp_path)),
+    checkpoint = {"state_dict": InEngine("module", str(tmp_path)),
                   "deepspeed": {"tag": "checkpoint", "world_size": 2, "zero_stage": 0}}
     strategy = SimpleNamespace(engine=SimpleNamespace(optimizer=object()), zero_stage=2, world_size=1)
     with pytest.raises(CheckpointError, match="without ZeRO.*stage 2.*torchfleet consolidate"):

@@ -10,7 +10,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from torchfleet.checkpoint.format import FORMAT_KEY, FORMAT_VERSION, check_checkpoint
+from torchfleet.checkpoint.dcp import read_full_dcp_checkpoint
+from torchfleet.checkpoint.deepspeed import consolidate_deepspeed
+from torchfleet.checkpoint.distributed import checkpoint_layout
+from torchfleet.checkpoint.format import FORMAT_KEY, FORMAT_VERSION, check_checkpoint, read_checkpoint
+from torchfleet.checkpoint.io import TorchCheckpointIO
 from torchfleet.errors import CheckpointError
 
 
@@ -20,26 +24,13 @@ def read_full_checkpoint(path: str | os.PathLike, with_optimizer: bool = True) -
     Optimizer states come in ``torch.optim``'s positional form, as in single-file checkpoints;
     without ``with_optimizer`` they are left out (and not read, which saves memory and time).
     """
-    from torchfleet.checkpoint.distributed import checkpoint_layout
-
     path = os.fspath(path)
     if os.path.isdir(path):
         layout = checkpoint_layout(path)
         if layout == "dcp":
-            from torchfleet.checkpoint.dcp import read_full_dcp_checkpoint
-
             return check_checkpoint(read_full_dcp_checkpoint(path, with_optimizer=with_optimizer), path)
-        try:
-            from torchfleet.strategies.deepspeed import consolidate_deepspeed
-        except ImportError as exc:  # pragma: no cover - the module itself imports without deepspeed
-            raise CheckpointError(
-                f"{path!r} is a DeepSpeed checkpoint, and reading it needs torchfleet's DeepSpeed support: {exc}. "
-                "Install it with `pip install 'torchfleet[deepspeed]'`."
-            ) from exc
         checkpoint = check_checkpoint(consolidate_deepspeed(path, with_optimizer=with_optimizer), path)
     else:
-        from torchfleet.checkpoint.format import read_checkpoint
-
         checkpoint = read_checkpoint(path)
     if not with_optimizer:
         checkpoint.pop("optimizer_states", None)
@@ -53,8 +44,6 @@ def consolidate(src: str | os.PathLike, out: str | os.PathLike, with_optimizer: 
     loads into the plain module, and, written ``with_optimizer``, ``fit(ckpt_path=out)`` resumes
     from it under any strategy. Returns a summary (entries, parameter tensors, bytes written).
     """
-    from torchfleet.checkpoint.io import TorchCheckpointIO
-
     src, out = os.fspath(src), os.fspath(out)
     if os.path.abspath(src) == os.path.abspath(out):
         raise CheckpointError(f"consolidate would overwrite its input {src!r}; give another output path.")

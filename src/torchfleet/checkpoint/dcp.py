@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchfleet.checkpoint.distributed import (
+    Ranks,
     atomic_checkpoint_dir,
     read_meta,
     sharded_marker,
@@ -26,9 +27,6 @@ from torchfleet.checkpoint.distributed import (
 )
 from torchfleet.checkpoint.format import FORMAT_KEY
 from torchfleet.errors import CheckpointError
-
-if TYPE_CHECKING:
-    from torchfleet.strategies.base import Strategy
 
 #: key in the format marker listing the entries stored in the DCP files: {key: None (one dict) | n (a list of n)}
 SHARDED_ENTRIES = "sharded_entries"
@@ -77,7 +75,7 @@ def _is_sharded(value: Any) -> bool:
     )
 
 
-def save_dcp_checkpoint(path: str | os.PathLike, plain: Mapping[str, Any], strategy: Strategy) -> None:
+def save_dcp_checkpoint(path: str | os.PathLike, plain: Mapping[str, Any], ranks: Ranks) -> None:
     """Write ``plain`` as a "dcp" layout directory at ``path`` (every rank calls it; atomic).
 
     Its ``DCPStateDict`` entries (and lists of them) go into the DCP files, the rest into torchfleet.pt.
@@ -94,9 +92,9 @@ def save_dcp_checkpoint(path: str | os.PathLike, plain: Mapping[str, Any], strat
         for k, v in plain.items() if k in sharded
     }
     meta[FORMAT_KEY] = marker
-    with atomic_checkpoint_dir(path, strategy) as tmp:
+    with atomic_checkpoint_dir(path, ranks) as tmp:
         dcp.save(sharded, checkpoint_id=tmp)
-        if strategy.is_global_zero:
+        if ranks.is_global_zero:
             write_meta(tmp, meta)
 
 

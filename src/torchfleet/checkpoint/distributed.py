@@ -26,7 +26,7 @@ import logging
 import os
 import shutil
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -34,10 +34,16 @@ from torchfleet.checkpoint.format import FORMAT_KEY
 from torchfleet.checkpoint.io import _fsync_dir
 from torchfleet.errors import CheckpointError
 
-if TYPE_CHECKING:
-    from torchfleet.strategies.base import Strategy
-
 log = logging.getLogger(__name__)
+
+
+class Ranks(Protocol):
+    """What a sharded save needs of the processes writing it (every Strategy is one): who is rank 0, and a barrier."""
+
+    @property
+    def is_global_zero(self) -> bool: ...
+
+    def barrier(self, name: str | None = None) -> None: ...
 
 #: the file inside a sharded checkpoint directory that holds everything not sharded (written last)
 META_NAME = "torchfleet.pt"
@@ -220,7 +226,7 @@ def _recover(path: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_checkpoint_dir(path: str | os.PathLike, strategy: Strategy) -> Iterator[str]:
+def atomic_checkpoint_dir(path: str | os.PathLike, ranks: Ranks) -> Iterator[str]:
     """Every rank enters; yields the temporary directory every rank writes into (the same path on all ranks).
 
     Rank 0 creates ``<parent>/.<name>.partial`` (removing a leftover of a crashed save), then all ranks
@@ -232,20 +238,20 @@ def atomic_checkpoint_dir(path: str | os.PathLike, strategy: Strategy) -> Iterat
     """
     target = os.path.abspath(os.fspath(path))
     tmp = partial_dir(target)
-    if strategy.is_global_zero:
+    if ranks.is_global_zero:
         os.makedirs(os.path.dirname(target), exist_ok=True)
         _recover(target)
         _remove(tmp)
         os.makedirs(tmp)
-    strategy.barrier("sharded_checkpoint_start")
+    ranks.barrier("sharded_checkpoint_start")
     try:
         yield tmp
     except BaseException:
-        if strategy.is_global_zero:
+        if ranks.is_global_zero:
             _remove(tmp)
         raise
-    strategy.barrier("sharded_checkpoint_written")
-    if strategy.is_global_zero:
+    ranks.barrier("sharded_checkpoint_written")
+    if ranks.is_global_zero:
         if not os.path.isfile(os.path.join(tmp, META_NAME)):
             _remove(tmp)
             raise CheckpointError(
@@ -253,7 +259,7 @@ def atomic_checkpoint_dir(path: str | os.PathLike, strategy: Strategy) -> Iterat
                 "and the previous one (if any) kept. The strategy that saved it must call write_meta on rank 0."
             )
         _move_into_place(tmp, target)
-    strategy.barrier("sharded_checkpoint_done")
+    ranks.barrier("sharded_checkpoint_done")
 
 
 def is_partial_dir(path: str | os.PathLike) -> bool:

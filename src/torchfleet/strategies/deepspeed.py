@@ -11,9 +11,10 @@ and its backward does not divide the loss a second time. LR schedulers stay the 
 are not handed to DeepSpeed, which would step them on every optimizer step regardless of their
 interval and frequency.
 
-Checkpoints are directories (the "deepspeed" layout of torchfleet.checkpoint.distributed): the
+Checkpoints are directories (the "deepspeed" layout of torchfleet.checkpoint.deepspeed): the
 engine's own checkpoint under ``deepspeed/`` plus our ``torchfleet.pt`` with everything else.
-``consolidate_deepspeed`` turns one into an ordinary single-file checkpoint in one process.
+``torchfleet.checkpoint.deepspeed.consolidate_deepspeed`` turns one into an ordinary single-file
+checkpoint in one process.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ import contextlib
 import functools
 import logging
 import os
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -32,10 +32,19 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from torchfleet.checkpoint.deepspeed import (
+    InEngine,
+    deepspeed_available,
+    import_deepspeed,
+    is_deepspeed_checkpoint,
+    not_installed,
+    read_deepspeed_checkpoint,
+)
 from torchfleet.checkpoint.state import MODULE, OPTIMIZER, OPTIMIZERS, stateful_kind
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.settings import loader_batch_size
 from torchfleet.strategies import _deepspeed_config as dsc
+from torchfleet.strategies._deepspeed_checkpoint import load_engine_checkpoint, load_full_weights, save_deepspeed
 from torchfleet.strategies._deepspeed_accelerator import device_rank, select_deepspeed_accelerator
 from torchfleet.strategies.ddp import _HOOK_KWARG, DEFAULT_TIMEOUT, DDPStrategy, _HookDispatch
 
@@ -45,62 +54,6 @@ if TYPE_CHECKING:
     from torchfleet.precision import Precision
 
 log = logging.getLogger(__name__)
-
-#: the engine's checkpoint lives in this subdirectory of a "deepspeed" layout checkpoint
-DEEPSPEED_SUBDIR = "deepspeed"
-#: the engine checkpoint's tag (its directory name under DEEPSPEED_SUBDIR); one tag per checkpoint directory
-CHECKPOINT_TAG = "checkpoint"
-#: the meta entry describing the engine checkpoint (world size, stage, tag, which entries it holds)
-META_DEEPSPEED_KEY = "deepspeed"
-#: DeepSpeed's own universal-checkpoint converter (ds_to_universal, Adam-family only) needs this marker in checkpoints
-#: of stages 1-2; written so that users can still run it, though torchfleet reads the ZeRO files itself
-_UNIVERSAL_INFO = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.4}}
-
-
-def deepspeed_available() -> bool:
-    """Whether ``import deepspeed`` can work here (cheap: nothing is imported)."""
-    if "deepspeed" in sys.modules:
-        return sys.modules["deepspeed"] is not None
-    import importlib.util
-
-    return importlib.util.find_spec("deepspeed") is not None
-
-
-def _not_installed(what: str) -> ConfigurationError:
-    return ConfigurationError(
-        f"{what} needs the deepspeed package, which is not installed in this Python environment. Install it with "
-        f"`{dsc.INSTALL_HINT}` (or `pip install deepspeed`); on CPU-only machines it works with gloo, no GPU needed."
-    )
-
-
-def import_deepspeed(what: str = "DeepSpeedStrategy") -> Any:
-    """``import deepspeed``, or a ConfigurationError that says how to install it."""
-    if not deepspeed_available():
-        raise _not_installed(what)
-    try:
-        import deepspeed
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"{what} could not import deepspeed ({exc}). Reinstall it with `{dsc.INSTALL_HINT}`."
-        ) from exc
-    return deepspeed
-
-
-class _InEngine(dict):
-    """Stands in a checkpoint dict for a module's or optimizer's state that lives in the DeepSpeed engine checkpoint.
-
-    An empty mapping, so hooks that look at ``checkpoint["state_dict"]`` still find a dict; ``path``
-    says which checkpoint directory the engine loads it from (None while saving).
-    """
-
-    def __init__(self, kind: str, path: str | None = None) -> None:
-        super().__init__()
-        self.kind = kind
-        self.path = path
-
-    def __repr__(self) -> str:
-        return f"<{self.kind} state in the DeepSpeed engine checkpoint{'' if self.path is None else ' ' + self.path}>"
-
 
 class _EngineOptimizer(Optimizer):
     """The optimizer the Trainer and Fleet hold under DeepSpeed: the user's, with step and zero_grad going to the engine.
@@ -142,7 +95,7 @@ class _EngineOptimizer(Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """A placeholder: the partitioned state is written by the engine's checkpoint."""
-        return _InEngine("optimizer")
+        return InEngine("optimizer")
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Loaded with the engine's checkpoint; see DeepSpeedStrategy.load_optimizer_state_dict."""
@@ -224,7 +177,7 @@ class DeepSpeedStrategy(DDPStrategy):
         start_method: str = "popen",
     ) -> None:
         if not deepspeed_available():
-            raise _not_installed("A DeepSpeed strategy")
+            raise not_installed("A DeepSpeed strategy")
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, precision=precision,
                          process_group_backend=process_group_backend, timeout=timeout, start_method=start_method)
@@ -461,13 +414,11 @@ class DeepSpeedStrategy(DDPStrategy):
 
     def load_module_state_dict(self, module: nn.Module, state: Mapping[str, Any], strict: bool = True) -> None:
         """Load full (unsharded) weights into the engine's module, then refresh ZeRO's float32 master copy from them."""
-        from torchfleet.strategies._deepspeed_checkpoint import load_full_weights
-
         load_full_weights(self, self.unwrap(module), state, strict=strict)
 
     def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
         """A placeholder: the optimizer's (partitioned) state is written by the engine's checkpoint."""
-        return _InEngine("optimizer")
+        return InEngine("optimizer")
 
     def load_optimizer_state_dict(self, optimizer: Optimizer, state: Mapping[str, Any]) -> None:
         """Unsharded optimizer state (from another strategy) cannot be mapped onto ZeRO's partitions."""
@@ -483,11 +434,11 @@ class DeepSpeedStrategy(DDPStrategy):
         for key, value in state.items():
             kind = stateful_kind(value)
             if kind == MODULE:
-                out[key] = _InEngine("module")
+                out[key] = InEngine("module")
             elif kind == OPTIMIZER:
-                out[key] = _InEngine("optimizer")
+                out[key] = InEngine("optimizer")
             elif kind == OPTIMIZERS:
-                out[key] = [_InEngine("optimizer") for _ in value]
+                out[key] = [InEngine("optimizer") for _ in value]
             else:
                 out[key] = value
         return out
@@ -500,8 +451,6 @@ class DeepSpeedStrategy(DDPStrategy):
 
         Every rank calls this and writes its shards; the directory appears at ``path`` only when complete.
         """
-        from torchfleet.strategies._deepspeed_checkpoint import save_deepspeed
-
         if storage_options is not None:
             raise ConfigurationError(
                 "storage_options cannot be used with DeepSpeedStrategy: the engine writes its checkpoint files itself, "
@@ -514,11 +463,6 @@ class DeepSpeedStrategy(DDPStrategy):
         self, path: str | os.PathLike, state: Mapping[str, Any] | None = None, strict: bool = True
     ) -> dict[str, Any]:
         """Read a checkpoint: a "deepspeed" directory loads through the engine (any world size), anything else as full weights."""
-        from torchfleet.strategies._deepspeed_checkpoint import (
-            is_deepspeed_checkpoint,
-            read_deepspeed_checkpoint,
-        )
-
         if not is_deepspeed_checkpoint(path):
             return super().load_checkpoint(path, state, strict)
         checkpoint = read_deepspeed_checkpoint(path)
@@ -529,10 +473,8 @@ class DeepSpeedStrategy(DDPStrategy):
         self, checkpoint: Mapping[str, Any], state: Mapping[str, Any], strict: bool = True, path: Any = None
     ) -> None:
         """Load ``checkpoint`` into the engine: from the engine checkpoint it came with, or as full weights."""
-        from torchfleet.strategies._deepspeed_checkpoint import load_engine_checkpoint
-
         held = [checkpoint.get(k) for k in state]
-        held = [h for h in held if isinstance(h, _InEngine) or (isinstance(h, list) and h and isinstance(h[0], _InEngine))]
+        held = [h for h in held if isinstance(h, InEngine) or (isinstance(h, list) and h and isinstance(h[0], InEngine))]
         if not held:
             super().load_into(checkpoint, state, strict=strict, path=path)
             return
@@ -602,15 +544,3 @@ def _local_rank_env(local_rank: int) -> Iterator[None]:
             os.environ.pop("LOCAL_RANK", None)
         else:
             os.environ["LOCAL_RANK"] = before
-
-
-def consolidate_deepspeed(path: str | os.PathLike, with_optimizer: bool = False) -> dict[str, Any]:
-    """One torchfleet checkpoint dict from a "deepspeed" layout checkpoint directory, in this one process.
-
-    ``state_dict`` holds the float32 weights under the user module's names (any ZeRO stage, any
-    world size it was written with); with ``with_optimizer`` also ``optimizer_states`` in
-    ``torch.optim`` form (any torch optimizer, every state key), so the result resumes under any strategy.
-    """
-    from torchfleet.strategies._deepspeed_checkpoint import consolidate
-
-    return consolidate(path, with_optimizer=with_optimizer)
