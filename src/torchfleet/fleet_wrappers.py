@@ -1,0 +1,234 @@
+"""What ``Fleet.setup`` hands back: the module, optimizer and dataloader wrappers that route through the strategy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from torch import nn
+from torch.optim import Optimizer
+
+from torchfleet.precision import Precision
+
+
+def _no_context() -> Any:
+    return Precision().forward_context()
+
+
+# The full-precision forward context is one shared do-nothing object; FleetModule skips entering it.
+_NO_CONTEXT = _no_context()
+
+
+class FleetModule(nn.Module):
+    """The user's module after ``Fleet.setup``: forward runs under the strategy's precision context.
+
+    Attribute reads and writes, ``state_dict`` and ``load_state_dict`` reach the original module,
+    so code written against the plain model keeps working. ``.module`` is the original module.
+    """
+
+    def __init__(self, wrapped: nn.Module, original: nn.Module, forward_context: Callable[[], Any]) -> None:
+        super().__init__()
+        self._forward_module = wrapped
+        self._original_module = original
+        # plain attributes (not submodule lookups through nn.Module.__getattr__), read on every call
+        object.__setattr__(self, "_forward_context", forward_context)
+        object.__setattr__(self, "_target", wrapped)
+        object.__setattr__(self, "_original", original)
+
+    @property
+    def module(self) -> nn.Module:
+        """The module that was passed to ``setup``."""
+        return self._original
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the (strategy-wrapped) module's forward under the precision context."""
+        with self._forward_context():
+            return self._target(*args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Skips nn.Module's call machinery for this thin wrapper (hooks live on the wrapped module)
+        # and the context manager when the precision has none: the per-step budget is microseconds.
+        context = self._forward_context()
+        if context is _NO_CONTEXT:
+            return self._target(*args, **kwargs)
+        with context:
+            return self._target(*args, **kwargs)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+        """The original module's state dict (keys without any wrapper prefix)."""
+        return self._original.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:  # type: ignore[override]
+        """Load into the original module."""
+        return self._original.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            original = self.__dict__.get("_original")
+            if original is None:  # half-built (copy/pickle): no original to ask
+                raise
+            return getattr(original, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The wrapper's own state (set in __init__, `training`) stays here; anything else the user
+        # sets after setup() belongs to their module, whose forward will read it.
+        original = self.__dict__.get("_original")
+        if original is None or name in self.__dict__:
+            super().__setattr__(name, value)
+        else:
+            setattr(original, name, value)
+
+    def __repr__(self) -> str:
+        return f"FleetModule({self._original!r})"
+
+
+_OPTIMIZER_CLASSES: dict[type, type] = {}
+
+
+class FleetOptimizer:
+    """The user's optimizer after ``Fleet.setup``: ``step`` goes through the strategy (gradient scaling,
+    sharded engines); everything else is the optimizer's own.
+
+    The object is an instance of the optimizer's own class too (``isinstance(opt, torch.optim.SGD)``),
+    so learning-rate schedulers and other code that checks the type accept it.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> FleetOptimizer:
+        if cls is not FleetOptimizer:  # already the per-type subclass: copy.copy / deepcopy rebuild
+            return object.__new__(cls)
+        optimizer = args[0] if args else kwargs["optimizer"]
+        base = type(optimizer)
+        sub = _OPTIMIZER_CLASSES.get(base)
+        if sub is None:
+            # a subclass of both, built once per optimizer type; never runs the optimizer's __init__
+            sub = type(f"Fleet{base.__name__}", (FleetOptimizer, base), {"__module__": __name__})
+            _OPTIMIZER_CLASSES[base] = sub
+        return object.__new__(sub)
+
+    def __init__(self, optimizer: Optimizer, step: Callable[..., Any]) -> None:
+        self.__dict__["_optimizer"] = optimizer
+        self.__dict__["_step"] = step
+        # bound straight to the optimizer: one call fewer per step
+        self.__dict__["zero_grad"] = optimizer.zero_grad
+
+    @property
+    def optimizer(self) -> Optimizer:
+        """The optimizer that was passed to ``setup``."""
+        return self.__dict__["_optimizer"]
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Step through the strategy (``closure`` computes loss and gradients first when given)."""
+        return self._step(self._optimizer, closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset gradients (replaced per instance by the optimizer's own bound method)."""
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The optimizer's state dict."""
+        return self._optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load into the optimizer."""
+        self._optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a parameter group to the optimizer."""
+        self._optimizer.add_param_group(param_group)
+
+    # Optimizer methods inherited through the dynamic subclass read these: keep them the optimizer's.
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The optimizer's parameter groups."""
+        return self._optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self._optimizer.param_groups = value
+
+    @property
+    def state(self) -> Any:
+        """The optimizer's per-parameter state."""
+        return self._optimizer.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._optimizer.state = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The optimizer's default hyperparameters."""
+        return self._optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self._optimizer.defaults = value
+
+    def __getattr__(self, name: str) -> Any:
+        optimizer = self.__dict__.get("_optimizer")
+        if optimizer is None:  # half-built (copy/pickle): avoid recursing into ourselves
+            raise AttributeError(name)
+        return getattr(optimizer, name)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return self.__dict__
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return f"FleetOptimizer({self._optimizer!r})"
+
+
+class FleetDataLoader:
+    """A dataloader whose batches arrive on the strategy's device; ``len`` and ``set_epoch`` keep working."""
+
+    def __init__(self, loader: Any, to_device: Callable[[Any], Any] | None) -> None:
+        self._loader = loader
+        self._to_device = to_device
+
+    @property
+    def loader(self) -> Any:
+        """The (strategy-processed) dataloader inside."""
+        return self._loader
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._to_device is None:
+            return iter(self._loader)
+        # map runs in C: no Python generator frame resumed per batch
+        return map(self._to_device, self._loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Tell the sampler the epoch (a DistributedSampler reshuffles per epoch)."""
+        for owner in (self._loader, getattr(self._loader, "batch_sampler", None)):
+            sampler = getattr(owner, "sampler", None)
+            set_epoch = getattr(sampler, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(epoch)
+                return
+
+    def __getattr__(self, name: str) -> Any:
+        loader = self.__dict__.get("_loader")
+        if loader is None:
+            raise AttributeError(name)
+        return getattr(loader, name)
+
+
+def _unwrap(obj: Any) -> Any:
+    """The strategy-level object inside a Fleet wrapper (lists and tuples of optimizers too)."""
+    if isinstance(obj, FleetModule):
+        return obj._forward_module
+    if isinstance(obj, FleetOptimizer):
+        return obj.optimizer
+    if isinstance(obj, (list, tuple)) and obj and any(isinstance(o, FleetOptimizer) for o in obj):
+        return type(obj)(_unwrap(o) for o in obj)
+    return obj
+
+
+def _original(module: Any) -> Any:
+    return module.module if isinstance(module, FleetModule) else module
