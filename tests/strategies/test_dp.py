@@ -456,7 +456,7 @@ def _assert_trained(model: Tiny, trainer: Trainer, before: dict[str, Tensor]) ->
 def test_dp_trains_across_two_cuda_devices():
     model, trainer, before = _fit(devices=2)
     _assert_trained(model, trainer, before)
-    assert isinstance(trainer._wrapped, nn.DataParallel) and trainer._wrapped.device_ids == [0, 1]
+    assert isinstance(trainer.state.wrapped, nn.DataParallel) and trainer.state.wrapped.device_ids == [0, 1]
     # every batch of 8 was split: 4 rows on cuda:0 and 4 on cuda:1, in each of the 3 steps
     assert sorted(model.seen, key=str) == sorted([(torch.device("cuda", 0), 4), (torch.device("cuda", 1), 4)] * 3,
                                                  key=str)

@@ -61,17 +61,18 @@ def dump_checkpoint(trainer: Trainer, weights_only: bool = False) -> dict[str, A
     import torchfleet
 
     module = trainer.module
+    run = trainer.state.state_dict()
     state: dict[str, Any] = {
         FORMAT_KEY: {"version": torchfleet.__version__, "format": FORMAT_VERSION},
-        "epoch": trainer.current_epoch,
-        "global_step": trainer.global_step,
-        "state_dict": trainer._wrapped,
+        "epoch": run["epoch"],
+        "global_step": run["global_step"],
+        "state_dict": trainer.state.wrapped,
         "hyper_parameters": dict(module.hparams),
     }
     if not weights_only:
         state["optimizer_states"] = list(trainer.optimizers)
         state["lr_schedulers"] = [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]
-        state["loops"] = {"fit": dict(trainer._progress)} if trainer._progress is not None else {}
+        state["loops"] = run["loops"]
         state["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks if cb.state_dict()}
         state["precision"] = trainer.strategy.precision.state_dict()
         state["rng"] = capture_rng()
@@ -140,7 +141,7 @@ def restore(trainer: Trainer, path: str, full: bool) -> dict[str, Any]:
     checkpoint = check_checkpoint(strategy.load_checkpoint(path), path)
     module = trainer.module
     module.on_load_checkpoint(checkpoint)
-    targets: dict[str, Any] = {"state_dict": trainer._wrapped}
+    targets: dict[str, Any] = {"state_dict": trainer.state.wrapped}
     if full:
         for cb in trainer.callbacks:
             cb.on_load_checkpoint(trainer, module, checkpoint)
@@ -168,7 +169,5 @@ def restore(trainer: Trainer, path: str, full: bool) -> dict[str, Any]:
     strategy.precision.load_state_dict(checkpoint.get("precision", {}))
     if trainer.datamodule is not None and "datamodule" in checkpoint:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
-    trainer.current_epoch = checkpoint["epoch"]
-    trainer.global_step = checkpoint["global_step"]
-    trainer._resume = {"loops": checkpoint.get("loops", {}).get("fit"), "rng": checkpoint.get("rng")}
+    trainer.state.load_state_dict(checkpoint)
     return checkpoint

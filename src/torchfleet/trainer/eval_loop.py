@@ -24,15 +24,15 @@ def publish_epoch(trainer: Trainer, results: Results, suffix: str = "") -> dict[
         callback = {k + suffix: v for k, v in callback.items()}
         logged = {k + suffix: v for k, v in logged.items()}
         bar = {k + suffix: v for k, v in bar.items()}
-    trainer._epoch_metrics.update(callback)
-    trainer._bar_metrics.update(bar)
+    trainer.state.epoch_metrics.update(callback)
+    trainer.state.bar_metrics.update(bar)
     if logged:
-        trainer.logged_metrics = logged
-        if trainer.is_global_zero and not trainer.sanity_checking:
+        trainer.state.logged_metrics = logged
+        if trainer.is_global_zero and not trainer.state.sanity_checking:
             metrics = {k: float(v) for k, v in logged.items()}
-            metrics["epoch"] = trainer.current_epoch
+            metrics["epoch"] = trainer.state.current_epoch
             for lg in trainer.loggers:
-                lg.log_metrics(metrics, step=trainer.global_step)
+                lg.log_metrics(metrics, step=trainer.state.global_step)
     return {k: float(v) for k, v in callback.items()}
 
 
@@ -55,7 +55,7 @@ class EvalLoop:
         model.eval()
         hooks.call(f"on_{hook}_start", trainer)
         hooks.call(f"on_{hook}_epoch_start", trainer)
-        step_fn = strategy.step_function(trainer._wrapped, step_name)
+        step_fn = strategy.step_function(trainer.state.wrapped, step_name)
         trainer._current_fx(step_name)
         multi = len(self.loaders) > 1
         if multi:

@@ -85,31 +85,31 @@ class FitLoop:
 
     # -- progress, saved in checkpoints as loops["fit"] ----------------------------------------
     def _set_progress(self, **kw: Any) -> None:
-        self.trainer._progress.update(kw)
+        self.trainer.state.progress.update(kw)
 
     def run(self) -> None:
         trainer = self.trainer
-        resume = trainer._resume or {}
+        resume = trainer.state.resume or {}
         progress = resume.get("loops") or None
-        trainer._progress = {"epoch": trainer.current_epoch, "batches_done": 0, "epoch_done": False,
+        trainer.state.progress = {"epoch": trainer.state.current_epoch, "batches_done": 0, "epoch_done": False,
                              "val_pending": False, "epoch_start_rng": None, "stopped_mid_epoch": False,
                              "resume_rng": None}
         start_batch, mid_epoch, resume_rng = 0, None, None
         if progress is not None:
             # the RNG where the run stopped, if it stopped; else the one at the save (a save inside the loop)
             resume_rng = progress.get("resume_rng") or resume.get("rng")
-            restored_epoch = trainer.current_epoch
+            restored_epoch = trainer.state.current_epoch
             if progress["epoch_done"] and not progress.get("stopped_mid_epoch", False):
-                trainer.current_epoch = progress["epoch"] + 1
+                trainer.state.current_epoch = progress["epoch"] + 1
                 if resume_rng is not None:
                     restore_rng(resume_rng)
             else:
-                trainer.current_epoch = progress["epoch"]
+                trainer.state.current_epoch = progress["epoch"]
                 start_batch, mid_epoch = progress["batches_done"], progress
             if self._done():
                 # nothing left to run: a checkpoint saved now must still say where the first run stopped
-                trainer.current_epoch = restored_epoch
-                trainer._progress = {**trainer._progress, **progress, "resume_rng": resume_rng}
+                trainer.state.current_epoch = restored_epoch
+                trainer.state.progress = {**trainer.state.progress, **progress, "resume_rng": resume_rng}
         trainer._hooks.call("on_train_start", trainer)
         ran = False
         while not self._done():
@@ -119,45 +119,46 @@ class FitLoop:
                 mid_epoch = None
             else:
                 self.run_epoch(0, None, None)
-            stop = trainer.should_stop and self._may_stop(trainer.current_epoch + 1)
+            stop = trainer.state.should_stop and self._may_stop(trainer.state.current_epoch + 1)
             # the epoch counts as done even when a stop ended it early, as when max_epochs ends the run
-            trainer.current_epoch += 1
+            trainer.state.current_epoch += 1
             if stop:
                 break
-        if ran and trainer._progress["resume_rng"] is None:
+        if ran and trainer.state.progress["resume_rng"] is None:
             # stopped at an epoch end: the next epoch would start from this RNG state
-            trainer._progress["resume_rng"] = capture_rng()
+            trainer.state.progress["resume_rng"] = capture_rng()
         trainer._hooks.call("on_train_end", trainer)
 
     def _done(self) -> bool:
         t = self.trainer
-        if t.max_steps != -1 and t.global_step >= t.max_steps:
+        if t.max_steps != -1 and t.state.global_step >= t.max_steps:
             return True
-        return t.max_epochs != -1 and t.current_epoch >= t.max_epochs
+        return t.max_epochs != -1 and t.state.current_epoch >= t.max_epochs
 
     def _may_stop(self, epochs_done: int) -> bool:
         t = self.trainer
-        return epochs_done >= t.min_epochs and t.global_step >= t.min_steps
+        return epochs_done >= t.min_epochs and t.state.global_step >= t.min_steps
 
     def run_epoch(self, start_batch: int, resume_at: dict | None, rng: dict | None) -> None:
         trainer, strategy, model, hooks = self.trainer, self.strategy, self.model, self.trainer._hooks
+        state = trainer.state
         sampler = getattr(self.loader, "sampler", None)
         if sampler is not None and hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(trainer.current_epoch)
+            sampler.set_epoch(state.current_epoch)
         # The iterator's shuffle order and worker seeds come from the global RNG when it is created:
         # remember that state so a resumed run recreates the same order.
         if resume_at is not None and resume_at.get("epoch_start_rng") is not None:
             restore_rng(resume_at["epoch_start_rng"])
         epoch_start_rng = capture_rng()
-        self._set_progress(epoch=trainer.current_epoch, batches_done=start_batch, epoch_done=False,
+        self._set_progress(epoch=state.current_epoch, batches_done=start_batch, epoch_done=False,
                            val_pending=False, epoch_start_rng=epoch_start_rng, stopped_mid_epoch=False,
                            resume_rng=None)
         results = Results("train")
         results.device = strategy.root_device
-        trainer._train_results = results
+        state.train_results = results
         model._results = results
         model.train()
-        trainer._in_train = True
+        state.in_train = True
         hooks.call("on_train_epoch_start", trainer)
         iterator = iter(self.loader)
         for _ in range(start_batch):  # fast-forward to where the interrupted run stopped
@@ -172,13 +173,13 @@ class FitLoop:
         log_every = trainer.log_every_n_steps
         automatic = model.automatic_optimization
         opt = trainer.optimizers[0] if trainer.optimizers else None
-        step_fn = strategy.step_function(trainer._wrapped, "training_step")
+        step_fn = strategy.step_function(state.wrapped, "training_step")
         batch_start_cbs = hooks.cb("on_train_batch_start")
         batch_start_mod = hooks.mod("on_train_batch_start")
         batch_end_cbs = hooks.cb("on_train_batch_end")
         batch_end_mod = hooks.mod("on_train_batch_end")
         transfer = self._transfer_fn()
-        progress = trainer._progress
+        progress = state.progress
         trainer._current_fx("training_step")
         window_has_grads = False
         stopped = False
@@ -210,7 +211,7 @@ class FitLoop:
             progress["batches_done"] = batch_idx + 1
             validate_now = self._should_validate(batch_idx, is_last)
             progress["val_pending"] = validate_now
-            if boundary and trainer.global_step % log_every == 0 and trainer.global_step > 0 and (
+            if boundary and state.global_step % log_every == 0 and state.global_step > 0 and (
                 automatic or outputs is not None
             ):
                 self._log_step(results)
@@ -221,10 +222,10 @@ class FitLoop:
             if validate_now:
                 self._validate()
             # inside an epoch only the epochs before it count towards min_epochs: that one runs to its end
-            if trainer.should_stop and self._may_stop(trainer.current_epoch):
+            if state.should_stop and self._may_stop(state.current_epoch):
                 stopped = True
                 break
-            if trainer.max_steps != -1 and trainer.global_step >= trainer.max_steps:
+            if trainer.max_steps != -1 and state.global_step >= trainer.max_steps:
                 stopped = True
                 break
         del iterator
@@ -277,7 +278,7 @@ class FitLoop:
     def _forward_backward(self, step_fn: Any, batch: Any, batch_idx: int, accumulate: int, boundary: bool) -> Tensor | None:
         if not boundary:
             # forward belongs inside too: DDP decides in its forward whether the backward all-reduces
-            with self.strategy.no_backward_sync(self.trainer._wrapped):
+            with self.strategy.no_backward_sync(self.trainer.state.wrapped):
                 return self._forward_backward_once(step_fn, batch, batch_idx, accumulate)
         return self._forward_backward_once(step_fn, batch, batch_idx, accumulate)
 
@@ -292,7 +293,7 @@ class FitLoop:
         scaled = loss / accumulate if accumulate > 1 else loss
         if self._has_before_backward:
             hooks.call("on_before_backward", trainer, scaled)
-        strategy.backward(scaled, trainer._wrapped)
+        strategy.backward(scaled, trainer.state.wrapped)
         if self._has_after_backward:
             hooks.call("on_after_backward", trainer)
         return loss.detach()
@@ -321,16 +322,16 @@ class FitLoop:
             hooks.call("on_before_zero_grad", trainer, opt)
         zero = self._custom_zero_grad
         if zero is not None:
-            zero(trainer.current_epoch, batch_idx, opt)
+            zero(trainer.state.current_epoch, batch_idx, opt)
         else:
             opt.zero_grad(set_to_none=True)
-        trainer.global_step += 1
+        trainer.state.global_step += 1
         if self._has_step_schedulers:
             self._step_schedulers("step")
 
     def _step_schedulers(self, interval: str) -> None:
         trainer = self.trainer
-        count = trainer.global_step if interval == "step" else trainer.current_epoch + 1
+        count = trainer.state.global_step if interval == "step" else trainer.state.current_epoch + 1
         for config in trainer.lr_scheduler_configs:
             if config.interval != interval or count % config.frequency:
                 continue
@@ -352,7 +353,7 @@ class FitLoop:
         trainer = self.trainer
         if not self.val_loaders or not any(trainer.num_val_batches):
             return False
-        if (trainer.current_epoch + 1) % trainer.check_val_every_n_epoch:
+        if (trainer.state.current_epoch + 1) % trainer.check_val_every_n_epoch:
             return False
         if isinstance(trainer.val_check_interval, float) and trainer.val_check_interval == 1.0:
             return is_last
@@ -360,12 +361,12 @@ class FitLoop:
 
     def _validate(self) -> None:
         trainer = self.trainer
-        trainer._in_train = False
+        trainer.state.in_train = False
         EvalLoop(trainer, self.model, "validate", self.val_loaders, trainer.num_val_batches,
                  on_metrics=lambda: self._set_progress(val_pending=False)).run()
         trainer._current_fx("training_step")
-        trainer._in_train = True
-        self.model._results = trainer._train_results
+        trainer.state.in_train = True
+        self.model._results = trainer.state.train_results
         self.model.train()
 
     def _log_step(self, results: Results) -> None:
@@ -374,12 +375,12 @@ class FitLoop:
         for name, value in callback.items():
             results.values[name].latest = value
         if logged:
-            trainer.logged_metrics = logged
+            trainer.state.logged_metrics = logged
             if trainer.is_global_zero:
                 metrics = {k: float(v) for k, v in logged.items()}
-                metrics["epoch"] = trainer.current_epoch
+                metrics["epoch"] = trainer.state.current_epoch
                 for lg in trainer.loggers:
-                    lg.log_metrics(metrics, step=trainer.global_step)
+                    lg.log_metrics(metrics, step=trainer.state.global_step)
 
     def _sync_latest(self, results: Results) -> None:
         # on-step values logged since the last logging point: reduce them now (one collective for all),

@@ -27,7 +27,7 @@ class ManualOptimizer:
         trainer = self._trainer
         trainer._hooks.call("on_before_optimizer_step", trainer, self._optimizer)
         out = trainer.strategy.optimizer_step(self._optimizer, closure, **kwargs)
-        trainer.global_step += 1
+        trainer.state.global_step += 1
         return out
 
     def zero_grad(self, set_to_none: bool = True) -> None:

@@ -30,12 +30,8 @@ def run_in_rank(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl
     return {
         "out": move_to_device(out, cpu),
         "model": {k: v.detach().to(cpu) for k, v in model.state_dict().items()},
-        "global_step": trainer.global_step,
-        "current_epoch": trainer.current_epoch,
-        "should_stop": trainer.should_stop,
-        "callback_metrics": move_to_device(dict(trainer.callback_metrics), cpu),
-        "logged_metrics": move_to_device(dict(trainer.logged_metrics), cpu),
-        "progress_bar_metrics": dict(trainer.progress_bar_metrics),
+        "state": move_to_device(trainer.state.snapshot(dict(trainer.callback_metrics),
+                                                       dict(trainer.progress_bar_metrics)), cpu),
         "callbacks": [(type(cb).__qualname__, cb.state_dict()) for cb in trainer.callbacks],
         "logger_versions": [lg.version for lg in trainer.loggers],
     }
@@ -47,13 +43,7 @@ def restore(trainer: Trainer, model: Any, snapshot: dict[str, Any] | None) -> An
         return None
     with torch.no_grad():
         model.load_state_dict(snapshot["model"])
-    trainer.global_step = snapshot["global_step"]
-    trainer.current_epoch = snapshot["current_epoch"]
-    trainer.should_stop = snapshot["should_stop"]
-    trainer._train_results = None
-    trainer._epoch_metrics = snapshot["callback_metrics"]
-    trainer.logged_metrics = snapshot["logged_metrics"]
-    trainer._bar_metrics = snapshot["progress_bar_metrics"]
+    trainer.state.load_snapshot(snapshot["state"])
     # callbacks a Module adds in configure_callbacks exist only in the ranks: match by type, in order
     saved = list(snapshot["callbacks"])
     for cb in trainer.callbacks:

@@ -71,10 +71,7 @@ def _num_batches(loader: Any, limit: int | float) -> int | float:
 def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any, kw: dict) -> Any:
     """Run one of fit/validate/test/predict in this process (called directly or by the launcher in each rank)."""
     strategy = trainer.strategy
-    trainer.stage = stage
-    trainer.should_stop = False
-    trainer._resume = None
-    trainer._progress = None
+    trainer.state.start_stage(stage)
     strategy.setup_environment()
     if trainer.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=trainer.deterministic == "warn")
@@ -112,8 +109,8 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
             lg.finalize("failed")
         raise
     finally:
-        if trainer._wrapped is not None:
-            strategy.release_module(trainer._wrapped)
+        if trainer.state.wrapped is not None:
+            strategy.release_module(trainer.state.wrapped)
         for cb in trainer.callbacks:
             cb.teardown(trainer, model, stage)
         model.teardown(stage)
@@ -122,7 +119,7 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
         strategy.checkpoint_io.teardown()
         trainer._current_fx("")
         model._results = None
-        trainer.stage = None
+        trainer.state.stage = None
 
 
 def _merge_callbacks(trainer: Trainer, extra: Any) -> None:
@@ -155,7 +152,7 @@ def _setup_model(trainer: Trainer, model: Any, with_optimizers: bool, micro_batc
         wrapped, opts = strategy.setup_and_build_optimizers(model, build_optimizers)
     else:
         wrapped, opts = strategy.setup(model, [])
-    trainer._wrapped = wrapped
+    trainer.state.wrapped = wrapped
     trainer.optimizers = opts
     trainer.lr_scheduler_configs = scheds
     trainer._manual_optimizers = None
@@ -194,8 +191,8 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
     val_loaders = [_for_strategy(trainer, v, "validate") for v in _as_list(_source(trainer, model, "val", val_dl))]
     trainer.num_training_batches = _num_batches(train_loader, trainer.limit_train_batches)
     trainer.num_val_batches = [_num_batches(v, trainer.limit_val_batches) for v in val_loaders]
-    trainer.current_epoch = 0
-    trainer.global_step = 0
+    trainer.state.current_epoch = 0
+    trainer.state.global_step = 0
     _setup_model(trainer, model, with_optimizers=True, micro_batch_size=micro_batch_size)
     path = resolve_ckpt_path(trainer, ckpt_path, "fit")
     trainer.ckpt_path = path
@@ -217,15 +214,15 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
 
 
 def _sanity_check(trainer: Trainer, model: Any, val_loaders: list[Any]) -> None:
-    trainer.sanity_checking = True
+    trainer.state.sanity_checking = True
     n = trainer.num_sanity_val_steps
     limits = [b if n == -1 else min(n, b) for b in trainer.num_val_batches]
     trainer._hooks.call("on_sanity_check_start", trainer)
     EvalLoop(trainer, model, "sanity_check", val_loaders, limits).run()
     trainer._hooks.call("on_sanity_check_end", trainer)
-    trainer.sanity_checking = False
-    trainer._epoch_metrics.clear()
-    trainer._bar_metrics.clear()
+    trainer.state.sanity_checking = False
+    trainer.state.epoch_metrics.clear()
+    trainer.state.bar_metrics.clear()
 
 
 def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path: Any, verbose: bool) -> list[dict[str, float]]:
@@ -246,7 +243,7 @@ def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path
     path = resolve_ckpt_path(trainer, ckpt_path, stage)
     if path is not None:
         restore(trainer, path, full=False)
-    trainer._epoch_metrics.clear()
+    trainer.state.epoch_metrics.clear()
     results = EvalLoop(trainer, model, stage, loaders, limits).run()
     if verbose and trainer.is_global_zero and results:
         for i, metrics in enumerate(results):

@@ -15,7 +15,7 @@ from torch import nn
 from torchfleet.errors import ConfigurationError
 from torchfleet.settings import TrainingSettings
 from torchfleet.trainer.hooks import HookDispatcher
-from torchfleet.trainer.logging import Results
+from torchfleet.trainer.state import RunState
 
 log = logging.getLogger("torchfleet")
 
@@ -43,6 +43,12 @@ def _check_limit(name: str, value: Any) -> int | float:
             "(a fraction of the dataloader)."
         )
     return value
+
+
+def _state_field(name: str, doc: str) -> property:
+    """A Trainer attribute that reads and writes ``trainer.state.<name>``."""
+    return property(lambda self: getattr(self.state, name), lambda self, value: setattr(self.state, name, value),
+                    doc=doc)
 
 
 class Trainer:
@@ -142,13 +148,8 @@ class Trainer:
         self.loggers = self._build_loggers(logger)
         self.callbacks = self._build_callbacks(callbacks, max_time)
 
-        # run state
-        self.current_epoch = 0
-        self.global_step = 0
-        self.should_stop = False
-        self.stage: str | None = None
-        self.sanity_checking = False
-        self._in_train = False  # inside the training part of fit (not its validation)
+        #: where the run is: the loops read and write it; checkpoints save and restore it through it
+        self.state = RunState()
         self.optimizers: list[torch.optim.Optimizer] = []
         self.lr_scheduler_configs: list[Any] = []
         self.num_training_batches: int | float = float("inf")
@@ -158,14 +159,7 @@ class Trainer:
         self.module: Any = None
         self.datamodule: Any = None
         self.ckpt_path: str | None = None
-        self.logged_metrics: dict[str, Any] = {}
-        self._epoch_metrics: dict[str, torch.Tensor] = {}
-        self._bar_metrics: dict[str, Any] = {}
-        self._train_results: Results | None = None
         self._hooks = HookDispatcher()
-        self._wrapped: nn.Module | None = None
-        self._progress: dict[str, Any] | None = None
-        self._resume: dict[str, Any] | None = None
         self._manual_optimizers: list[Any] | None = None
 
     def _current_fx(self, name: str) -> None:
@@ -176,7 +170,7 @@ class Trainer:
     def _manual_backward(self, module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         hooks = self._hooks
         hooks.call("on_before_backward", self, loss)
-        self.strategy.backward(loss, self._wrapped, *args, **kwargs)
+        self.strategy.backward(loss, self.state.wrapped, *args, **kwargs)
         hooks.call("on_after_backward", self)
 
     def _manual_optimizer_list(self) -> list[Any]:
@@ -264,6 +258,13 @@ class Trainer:
                                 micro_batch_size)
 
     # ------------------------------------------------------------------ properties
+    current_epoch = _state_field("current_epoch", "Epochs done; during an epoch, its index.")
+    global_step = _state_field("global_step", "Optimizer steps taken.")
+    should_stop = _state_field("should_stop", "Set True (a callback, the model) to end fit at the next check.")
+    stage = _state_field("stage", 'The running stage: "fit", "validate", "test", "predict", or None.')
+    sanity_checking = _state_field("sanity_checking", "Whether the sanity check's validation is running.")
+    logged_metrics = _state_field("logged_metrics", "What was last sent to the loggers.")
+
     @property
     def accelerator(self) -> Any:
         return self.strategy.accelerator
@@ -316,11 +317,11 @@ class Trainer:
 
     @property
     def training(self) -> bool:
-        return self.stage == "fit" and not self.sanity_checking and self._in_train
+        return self.stage == "fit" and not self.sanity_checking and self.state.in_train
 
     @property
     def validating(self) -> bool:
-        return self.stage == "validate" or (self.stage == "fit" and not self._in_train)
+        return self.stage == "validate" or (self.stage == "fit" and not self.state.in_train)
 
     @property
     def testing(self) -> bool:
@@ -334,22 +335,22 @@ class Trainer:
     def callback_metrics(self) -> dict[str, torch.Tensor]:
         """Latest value of everything logged (epoch aggregates after an epoch end)."""
         out: dict[str, torch.Tensor] = {}
-        if self._train_results is not None:
-            for v in self._train_results.values.values():
+        if self.state.train_results is not None:
+            for v in self.state.train_results.values.values():
                 if v.on_step:
                     out[v.name] = v.latest
-        out.update(self._epoch_metrics)
+        out.update(self.state.epoch_metrics)
         return out
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
         """What the progress bar shows: values logged with prog_bar=True, as floats."""
         out: dict[str, float] = {}
-        if self._train_results is not None:
-            for v in self._train_results.values.values():
+        if self.state.train_results is not None:
+            for v in self.state.train_results.values.values():
                 if v.prog_bar and v.on_step:
                     out[f"{v.name}_step" if v.on_epoch else v.name] = float(v.latest)
-        for k, v in self._bar_metrics.items():
+        for k, v in self.state.bar_metrics.items():
             out[k] = float(v) if isinstance(v, torch.Tensor) else v
         return out
 
@@ -486,7 +487,7 @@ class Trainer:
         """Write a checkpoint of the current run to ``filepath``. Every rank calls it; the strategy decides who writes."""
         from torchfleet.trainer.checkpointing import dump_checkpoint
 
-        if self.module is None or self._wrapped is None:
+        if self.module is None or self.state.wrapped is None:
             raise RuntimeError("trainer.save_checkpoint() needs a running fit/validate/test: there is no model set up yet.")
         state = dump_checkpoint(self, weights_only)
         self.strategy.save_checkpoint(filepath, state, storage_options=storage_options)

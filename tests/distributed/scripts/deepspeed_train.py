@@ -125,7 +125,7 @@ class Probe(Callback):
 
 
 def full_weights(trainer) -> dict:
-    state = trainer.strategy.module_state_dict(trainer._wrapped)
+    state = trainer.strategy.module_state_dict(trainer.state.wrapped)
     # fsdp's state dict holds DTensor shards (one run resumes a DeepSpeed checkpoint under fsdp)
     return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().float().clone() for k, v in state.items()}
 
