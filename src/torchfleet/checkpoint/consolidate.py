@@ -10,11 +10,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from torchfleet.checkpoint.dcp import read_full_dcp_checkpoint
+from torchfleet.checkpoint.dcp import read_dcp_checkpoint, read_full_dcp_checkpoint
 from torchfleet.checkpoint.deepspeed import consolidate_deepspeed
 from torchfleet.checkpoint.distributed import checkpoint_layout
 from torchfleet.checkpoint.format import FORMAT_KEY, FORMAT_VERSION, check_checkpoint, read_checkpoint
-from torchfleet.checkpoint.io import TorchCheckpointIO
+from torchfleet.checkpoint.io import CheckpointIO, TorchCheckpointIO
 from torchfleet.errors import CheckpointError
 
 
@@ -35,6 +35,19 @@ def read_full_checkpoint(path: str | os.PathLike, with_optimizer: bool = True) -
     if not with_optimizer:
         checkpoint.pop("optimizer_states", None)
     return checkpoint
+
+
+def read_keeping_dcp_entries(path: str | os.PathLike, checkpoint_io: CheckpointIO) -> dict[str, Any]:
+    """The checkpoint at ``path`` for loading into sharded modules: a "dcp" directory's entries stay on disk (``DCPEntry``).
+
+    Other directories are read whole (``read_full_checkpoint``), files through ``checkpoint_io``.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        if checkpoint_layout(path) == "dcp":
+            return read_dcp_checkpoint(path)
+        return read_full_checkpoint(path)
+    return checkpoint_io.load_checkpoint(path, map_location="cpu")
 
 
 def consolidate(src: str | os.PathLike, out: str | os.PathLike, with_optimizer: bool = False) -> dict[str, Any]:

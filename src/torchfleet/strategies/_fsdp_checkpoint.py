@@ -93,22 +93,6 @@ def optimizer_state(strategy: FSDPStrategy, optimizer: Optimizer) -> dict[str, A
     return DCPStateDict(get_optimizer_state_dict(module, optimizer), kind="optimizer")
 
 
-def read_checkpoint(strategy: FSDPStrategy, path: str | os.PathLike) -> dict[str, Any]:
-    """The checkpoint dict at ``path``: a "dcp" directory's entries stay on disk (``DCPEntry``), the rest is read whole."""
-    from torchfleet.checkpoint.distributed import checkpoint_layout
-
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        if checkpoint_layout(path) == "dcp":
-            from torchfleet.checkpoint.dcp import read_dcp_checkpoint
-
-            return read_dcp_checkpoint(path)
-        from torchfleet.checkpoint.consolidate import read_full_checkpoint
-
-        return read_full_checkpoint(path)
-    return strategy.checkpoint_io.load_checkpoint(path, map_location="cpu")
-
-
 def load_into(
     strategy: FSDPStrategy, checkpoint: Mapping[str, Any], state: Mapping[str, Any], strict: bool = True,
     path: Any = None,

@@ -17,8 +17,10 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from torchfleet.checkpoint.state import MODULE, OPTIMIZER, OPTIMIZERS, stateful_kind
-from torchfleet.errors import ConfigurationError
+from torchfleet.checkpoint.consolidate import read_full_checkpoint
+from torchfleet.checkpoint.io import TorchCheckpointIO
+from torchfleet.checkpoint.state import MODULE, OPTIMIZER, OPTIMIZERS, load_state_dict_checked, stateful_kind
+from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.settings import TrainingSettings
 
 if TYPE_CHECKING:
@@ -115,8 +117,6 @@ class Strategy(ABC):
     @property
     def checkpoint_io(self) -> CheckpointIO:
         if self._checkpoint_io is None:
-            from torchfleet.checkpoint.io import TorchCheckpointIO
-
             self._checkpoint_io = TorchCheckpointIO()
         return self._checkpoint_io
 
@@ -371,8 +371,6 @@ class Strategy(ABC):
 
     def load_module_state_dict(self, module: nn.Module, state: Mapping[str, Any], strict: bool = True) -> None:
         """Load ``state`` into the user's module inside ``module``."""
-        from torchfleet.checkpoint.state import load_state_dict_checked
-
         load_state_dict_checked(self.unwrap(module), state, strict=strict)
 
     def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
@@ -413,8 +411,6 @@ class Strategy(ABC):
         """Read the checkpoint at ``path``, load it into the modules/optimizers in ``state``, return it whole."""
         if os.path.isdir(path):
             # a sharded checkpoint (any layout, any world size), read whole into this process
-            from torchfleet.checkpoint.consolidate import read_full_checkpoint
-
             checkpoint = read_full_checkpoint(path)
         else:
             checkpoint = self.checkpoint_io.load_checkpoint(path, map_location="cpu")
@@ -425,8 +421,6 @@ class Strategy(ABC):
         self, checkpoint: Mapping[str, Any], state: Mapping[str, Any], strict: bool = True, path: Any = None
     ) -> None:
         """Load the entries of ``checkpoint`` into the modules and optimizers found under the same keys in ``state``."""
-        from torchfleet.errors import CheckpointError
-
         for key, target in state.items():
             kind = stateful_kind(target)
             if kind is None:

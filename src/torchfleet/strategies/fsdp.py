@@ -22,7 +22,10 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from torchfleet.checkpoint.consolidate import read_keeping_dcp_entries
+from torchfleet.checkpoint.dcp import save_dcp_checkpoint
 from torchfleet.errors import ConfigurationError
+from torchfleet.strategies import _fsdp_checkpoint
 from torchfleet.strategies.ddp import DEFAULT_TIMEOUT, DDPStrategy
 
 if TYPE_CHECKING:
@@ -404,15 +407,11 @@ class FSDPStrategy(DDPStrategy):
     # ----------------------------------------------------------------- checkpoints
     def module_state_dict(self, module: nn.Module) -> dict[str, Any]:
         """Sharded: this rank's shards (DTensors) under the user's names. Full: the whole state on rank 0, {} elsewhere."""
-        from torchfleet.strategies._fsdp_checkpoint import module_state
-
-        return module_state(self, module)
+        return _fsdp_checkpoint.module_state(self, module)
 
     def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
         """Sharded: FQN-keyed shards. Full: ``torch.optim``'s positional form, whole, on rank 0 ({} elsewhere)."""
-        from torchfleet.strategies._fsdp_checkpoint import optimizer_state
-
-        return optimizer_state(self, optimizer)
+        return _fsdp_checkpoint.optimizer_state(self, optimizer)
 
     def save_checkpoint(
         self, path: str | os.PathLike, state: Mapping[str, Any], storage_options: Any | None = None
@@ -425,17 +424,13 @@ class FSDPStrategy(DDPStrategy):
                 f"FSDPStrategy(state_dict_type='sharded') writes checkpoint directories itself and takes no "
                 f"storage_options (got {storage_options!r}); use state_dict_type='full' with a custom CheckpointIO."
             )
-        from torchfleet.checkpoint.dcp import save_dcp_checkpoint
-
         save_dcp_checkpoint(path, self.state_for_saving(state), self)
 
     def load_checkpoint(
         self, path: str | os.PathLike, state: Mapping[str, Any] | None = None, strict: bool = True
     ) -> dict[str, Any]:
         """Read a checkpoint of any layout; sharded entries stay on disk until ``load_into`` loads them in place."""
-        from torchfleet.strategies._fsdp_checkpoint import read_checkpoint
-
-        checkpoint = read_checkpoint(self, path)
+        checkpoint = read_keeping_dcp_entries(path, self.checkpoint_io)
         self.load_into(checkpoint, state or {}, strict=strict, path=path)
         return checkpoint
 
@@ -443,9 +438,7 @@ class FSDPStrategy(DDPStrategy):
         self, checkpoint: Mapping[str, Any], state: Mapping[str, Any], strict: bool = True, path: Any = None
     ) -> None:
         """Load into the sharded modules and optimizers in ``state``, from DCP files or whole state dicts."""
-        from torchfleet.strategies._fsdp_checkpoint import load_into
-
-        load_into(self, checkpoint, state, strict=strict, path=path)
+        _fsdp_checkpoint.load_into(self, checkpoint, state, strict=strict, path=path)
 
     def __repr__(self) -> str:
         return (f"FSDPStrategy(sharding_strategy={self.sharding_strategy!r}, devices={self.num_processes}, "

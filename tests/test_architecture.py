@@ -1,0 +1,85 @@
+"""Which torchfleet package may import which: every import in the source (top level, in functions, under
+TYPE_CHECKING) is read with ast and checked against FORBIDDEN."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import torchfleet
+
+ROOT = Path(torchfleet.__file__).parent
+
+#: package (a directory or module under src/torchfleet) -> packages none of its modules may import
+FORBIDDEN: dict[str, set[str]] = {
+    "checkpoint": {"strategies", "trainer"},
+    "strategies": {"trainer"},
+}
+
+#: (module, imported module) pairs allowed while an import is being removed, each with who removes it; keep it empty
+PENDING: set[tuple[str, str]] = set()
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[str, int]]:
+    """Every torchfleet module ``path`` imports (absolute names), with the line, wherever the import stands."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target == "torchfleet":  # `from torchfleet import strategies` imports the package it names
+                found += [(f"torchfleet.{alias.name}", node.lineno) for alias in node.names]
+            else:
+                found.append((target, node.lineno))
+    return [(name, line) for name, line in found if name == "torchfleet" or name.startswith("torchfleet.")]
+
+
+def _package(name: str) -> str | None:
+    """The first-level package of a torchfleet module name: torchfleet.checkpoint.io -> "checkpoint"."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+SOURCES = sorted(ROOT.rglob("*.py"))
+
+
+def test_the_table_names_real_packages():
+    present = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    present |= {p.stem for p in ROOT.glob("*.py")}
+    named = set(FORBIDDEN) | {f for forbidden in FORBIDDEN.values() for f in forbidden}
+    assert named <= present, f"FORBIDDEN names packages that do not exist: {sorted(named - present)}"
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_dependency_direction(package):
+    violations = []
+    for path in SOURCES:
+        module = _module_name(path)
+        if _package(module) != package:
+            continue
+        for name, line in _imports(path):
+            if _package(name) in FORBIDDEN[package] and (module, name) not in PENDING:
+                violations.append(f"{path.relative_to(ROOT.parent)}:{line} imports {name}")
+    assert not violations, (f"torchfleet.{package} must not import {', '.join(sorted(FORBIDDEN[package]))}:\n"
+                            + "\n".join(violations))
+
+
+def test_pending_exceptions_still_exist():
+    """An exception whose import is gone must leave PENDING, so that the import cannot come back unnoticed."""
+    current = {(_module_name(path), name) for path in SOURCES for name, _ in _imports(path)}
+    assert not PENDING - current, f"remove from PENDING: {sorted(PENDING - current)}"
