@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import torchfleet as tf
 from torchfleet.errors import ConfigurationError
 from torchfleet.settings import TrainingSettings, loader_batch_size
-from torchfleet.strategies.base import SingleDeviceStrategy
+from torchfleet.strategies.single_device import SingleDeviceStrategy
 from torchfleet.trainer.replica_logging import REPLICA_LOGGING
 
 

@@ -102,8 +102,8 @@ def resolve(
     from torchfleet.accelerators import AcceleratorRegistry, select_accelerator
     from torchfleet.environments import detect_environment
     from torchfleet.precision import normalize_precision, precision_for
-    from torchfleet.strategies.base import Strategy
     from torchfleet.strategies.registry import StrategyRegistry
+    from torchfleet.strategies.strategy import Strategy
 
     num_nodes = _check_num_nodes(num_nodes)
     parts = _collect_plugins(plugins)

@@ -28,7 +28,7 @@ from torchfleet.fleet_wrappers import FleetDataLoader, FleetModule, FleetOptimiz
 from torchfleet.settings import TrainingSettings
 
 if TYPE_CHECKING:
-    from torchfleet.strategies.base import Strategy
+    from torchfleet.strategies.strategy import Strategy
 
 
 # Fleet._backward_module before any setup() (None means "several modules: the caller names one").
@@ -321,7 +321,7 @@ class Fleet:
         """Move a module, a tensor or nested collections of tensors to the device."""
         if isinstance(obj, nn.Module):
             return self._strategy.module_to_device(obj)
-        from torchfleet.strategies.base import move_to_device
+        from torchfleet.strategies.utils import move_to_device
 
         return move_to_device(obj, self.device)
 

@@ -126,7 +126,7 @@ class Module(nn.Module):
         return batch
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        from torchfleet.strategies.base import move_to_device
+        from torchfleet.strategies.utils import move_to_device
 
         return move_to_device(batch, device)
 
@@ -295,7 +295,7 @@ class Module(nn.Module):
         # outside a Trainer/Fleet this is one process: the single-device identities
         strategy = self._strategy()
         if strategy is None:
-            from torchfleet.strategies.base import SingleDeviceStrategy
+            from torchfleet.strategies.single_device import SingleDeviceStrategy
 
             return SingleDeviceStrategy()
         return strategy

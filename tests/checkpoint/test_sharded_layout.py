@@ -20,7 +20,7 @@ from torchfleet.checkpoint.distributed import (
     write_meta,
 )
 from torchfleet.errors import CheckpointError
-from torchfleet.strategies.base import SingleDeviceStrategy
+from torchfleet.strategies.single_device import SingleDeviceStrategy
 
 
 def _save(path, epoch, strategy=None, layout="dcp"):

@@ -11,7 +11,6 @@ What a sharded module loads from:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from torchfleet.errors import ConfigurationError
-from torchfleet.strategies.base import ParallelStrategy
+from torchfleet.strategies.parallel import ParallelStrategy
 
 if TYPE_CHECKING:
     from torchfleet.accelerators.base import Accelerator

@@ -44,8 +44,12 @@ from torchfleet.checkpoint.state import MODULE, OPTIMIZER, OPTIMIZERS, stateful_
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.settings import loader_batch_size
 from torchfleet.strategies import _deepspeed_config as dsc
-from torchfleet.strategies._deepspeed_checkpoint import load_engine_checkpoint, load_full_weights, save_deepspeed
 from torchfleet.strategies._deepspeed_accelerator import device_rank, select_deepspeed_accelerator
+from torchfleet.strategies._deepspeed_checkpoint import (
+    load_engine_checkpoint,
+    load_full_weights,
+    save_deepspeed,
+)
 from torchfleet.strategies.ddp import _HOOK_KWARG, DEFAULT_TIMEOUT, DDPStrategy, _HookDispatch
 
 if TYPE_CHECKING:
@@ -246,7 +250,7 @@ class DeepSpeedStrategy(DDPStrategy):
     def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
         """Move the batch; under DeepSpeed's fp16/bf16 the module's parameters are 16-bit, so floating inputs are too."""
         from torchfleet.precision import _cast_floating
-        from torchfleet.strategies.base import move_to_device
+        from torchfleet.strategies.utils import move_to_device
 
         batch = move_to_device(batch, device or self.root_device)
         if self._half is not None:

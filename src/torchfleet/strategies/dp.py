@@ -46,7 +46,8 @@ import torch
 from torch import Tensor, nn
 
 from torchfleet.errors import ConfigurationError
-from torchfleet.strategies.base import Strategy, _as_device
+from torchfleet.strategies.single_device import _as_device
+from torchfleet.strategies.strategy import Strategy
 
 if TYPE_CHECKING:
     from torchfleet.accelerators.base import Accelerator

@@ -252,7 +252,7 @@ class FSDPStrategy(DDPStrategy):
         """With ``empty_init``, parameters are created on the meta device (no memory) and materialised sharded in setup."""
         if not empty_init:
             return super().module_init_context(empty_init)
-        from torchfleet.strategies.base import creation_context
+        from torchfleet.strategies.utils import creation_context
 
         return creation_context("meta", self.precision.param_dtype)
 

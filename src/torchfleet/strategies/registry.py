@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from torchfleet._registry import Registry
-from torchfleet.strategies.base import SingleDeviceStrategy, Strategy
 from torchfleet.strategies.dp import DataParallelStrategy
+from torchfleet.strategies.single_device import SingleDeviceStrategy
+from torchfleet.strategies.strategy import Strategy
 
 
 class _StrategyRegistry(Registry[Strategy]):

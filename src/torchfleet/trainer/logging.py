@@ -13,7 +13,7 @@ from torch import Tensor
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
 
 if TYPE_CHECKING:
-    from torchfleet.strategies.base import Strategy
+    from torchfleet.strategies.strategy import Strategy
 
 _REDUCE_NAMES = {"mean": "mean", "avg": "mean", "sum": "sum", "max": "max", "min": "min"}
 _REDUCE_FNS = {torch.mean: "mean", torch.sum: "sum", torch.max: "max", torch.min: "min", max: "max", min: "min", sum: "sum"}

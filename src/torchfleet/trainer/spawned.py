@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchfleet.strategies.base import move_to_device
+from torchfleet.strategies.utils import move_to_device
 
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer

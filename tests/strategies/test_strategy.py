@@ -10,7 +10,7 @@ from torch import nn
 
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.strategies import SingleDeviceStrategy
-from torchfleet.strategies.base import move_to_device
+from torchfleet.strategies.utils import move_to_device
 
 
 def test_collectives_are_identities_on_one_device():

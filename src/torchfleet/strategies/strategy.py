@@ -7,7 +7,6 @@ single-device, data-parallel and sharded training is a method that a subclass ov
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -20,7 +19,7 @@ from torch.optim import Optimizer
 from torchfleet.checkpoint.consolidate import read_full_checkpoint
 from torchfleet.checkpoint.io import TorchCheckpointIO
 from torchfleet.checkpoint.state import MODULE, OPTIMIZER, OPTIMIZERS, load_state_dict_checked, stateful_kind
-from torchfleet.errors import CheckpointError, ConfigurationError
+from torchfleet.errors import CheckpointError
 from torchfleet.settings import TrainingSettings
 
 if TYPE_CHECKING:
@@ -30,45 +29,13 @@ if TYPE_CHECKING:
     from torchfleet.launchers.base import Launcher
     from torchfleet.precision import Precision
     from torchfleet.settings import ReplicaHooks
-
-log = logging.getLogger(__name__)
-
-ReduceOp = str  # "mean" | "sum" | "max" | "min"
-REDUCE_OPS = ("mean", "sum", "max", "min")
-
-
-def move_to_device(data: Any, device: torch.device) -> Any:
-    """Move every tensor inside nested dicts, lists, tuples and namedtuples to ``device``."""
-    if isinstance(data, Tensor):
-        if data.device == device:
-            return data
-        return data.to(device, non_blocking=device.type == "cuda")
-    if isinstance(data, dict):
-        moved = {k: move_to_device(v, device) for k, v in data.items()}
-        return moved if type(data) is dict else type(data)(moved)
-    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
-        return type(data)(*[move_to_device(v, device) for v in data])
-    if isinstance(data, (list, tuple)):
-        on_cpu = device.type == "cpu"
-        for v in data:
-            # Tensor.is_cpu is much cheaper than building and comparing device objects
-            if not (isinstance(v, Tensor) and (v.is_cpu if on_cpu else v.device == device)):
-                return type(data)([move_to_device(v, device) for v in data])
-        return data  # the common (x, y) batch already in place: no copy of the container
-    return data
-
-
-def apply_to_tensors(data: Any, fn: Callable[[Tensor], Any]) -> Any:
-    """``fn`` applied to every tensor (and number, as a tensor) inside nested dicts, lists and tuples."""
-    if isinstance(data, Tensor):
-        return fn(data)
-    if isinstance(data, (int, float)) and not isinstance(data, bool):
-        return fn(torch.tensor(data))
-    if isinstance(data, dict):
-        return {k: apply_to_tensors(v, fn) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return type(data)(apply_to_tensors(v, fn) for v in data)
-    return data
+from torchfleet.strategies.utils import (
+    ReduceOp,
+    _check_op,
+    apply_to_tensors,
+    creation_context,
+    move_to_device,
+)
 
 
 class Strategy(ABC):
@@ -460,249 +427,3 @@ class Strategy(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(accelerator={self.accelerator!r}, precision={self._precision!r})"
-
-
-def _check_op(op: str) -> None:
-    if op not in REDUCE_OPS:
-        raise ConfigurationError(
-            f"Unknown reduce operation {op!r}. Accepted operations are: {', '.join(map(repr, REDUCE_OPS))}."
-        )
-
-
-class SingleDeviceStrategy(Strategy):
-    """Train in this one process on one device (CPU, one CUDA GPU or MPS)."""
-
-    def __init__(
-        self,
-        device: str | torch.device | int | None = None,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-    ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
-        self._device = _as_device(device) if device is not None else None
-
-    def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:
-        if len(devices) * num_nodes != 1:
-            raise ConfigurationError(
-                f"strategy='single_device' trains in one process on one device, but devices={len(devices)} and "
-                f"num_nodes={num_nodes} ask for {len(devices) * num_nodes}. Use devices=1 and num_nodes=1, "
-                "or a multi-process strategy such as 'ddp'."
-            )
-        if self._device is None:
-            self._device = devices[0]
-
-    @property
-    def root_device(self) -> torch.device:
-        return self._device if self._device is not None else torch.device("cpu")
-
-    @property
-    def requested_device_type(self) -> str | None:
-        return self._device.type if self._device is not None else None
-
-    @property
-    def device_ids(self) -> list[int]:
-        return [self.root_device.index or 0]
-
-
-def _as_device(device: str | torch.device | int) -> torch.device:
-    if isinstance(device, int):
-        return torch.device("cuda", device)
-    return torch.device(device)
-
-
-class ParallelStrategy(Strategy, ABC):
-    """A strategy with one process per device, on one or more nodes, joined in a torch.distributed group.
-
-    Holds the ClusterEnvironment (who started the processes, where rank 0 listens) and the
-    launcher. Collectives go through ``torch.distributed``; subclasses decide how the module is
-    wrapped (DDP, fully_shard, DeepSpeed).
-    """
-
-    def __init__(
-        self,
-        accelerator: Accelerator | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision: Precision | None = None,
-        process_group_backend: str | None = None,
-    ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
-        self.parallel_devices = parallel_devices
-        self._cluster_environment = cluster_environment
-        self._num_nodes = 1
-        self._process_group_backend = process_group_backend
-
-    @property
-    def cluster_environment(self) -> ClusterEnvironment | None:
-        return self._cluster_environment
-
-    @cluster_environment.setter
-    def cluster_environment(self, env: ClusterEnvironment | None) -> None:
-        self._cluster_environment = env
-
-    @property
-    def requested_device_type(self) -> str | None:
-        return self.parallel_devices[0].type if self.parallel_devices else None
-
-    def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:
-        if self.parallel_devices is None:
-            self.parallel_devices = devices
-        self._num_nodes = num_nodes
-        if self._cluster_environment is None:
-            self._cluster_environment = cluster_environment
-
-    @property
-    def num_nodes(self) -> int:
-        return self._num_nodes
-
-    @property
-    def num_processes(self) -> int:
-        return len(self.parallel_devices) if self.parallel_devices else 1
-
-    @property
-    def world_size(self) -> int:
-        env = self.cluster_environment
-        return env.world_size() if env is not None else self.num_processes * self.num_nodes
-
-    @property
-    def global_rank(self) -> int:
-        env = self.cluster_environment
-        return env.global_rank() if env is not None else 0
-
-    @property
-    def local_rank(self) -> int:
-        env = self.cluster_environment
-        return env.local_rank() if env is not None else 0
-
-    @property
-    def node_rank(self) -> int:
-        env = self.cluster_environment
-        return env.node_rank() if env is not None else 0
-
-    @property
-    def root_device(self) -> torch.device:
-        assert self.parallel_devices is not None, "configure() runs before root_device is read"
-        return self.parallel_devices[self.local_rank]
-
-    @property
-    def device_ids(self) -> list[int]:
-        devices = self.parallel_devices or []
-        return [d.index if d.index is not None else i for i, d in enumerate(devices)]
-
-    @property
-    def process_group_backend(self) -> str:
-        """The torch.distributed backend: the one given, else the default for the root device's type."""
-        if self._process_group_backend is not None:
-            return self._process_group_backend
-        import torch.distributed as dist
-
-        return dist.Backend.default_device_backend_map.get(self.root_device.type, "gloo")
-
-    @property
-    def distributed_ready(self) -> bool:
-        import torch.distributed as dist
-
-        return dist.is_available() and dist.is_initialized()
-
-    # A one-process world skips the collective calls entirely: identities, as on SingleDeviceStrategy.
-    def reduce(self, tensor: Tensor | float, op: ReduceOp = "mean") -> Tensor | float:
-        _check_op(op)
-        if self.world_size == 1 or not self.distributed_ready:
-            return tensor
-        import torch.distributed as dist
-
-        if not isinstance(tensor, Tensor):
-            tensor = torch.tensor(float(tensor), device=self.root_device)
-        out = tensor.detach().clone()
-        if not out.is_floating_point() and op == "mean":
-            out = out.float()
-        dist_op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
-        dist.all_reduce(out, op=dist_op)
-        if op == "mean":
-            out = out / self.world_size
-        return out
-
-    def all_gather(self, tensor: Tensor, sync_grads: bool = False) -> Tensor | list[Tensor]:
-        """Stack ``tensor`` from every rank along a new first dimension.
-
-        When the ranks' tensors differ in their first dimension (per-sample outputs of uneven
-        shards), the result is instead a list with each rank's tensor, in rank order.
-        """
-        if self.world_size == 1 or not self.distributed_ready:
-            return tensor.unsqueeze(0)
-        import torch.distributed as dist
-
-        tensor = tensor.contiguous()
-        # one small collective to learn the shapes; the data moves padded to the longest
-        shape = torch.tensor([tensor.dim(), *tensor.shape, *([0] * (8 - tensor.dim()))], device=tensor.device)
-        shapes = [torch.empty_like(shape) for _ in range(self.world_size)]
-        dist.all_gather(shapes, shape)
-        firsts = [int(s[1]) if int(s[0]) > 0 else None for s in shapes]
-        if any(int(s[0]) != tensor.dim() or not torch.equal(s[2:], shape[2:]) for s in shapes):
-            raise ConfigurationError(
-                f"all_gather got tensors that differ in more than their first dimension across ranks (this rank: "
-                f"{tuple(tensor.shape)}). Only the first dimension may differ; pad or reshape the others first."
-            )
-        uneven = len(set(firsts)) > 1
-        if sync_grads:
-            if uneven:
-                raise ConfigurationError(
-                    "all_gather(sync_grads=True) needs the same shape on every rank, but the first dimensions differ "
-                    f"({firsts}). Pad to a common length first, or gather without gradients."
-                )
-            from torch.distributed.nn.functional import all_gather as differentiable_all_gather
-
-            return torch.stack(differentiable_all_gather(tensor))
-        if not uneven:
-            out = [torch.empty_like(tensor) for _ in range(self.world_size)]
-            dist.all_gather(out, tensor)
-            return torch.stack(out)
-        longest = max(f for f in firsts if f is not None)
-        padded = tensor.new_zeros((longest, *tensor.shape[1:]))
-        padded[: tensor.shape[0]] = tensor
-        out = [torch.empty_like(padded) for _ in range(self.world_size)]
-        dist.all_gather(out, padded)
-        return [o[:n] for o, n in zip(out, firsts)]
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        if self.world_size == 1 or not self.distributed_ready:
-            return obj
-        import torch.distributed as dist
-
-        box = [obj]
-        dist.broadcast_object_list(box, src=src)
-        return box[0]
-
-    def all_gather_object(self, obj: Any) -> list[Any]:
-        if self.world_size == 1 or not self.distributed_ready:
-            return [obj]
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
-        return out
-
-    def barrier(self, name: str | None = None) -> None:
-        if self.world_size == 1 or not self.distributed_ready:
-            return
-        import torch.distributed as dist
-
-        dist.barrier()
-
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
-        if self.world_size == 1 or not self.distributed_ready:
-            return bool(decision)
-        votes = self.reduce(torch.tensor(int(decision), device=self.root_device), op="sum")
-        return bool(votes == self.world_size) if all else bool(votes > 0)
-
-
-def creation_context(device: torch.device | str, dtype: torch.dtype) -> contextlib.ExitStack:
-    """A context in which new tensors are created on ``device`` with default dtype ``dtype``."""
-    from torchfleet.precision import _DefaultDtype
-
-    stack = contextlib.ExitStack()
-    stack.enter_context(torch.device(device))
-    stack.enter_context(_DefaultDtype(dtype))
-    return stack

@@ -1,0 +1,71 @@
+"""What every strategy uses on nested batches and outputs: device moves, tensor maps, reduce ops, creation context."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from torchfleet.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    pass
+
+
+
+ReduceOp = str  # "mean" | "sum" | "max" | "min"
+REDUCE_OPS = ("mean", "sum", "max", "min")
+
+
+def move_to_device(data: Any, device: torch.device) -> Any:
+    """Move every tensor inside nested dicts, lists, tuples and namedtuples to ``device``."""
+    if isinstance(data, Tensor):
+        if data.device == device:
+            return data
+        return data.to(device, non_blocking=device.type == "cuda")
+    if isinstance(data, dict):
+        moved = {k: move_to_device(v, device) for k, v in data.items()}
+        return moved if type(data) is dict else type(data)(moved)
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
+        return type(data)(*[move_to_device(v, device) for v in data])
+    if isinstance(data, (list, tuple)):
+        on_cpu = device.type == "cpu"
+        for v in data:
+            # Tensor.is_cpu is much cheaper than building and comparing device objects
+            if not (isinstance(v, Tensor) and (v.is_cpu if on_cpu else v.device == device)):
+                return type(data)([move_to_device(v, device) for v in data])
+        return data  # the common (x, y) batch already in place: no copy of the container
+    return data
+
+
+def apply_to_tensors(data: Any, fn: Callable[[Tensor], Any]) -> Any:
+    """``fn`` applied to every tensor (and number, as a tensor) inside nested dicts, lists and tuples."""
+    if isinstance(data, Tensor):
+        return fn(data)
+    if isinstance(data, (int, float)) and not isinstance(data, bool):
+        return fn(torch.tensor(data))
+    if isinstance(data, dict):
+        return {k: apply_to_tensors(v, fn) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(apply_to_tensors(v, fn) for v in data)
+    return data
+
+
+def _check_op(op: str) -> None:
+    if op not in REDUCE_OPS:
+        raise ConfigurationError(
+            f"Unknown reduce operation {op!r}. Accepted operations are: {', '.join(map(repr, REDUCE_OPS))}."
+        )
+
+
+def creation_context(device: torch.device | str, dtype: torch.dtype) -> contextlib.ExitStack:
+    """A context in which new tensors are created on ``device`` with default dtype ``dtype``."""
+    from torchfleet.precision import _DefaultDtype
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.device(device))
+    stack.enter_context(_DefaultDtype(dtype))
+    return stack
