@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from torch import Tensor, nn
@@ -27,6 +27,36 @@ def stateful_kind(value: Any) -> str | None:
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, Optimizer) for v in value):
         return OPTIMIZERS
     return None
+
+
+def stateful_entries(checkpoint: Mapping[str, Any], state: Mapping[str, Any], path: Any = None
+                     ) -> Iterator[tuple[str, Any, str, Any]]:
+    """``(key, target, kind, saved entry)`` for every module or optimizer(s) in ``state``; plain values are skipped.
+
+    Raises CheckpointError, listing the checkpoint's entries, when it has none for a target.
+    """
+    for key, target in state.items():
+        kind = stateful_kind(target)
+        if kind is None:
+            continue
+        if key not in checkpoint:
+            raise CheckpointError(
+                f"The checkpoint {path} has no entry {key!r} to load into the {type(target).__name__}. "
+                f"Its entries are: {', '.join(map(repr, checkpoint))}."
+            )
+        yield key, target, kind, checkpoint[key]
+
+
+def paired_optimizer_states(key: str, target: Any, saved: Any, path: Any = None) -> list[tuple[Optimizer, Any]]:
+    """Each optimizer of ``target`` (one, or a list) with its state in ``saved``; CheckpointError if the counts differ."""
+    optimizers = [target] if isinstance(target, Optimizer) else list(target)
+    states = saved if isinstance(saved, list) else [saved]
+    if len(states) != len(optimizers):
+        raise CheckpointError(
+            f"The checkpoint {path} holds {len(states)} optimizer states under {key!r} but {len(optimizers)} "
+            "optimizers were given to load them into."
+        )
+    return list(zip(optimizers, states))
 
 
 def _listing(keys: list[str], limit: int = 5) -> str:

@@ -25,7 +25,11 @@ from torchfleet.checkpoint.dcp import (
     optimizer_state_to_positional,
     saved_keys,
 )
-from torchfleet.checkpoint.state import MODULE, OPTIMIZER, stateful_kind
+from torchfleet.checkpoint.state import (
+    MODULE,
+    paired_optimizer_states,
+    stateful_entries,
+)
 from torchfleet.errors import CheckpointError, ConfigurationError
 
 if TYPE_CHECKING:
@@ -106,16 +110,7 @@ def load_into(
     template: dict[str, Any] = {}
     finish = []
     dcp_path: str | None = None
-    for key, target in state.items():
-        kind = stateful_kind(target)
-        if kind is None:
-            continue
-        if key not in checkpoint:
-            raise CheckpointError(
-                f"The checkpoint {path} has no entry {key!r} to load into the {type(target).__name__}. "
-                f"Its entries are: {', '.join(map(repr, checkpoint))}."
-            )
-        entry = checkpoint[key]
+    for key, target, kind, entry in stateful_entries(checkpoint, state, path):
         if kind == MODULE:
             if isinstance(entry, DCPEntry):
                 dcp_path = entry.path
@@ -124,15 +119,8 @@ def load_into(
             else:
                 _load_whole_module(target, entry, strict, path)
             continue
-        optimizers = [target] if kind == OPTIMIZER else list(target)
-        entries = entry if isinstance(entry, list) else [entry]
-        if len(entries) != len(optimizers):
-            raise CheckpointError(
-                f"The checkpoint {path} holds {len(entries)} optimizer states under {key!r} but {len(optimizers)} "
-                "optimizers were given to load them into."
-            )
         states = []
-        for optimizer, saved in zip(optimizers, entries):
+        for optimizer, saved in paired_optimizer_states(key, target, entry, path):
             module = module_of(strategy, optimizer)
             if isinstance(saved, DCPEntry):
                 dcp_path = saved.path

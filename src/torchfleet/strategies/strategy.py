@@ -18,8 +18,15 @@ from torch.optim import Optimizer
 
 from torchfleet.checkpoint.consolidate import read_full_checkpoint
 from torchfleet.checkpoint.io import TorchCheckpointIO
-from torchfleet.checkpoint.state import MODULE, OPTIMIZER, OPTIMIZERS, load_state_dict_checked, stateful_kind
-from torchfleet.errors import CheckpointError
+from torchfleet.checkpoint.state import (
+    MODULE,
+    OPTIMIZER,
+    OPTIMIZERS,
+    load_state_dict_checked,
+    paired_optimizer_states,
+    stateful_entries,
+    stateful_kind,
+)
 from torchfleet.settings import TrainingSettings
 
 if TYPE_CHECKING:
@@ -388,27 +395,11 @@ class Strategy(ABC):
         self, checkpoint: Mapping[str, Any], state: Mapping[str, Any], strict: bool = True, path: Any = None
     ) -> None:
         """Load the entries of ``checkpoint`` into the modules and optimizers found under the same keys in ``state``."""
-        for key, target in state.items():
-            kind = stateful_kind(target)
-            if kind is None:
-                continue
-            if key not in checkpoint:
-                raise CheckpointError(
-                    f"The checkpoint {path} has no entry {key!r} to load into the {type(target).__name__}. "
-                    f"Its entries are: {', '.join(map(repr, checkpoint))}."
-                )
+        for key, target, kind, saved in stateful_entries(checkpoint, state, path):
             if kind == MODULE:
-                self.load_module_state_dict(target, checkpoint[key], strict=strict)
-            elif kind == OPTIMIZER:
-                self.load_optimizer_state_dict(target, checkpoint[key])
+                self.load_module_state_dict(target, saved, strict=strict)
             else:
-                saved = checkpoint[key]
-                if len(saved) != len(target):
-                    raise CheckpointError(
-                        f"The checkpoint {path} holds {len(saved)} optimizer states under {key!r} but "
-                        f"{len(target)} optimizers were given to load them into."
-                    )
-                for opt, opt_state in zip(target, saved):
+                for opt, opt_state in paired_optimizer_states(key, target, saved, path):
                     self.load_optimizer_state_dict(opt, opt_state)
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
