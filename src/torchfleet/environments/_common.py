@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 
 from torchfleet.environments.base import ClusterEnvironment
 from torchfleet.errors import ConfigurationError
@@ -84,6 +85,14 @@ def job_port(job_id_variable: str) -> int:
         return env_int("MASTER_PORT")
     digits = re.sub(r"\D", "", os.environ.get(job_id_variable, ""))
     return 10000 + int(digits[-4:]) if digits else DEFAULT_PORT
+
+
+def address_or_first_host(hosts: Callable[[], list[str]]) -> str:
+    """MASTER_ADDR when set, else the first of the job's ``hosts()`` (where rank 0 runs), else 127.0.0.1."""
+    if os.environ.get("MASTER_ADDR"):
+        return os.environ["MASTER_ADDR"]
+    found = hosts()
+    return found[0] if found else "127.0.0.1"
 
 
 class LaunchedEnvironment(ClusterEnvironment):

@@ -5,7 +5,12 @@ from __future__ import annotations
 import os
 import socket
 
-from torchfleet.environments._common import LaunchedEnvironment, check_world_size, job_port
+from torchfleet.environments._common import (
+    LaunchedEnvironment,
+    address_or_first_host,
+    check_world_size,
+    job_port,
+)
 
 _REQUIRED = ("LSB_JOBID", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK")
 
@@ -37,10 +42,7 @@ class LSFEnvironment(LaunchedEnvironment):
     @property
     def main_address(self) -> str:
         """MASTER_ADDR, else the first compute host of the job."""
-        if os.environ.get("MASTER_ADDR"):
-            return os.environ["MASTER_ADDR"]
-        hosts = lsf_hosts()
-        return hosts[0] if hosts else "127.0.0.1"
+        return address_or_first_host(lsf_hosts)
 
     @property
     def main_port(self) -> int:

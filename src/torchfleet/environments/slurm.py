@@ -5,7 +5,13 @@ from __future__ import annotations
 import os
 import re
 
-from torchfleet.environments._common import LaunchedEnvironment, check_world_size, env_int, job_port
+from torchfleet.environments._common import (
+    LaunchedEnvironment,
+    address_or_first_host,
+    check_world_size,
+    env_int,
+    job_port,
+)
 from torchfleet.errors import ConfigurationError
 
 #: job names of an interactive allocation, where the shell (not srun) runs the script
@@ -90,11 +96,8 @@ class SLURMEnvironment(LaunchedEnvironment):
     @property
     def main_address(self) -> str:
         """MASTER_ADDR, else the first host of SLURM_NODELIST (or SLURM_JOB_NODELIST)."""
-        if os.environ.get("MASTER_ADDR"):
-            return os.environ["MASTER_ADDR"]
-        nodelist = os.environ.get("SLURM_NODELIST") or os.environ.get("SLURM_JOB_NODELIST") or ""
-        hosts = expand_nodelist(nodelist)
-        return hosts[0] if hosts else "127.0.0.1"
+        return address_or_first_host(lambda: expand_nodelist(
+            os.environ.get("SLURM_NODELIST") or os.environ.get("SLURM_JOB_NODELIST") or ""))
 
     @property
     def main_port(self) -> int:

@@ -110,14 +110,9 @@ class _Children:
     def _wait_for_children(self) -> None:
         if self.reported:
             return
-        sup = self.supervisor
-        while not sup.all_done():
-            if sup.check() is not None:
-                break
-            time.sleep(POLL_S)
-        failure = sup.check()
-        if failure is not None:
-            sup.stop()
+        try:
+            self.supervisor.wait()
+        except ProcessFailedError as failure:  # the supervisor stopped the other children
             self._report_and_exit(failure)
 
 
