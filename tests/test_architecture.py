@@ -13,9 +13,21 @@ import torchfleet
 ROOT = Path(torchfleet.__file__).parent
 
 #: package (a directory or module under src/torchfleet) -> packages none of its modules may import
+#: the layers, lowest first: parts (accelerators, environments, checkpoint, loggers, launchers) know nothing of
+#: strategies; strategies know nothing of the loops; the Trainer and Fleet are two clients that ignore each other
+_CLIENTS = {"trainer", "fleet", "fleet_wrappers", "cli", "callbacks"}
+_PARTS_MAY_NOT = {"strategies", "connector", "module"} | _CLIENTS
 FORBIDDEN: dict[str, set[str]] = {
-    "checkpoint": {"strategies", "trainer"},
-    "strategies": {"trainer"},
+    "accelerators": _PARTS_MAY_NOT | {"launchers"},
+    "environments": _PARTS_MAY_NOT | {"launchers", "accelerators"},
+    "checkpoint": _PARTS_MAY_NOT | {"launchers"},
+    "loggers": _PARTS_MAY_NOT,
+    "launchers": _PARTS_MAY_NOT,
+    "precision": _PARTS_MAY_NOT,
+    "strategies": {"connector", "module"} | _CLIENTS,
+    "connector": {"module"} | _CLIENTS,
+    "trainer": {"fleet", "fleet_wrappers", "cli"},
+    "fleet": {"trainer", "cli", "callbacks"},
 }
 
 #: (module, imported module) pairs allowed while an import is being removed, each with who removes it; keep it empty
@@ -27,12 +39,34 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> list[tuple[str, int]]:
-    """Every torchfleet module ``path`` imports (absolute names), with the line, wherever the import stands."""
+def _is_type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def _walk(tree: ast.AST, runtime_only: bool):
+    """ast.walk, leaving out the bodies of ``if TYPE_CHECKING:`` blocks when ``runtime_only``."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if runtime_only and _is_type_checking(node):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+
+
+def _imports(path: Path, runtime_only: bool = False) -> list[tuple[str, int]]:
+    """Every torchfleet module ``path`` imports (absolute names), with the line, wherever the import stands.
+
+    ``runtime_only`` leaves out imports for type annotations (under ``if TYPE_CHECKING:``).
+    """
     module = _module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in _walk(ast.parse(path.read_text(), filename=str(path)), runtime_only):
         if isinstance(node, ast.Import):
             found += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -83,3 +117,28 @@ def test_pending_exceptions_still_exist():
     """An exception whose import is gone must leave PENDING, so that the import cannot come back unnoticed."""
     current = {(_module_name(path), name) for path in SOURCES for name, _ in _imports(path)}
     assert not PENDING - current, f"remove from PENDING: {sorted(PENDING - current)}"
+
+
+def test_no_package_import_cycle():
+    """Between first-level packages, the imports that run form no cycle (annotations may point back)."""
+    edges: dict[str, set[str]] = {}
+    for path in SOURCES:
+        here = _package(_module_name(path))
+        for name, _ in _imports(path, runtime_only=True):
+            there = _package(name)
+            if here and there and there != here:
+                edges.setdefault(here, set()).add(there)
+    done: set[str] = set()
+
+    def visit(node: str, trail: list[str]) -> None:
+        if node in trail:
+            cycle = trail[trail.index(node):] + [node]
+            raise AssertionError("import cycle between packages: " + " -> ".join(cycle))
+        if node in done:
+            return
+        for nxt in sorted(edges.get(node, ())):
+            visit(nxt, trail + [node])
+        done.add(node)
+
+    for start in sorted(edges):
+        visit(start, [])
