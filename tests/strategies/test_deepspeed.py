@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 
 import pytest
@@ -263,6 +264,128 @@ def test_config_file_that_is_not_a_json_object(tmp_path, text, words):
 def test_other_bad_arguments(kwargs, words):
     with pytest.raises(ConfigurationError, match=words):
         DeepSpeedStrategy(**kwargs)
+
+
+# ------------------------------------------------------------------ the typed options behind the arguments
+def _expected_config(**zero_extra: object) -> dict:
+    """The DeepSpeed config of the seed docs' defaults, written out (the zero_optimization section extended)."""
+    return {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                 "hysteresis": 2, "min_loss_scale": 1},
+        "bf16": {"enabled": "auto"},
+        "aio": {"block_size": 1_048_576, "queue_depth": 8, "single_submit": False, "overlap_events": True,
+                "thread_count": 1},
+        "activation_checkpointing": {"partition_activations": False, "cpu_checkpointing": False,
+                                     "contiguous_memory_optimization": False, "synchronize_checkpoint_boundary": False},
+        "zero_optimization": {"stage": 2, "contiguous_gradients": True, "overlap_comm": True,
+                              "allgather_partitions": True, "reduce_scatter": True,
+                              "allgather_bucket_size": 200_000_000, "reduce_bucket_size": 200_000_000,
+                              "sub_group_size": 1_000_000_000_000, **zero_extra},
+    }
+
+
+def test_default_options_give_the_seed_config():
+    assert dsc.DeepSpeedOptions().to_config() == _expected_config()
+    no_zero = _expected_config()
+    del no_zero["zero_optimization"]
+    assert dsc.DeepSpeedOptions(zero_optimization=False).to_config() == no_zero
+
+
+def test_offload_to_nvme_options_give_their_config():
+    options = dsc.DeepSpeedOptions(stage=3, offload_optimizer=True, offload_parameters=True,
+                                   offload_optimizer_device="nvme", offload_params_device="nvme", nvme_path="/fast",
+                                   pin_memory=True, optimizer_buffer_count=3, params_buffer_count=6,
+                                   logging_batch_size_per_gpu=4, loss_scale=128.0)
+    expected = _expected_config(
+        offload_optimizer={"device": "nvme", "nvme_path": "/fast", "buffer_count": 3, "pin_memory": True},
+        offload_param={"device": "nvme", "nvme_path": "/fast", "buffer_count": 6, "buffer_size": 100_000_000,
+                       "max_in_cpu": 1_000_000_000, "pin_memory": True},
+    )
+    expected["zero_optimization"]["stage"] = 3
+    expected["train_micro_batch_size_per_gpu"] = 4
+    expected["fp16"]["loss_scale"] = 128.0
+    assert options.to_config() == expected
+
+
+@needs_deepspeed
+def test_the_options_are_the_constructors_config_keywords_with_its_defaults():
+    import dataclasses
+    import inspect
+
+    params = inspect.signature(DeepSpeedStrategy).parameters
+    for f in dataclasses.fields(dsc.DeepSpeedOptions):
+        assert f.name in params and params[f.name].default == f.default, f.name
+    assert DeepSpeedStrategy().config == _expected_config()
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("overlap_comm", 1),  # a bool given an int
+    ("zero_optimization", 0),
+    ("pin_memory", "yes"),
+    ("reduce_bucket_size", True),  # an int given a bool
+    ("params_buffer_count", False),
+    ("thread_count", 1.5),
+    ("allgather_bucket_size", -1),  # sizes and counts below DeepSpeed's minimum
+    ("params_buffer_size", -5),
+    ("max_in_cpu", -1),
+    ("optimizer_buffer_count", -1),
+    ("reduce_bucket_size", 0),
+    ("block_size", 0),
+    ("offload_optimizer_device", "gpu"),  # not an offload device
+    ("offload_params_device", "disk"),
+    ("logging_batch_size_per_gpu", "Auto"),  # "auto" or an int >= 1
+    ("logging_batch_size_per_gpu", 0),
+    ("logging_batch_size_per_gpu", 2.0),
+    ("logging_batch_size_per_gpu", True),
+    ("stage", 4),
+    ("stage", -1),
+    ("stage", True),
+    ("stage", "2"),
+    ("loss_scale", -1.0),
+    ("loss_scale", float("nan")),
+    ("loss_scale", "1"),
+    ("nvme_path", 3),
+])
+def test_a_bad_option_names_the_parameter_and_what_it_accepts(name, value):
+    with pytest.raises(ConfigurationError, match=rf"^{re.escape(f'{name}={value!r}')} .*\. Accepted: ") as info:
+        dsc.DeepSpeedOptions(**{name: value})
+    assert "\n" not in str(info.value)
+    if deepspeed_available():
+        with pytest.raises(ConfigurationError, match=rf"^{re.escape(f'{name}={value!r}')}"):
+            DeepSpeedStrategy(**{name: value})
+
+
+@pytest.mark.parametrize(("name", "value", "words"), [
+    ("overlap_comm", 1, "(type int) is not valid. Accepted: True or False."),
+    ("reduce_bucket_size", True, "(type bool) is not valid. Accepted: an int >= 1."),
+    ("max_in_cpu", -1, "is not valid. Accepted: an int >= 0."),
+    ("offload_optimizer_device", "gpu", "is not a place DeepSpeed can offload to. Accepted: 'cpu' or 'nvme'"),
+    ("logging_batch_size_per_gpu", "Auto", "Accepted: an int >= 1, or 'auto'"),
+    ("stage", 4, "is not a ZeRO stage. Accepted: an int from 0 to 3"),
+])
+def test_the_error_says_what_is_accepted(name, value, words):
+    with pytest.raises(ConfigurationError, match=re.escape(words)):
+        dsc.DeepSpeedOptions(**{name: value})
+
+
+def test_values_of_the_declared_types_are_accepted(tmp_path):
+    for options in (dsc.DeepSpeedOptions(logging_batch_size_per_gpu=1), dsc.DeepSpeedOptions(loss_scale=0),
+                    dsc.DeepSpeedOptions(loss_scale=2.5), dsc.DeepSpeedOptions(nvme_path=tmp_path),
+                    dsc.DeepSpeedOptions(stage=0, allgather_bucket_size=0, params_buffer_count=0)):
+        assert options.to_config()
+    with pytest.raises(AttributeError):
+        dsc.DeepSpeedOptions().stage = 3  # frozen
+
+
+@needs_deepspeed
+def test_keywords_are_checked_also_beside_a_given_config():
+    with pytest.raises(ConfigurationError, match="overlap_comm=1"):
+        DeepSpeedStrategy(config={"zero_optimization": {"stage": 1}}, overlap_comm=1)
 
 
 def test_deepspeed_not_installed(monkeypatch):

@@ -2,8 +2,9 @@
 
 Three steps, each a function here so it can be tested without processes:
 
-1. ``default_config``: the constructor arguments (Lightning's DeepSpeedStrategy parameters) mapped onto
-   DeepSpeed's config keys. Values the Trainer knows are left as ``"auto"``.
+1. ``DeepSpeedOptions``: the constructor arguments (Lightning's DeepSpeedStrategy parameters), checked
+   against their types and ranges; ``to_config()`` maps them onto DeepSpeed's config keys. Values the
+   Trainer knows are left as ``"auto"``.
 2. ``user_config``: a config the user passes (a dict, or the path of a JSON file) replaces that
    default entirely; DeepSpeed's own defaults then apply to whatever it leaves out.
 3. ``fill_auto``: at setup, every ``"auto"`` (or missing) batch size, accumulation, clipping and
@@ -14,9 +15,13 @@ Three steps, each a function here so it can be tested without processes:
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import math
 import os
+import typing
 from collections.abc import Mapping
+from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from torchfleet.errors import ConfigurationError
@@ -24,141 +29,227 @@ from torchfleet.errors import ConfigurationError
 AUTO = "auto"
 OFFLOAD_DEVICES = ("cpu", "nvme")
 STAGES = (0, 1, 2, 3)
-INSTALL_HINT = 'pip install "torchfleet[deepspeed]"'
 
 #: precision name -> the DeepSpeed section that runs it ("32-true": neither)
 _HALF_SECTIONS = {"16-mixed": "fp16", "16-true": "fp16", "bf16-mixed": "bf16", "bf16-true": "bf16"}
 
+_STAGE_MEANING = ("0 is plain data parallel (no partitioning), 1 partitions the optimizer state, 2 also the gradients, "
+                  "3 also the parameters")
+_DEVICE_MEANING = "'cpu' offloads to host memory, 'nvme' to files under nvme_path"
 
-def default_config(
-    *,
-    zero_optimization: bool,
-    stage: int,
-    offload_optimizer: bool,
-    offload_parameters: bool,
-    offload_params_device: str,
-    offload_optimizer_device: str,
-    nvme_path: str,
-    params_buffer_count: int,
-    params_buffer_size: int,
-    max_in_cpu: int,
-    optimizer_buffer_count: int,
-    block_size: int,
-    queue_depth: int,
-    single_submit: bool,
-    overlap_events: bool,
-    thread_count: int,
-    pin_memory: bool,
-    sub_group_size: int,
-    contiguous_gradients: bool,
-    overlap_comm: bool,
-    allgather_partitions: bool,
-    reduce_scatter: bool,
-    allgather_bucket_size: int,
-    reduce_bucket_size: int,
-    zero_allow_untested_optimizer: bool,
-    logging_batch_size_per_gpu: int | str,
-    loss_scale: float,
-    initial_scale_power: int,
-    loss_scale_window: int,
-    hysteresis: int,
-    min_loss_scale: int,
-    partition_activations: bool,
-    cpu_checkpointing: bool,
-    contiguous_memory_optimization: bool,
-    synchronize_checkpoint_boundary: bool,
-) -> dict[str, Any]:
-    """The DeepSpeed config that DeepSpeedStrategy's arguments describe (Trainer-known values left ``"auto"``)."""
-    check_stage(stage)
-    for name, device in (("offload_optimizer_device", offload_optimizer_device),
-                         ("offload_params_device", offload_params_device)):
-        if device not in OFFLOAD_DEVICES:
+
+def _option(default: object, *, minimum: float | None = None, maximum: int | None = None,
+            values: tuple[str, ...] = (), what: str = "valid", meaning: str = "") -> Any:
+    """A DeepSpeedOptions field: its default and what it accepts beyond its type (read by ``_check_option``)."""
+    return field(default=default, metadata={"minimum": minimum, "maximum": maximum, "values": values, "what": what,
+                                            "meaning": meaning})
+
+
+@dataclass(frozen=True)
+class DeepSpeedOptions:
+    """DeepSpeedStrategy's config-building arguments, checked against their types and ranges, as one value.
+
+    The fields are the constructor's keywords of the same names (Lightning's DeepSpeedStrategy
+    parameters, same defaults); ``to_config()`` maps them onto DeepSpeed's config keys. Every field
+    is checked when the options are made: bools take only True/False, ints take ints (not bools)
+    within DeepSpeed's ranges, floats take finite numbers, and the fixed choices (offload devices,
+    ``logging_batch_size_per_gpu="auto"``) are named in the error.
+    """
+
+    zero_optimization: bool = True
+    stage: int = _option(2, minimum=0, maximum=3, what="a ZeRO stage", meaning=_STAGE_MEANING)
+    offload_optimizer: bool = False
+    offload_parameters: bool = False
+    offload_params_device: str = _option("cpu", values=OFFLOAD_DEVICES, what="a place DeepSpeed can offload to",
+                                         meaning=_DEVICE_MEANING)
+    nvme_path: str | os.PathLike[str] = "/local_nvme"
+    params_buffer_count: int = _option(5, minimum=0)
+    params_buffer_size: int = _option(100_000_000, minimum=0)
+    max_in_cpu: int = _option(1_000_000_000, minimum=0)
+    offload_optimizer_device: str = _option("cpu", values=OFFLOAD_DEVICES, what="a place DeepSpeed can offload to",
+                                            meaning=_DEVICE_MEANING)
+    optimizer_buffer_count: int = _option(4, minimum=0)
+    block_size: int = _option(1_048_576, minimum=1)
+    queue_depth: int = _option(8, minimum=1)
+    single_submit: bool = False
+    overlap_events: bool = True
+    thread_count: int = _option(1, minimum=1)
+    pin_memory: bool = False
+    sub_group_size: int = _option(1_000_000_000_000, minimum=0)
+    contiguous_gradients: bool = True
+    overlap_comm: bool = True
+    allgather_partitions: bool = True
+    reduce_scatter: bool = True
+    allgather_bucket_size: int = _option(200_000_000, minimum=0)
+    reduce_bucket_size: int = _option(200_000_000, minimum=1)
+    zero_allow_untested_optimizer: bool = True
+    logging_batch_size_per_gpu: int | str = _option(
+        AUTO, minimum=1, values=(AUTO,), what="a per-process batch size",
+        meaning="'auto' reads it from the training DataLoader")
+    loss_scale: float = _option(0, minimum=0, meaning="0 scales the loss dynamically")
+    initial_scale_power: int = 16
+    loss_scale_window: int = 1000
+    hysteresis: int = 2
+    min_loss_scale: int = 1
+    partition_activations: bool = False
+    cpu_checkpointing: bool = False
+    contiguous_memory_optimization: bool = False
+    synchronize_checkpoint_boundary: bool = False
+
+    @classmethod
+    def from_arguments(cls, arguments: Mapping[str, object]) -> DeepSpeedOptions:
+        """The options named by ``arguments`` (e.g. a constructor's ``locals()``); other entries are ignored."""
+        return cls(**{f.name: arguments[f.name] for f in fields(cls) if f.name in arguments})
+
+    def __post_init__(self) -> None:
+        hints = _option_types()
+        for f in fields(self):
+            _check_option(f, hints[f.name], getattr(self, f.name))
+        if self.offload_parameters and self.stage != 3:
             raise ConfigurationError(
-                f"{name}={device!r} is not a place DeepSpeed can offload to. Accepted: 'cpu' (host memory) and "
-                "'nvme' (files under nvme_path)."
+                f"offload_parameters=True needs stage=3 (only ZeRO stage 3 partitions the parameters themselves), "
+                f"but stage={self.stage}. Use stage=3, or offload_optimizer=True alone, which works with stages 1 to 3."
             )
-    if offload_parameters and stage != 3:
-        raise ConfigurationError(
-            f"offload_parameters=True needs stage=3 (only ZeRO stage 3 partitions the parameters themselves), but "
-            f"stage={stage}. Use stage=3, or offload_optimizer=True alone, which works with stages 1 to 3."
-        )
-    config: dict[str, Any] = {
-        "train_micro_batch_size_per_gpu": logging_batch_size_per_gpu,
-        "gradient_accumulation_steps": AUTO,
-        "gradient_clipping": AUTO,
-        "zero_allow_untested_optimizer": zero_allow_untested_optimizer,
-        # DeepSpeed refuses a torch optimizer together with offloading unless told otherwise; letting it run
-        # keeps configure_optimizers() unchanged (DeepSpeedCPUAdam is faster but compiles a C++ op first)
-        "zero_force_ds_cpu_optimizer": False,
-        "fp16": {
-            "enabled": AUTO,
-            "loss_scale": loss_scale,
-            "initial_scale_power": initial_scale_power,
-            "loss_scale_window": loss_scale_window,
-            "hysteresis": hysteresis,
-            "min_loss_scale": min_loss_scale,
-        },
-        "bf16": {"enabled": AUTO},
-        "aio": {
-            "block_size": block_size,
-            "queue_depth": queue_depth,
-            "single_submit": single_submit,
-            "overlap_events": overlap_events,
-            "thread_count": thread_count,
-        },
-        "activation_checkpointing": {
-            "partition_activations": partition_activations,
-            "cpu_checkpointing": cpu_checkpointing,
-            "contiguous_memory_optimization": contiguous_memory_optimization,
-            "synchronize_checkpoint_boundary": synchronize_checkpoint_boundary,
-        },
-    }
-    if zero_optimization:
-        zero: dict[str, Any] = {
-            "stage": stage,
-            "contiguous_gradients": contiguous_gradients,
-            "overlap_comm": overlap_comm,
-            "allgather_partitions": allgather_partitions,
-            "reduce_scatter": reduce_scatter,
-            "allgather_bucket_size": allgather_bucket_size,
-            "reduce_bucket_size": reduce_bucket_size,
-            "sub_group_size": sub_group_size,
+        if not self.zero_optimization and (self.offload_optimizer or self.offload_parameters):
+            raise ConfigurationError(
+                "offload_optimizer/offload_parameters were given with zero_optimization=False, but offloading is part "
+                "of ZeRO. Set zero_optimization=True (the default) with a stage, or drop the offload arguments."
+            )
+
+    def to_config(self) -> dict[str, Any]:
+        """The DeepSpeed config these options describe (Trainer-known values left ``"auto"``)."""
+        config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": self.logging_batch_size_per_gpu,
+            "gradient_accumulation_steps": AUTO,
+            "gradient_clipping": AUTO,
+            "zero_allow_untested_optimizer": self.zero_allow_untested_optimizer,
+            # DeepSpeed refuses a torch optimizer together with offloading unless told otherwise; letting it run
+            # keeps configure_optimizers() unchanged (DeepSpeedCPUAdam is faster but compiles a C++ op first)
+            "zero_force_ds_cpu_optimizer": False,
+            "fp16": {
+                "enabled": AUTO,
+                "loss_scale": self.loss_scale,
+                "initial_scale_power": self.initial_scale_power,
+                "loss_scale_window": self.loss_scale_window,
+                "hysteresis": self.hysteresis,
+                "min_loss_scale": self.min_loss_scale,
+            },
+            "bf16": {"enabled": AUTO},
+            "aio": {
+                "block_size": self.block_size,
+                "queue_depth": self.queue_depth,
+                "single_submit": self.single_submit,
+                "overlap_events": self.overlap_events,
+                "thread_count": self.thread_count,
+            },
+            "activation_checkpointing": {
+                "partition_activations": self.partition_activations,
+                "cpu_checkpointing": self.cpu_checkpointing,
+                "contiguous_memory_optimization": self.contiguous_memory_optimization,
+                "synchronize_checkpoint_boundary": self.synchronize_checkpoint_boundary,
+            },
         }
-        if offload_optimizer:
+        if not self.zero_optimization:
+            return config
+        zero: dict[str, Any] = {
+            "stage": self.stage,
+            "contiguous_gradients": self.contiguous_gradients,
+            "overlap_comm": self.overlap_comm,
+            "allgather_partitions": self.allgather_partitions,
+            "reduce_scatter": self.reduce_scatter,
+            "allgather_bucket_size": self.allgather_bucket_size,
+            "reduce_bucket_size": self.reduce_bucket_size,
+            "sub_group_size": self.sub_group_size,
+        }
+        if self.offload_optimizer:
             zero["offload_optimizer"] = {
-                "device": offload_optimizer_device,
-                "nvme_path": nvme_path,
-                "buffer_count": optimizer_buffer_count,
-                "pin_memory": pin_memory,
+                "device": self.offload_optimizer_device,
+                "nvme_path": self.nvme_path,
+                "buffer_count": self.optimizer_buffer_count,
+                "pin_memory": self.pin_memory,
             }
-        if offload_parameters:
+        if self.offload_parameters:
             zero["offload_param"] = {
-                "device": offload_params_device,
-                "nvme_path": nvme_path,
-                "buffer_count": params_buffer_count,
-                "buffer_size": params_buffer_size,
-                "max_in_cpu": max_in_cpu,
-                "pin_memory": pin_memory,
+                "device": self.offload_params_device,
+                "nvme_path": self.nvme_path,
+                "buffer_count": self.params_buffer_count,
+                "buffer_size": self.params_buffer_size,
+                "max_in_cpu": self.max_in_cpu,
+                "pin_memory": self.pin_memory,
             }
         config["zero_optimization"] = zero
-    elif offload_optimizer or offload_parameters:
-        raise ConfigurationError(
-            "offload_optimizer/offload_parameters were given with zero_optimization=False, but offloading is part "
-            "of ZeRO. Set zero_optimization=True (the default) with a stage, or drop the offload arguments."
-        )
-    return config
+        return config
 
 
-def check_stage(stage: Any) -> None:
-    """ConfigurationError unless ``stage`` is one of ZeRO's stages 0-3."""
+@functools.cache
+def _option_types() -> dict[str, tuple[type, ...]]:
+    """Each DeepSpeedOptions field's declared type as the classes it accepts (``int | str`` -> ``(int, str)``)."""
+    hints = typing.get_type_hints(DeepSpeedOptions)
+    return {name: tuple(typing.get_origin(t) or t for t in typing.get_args(hint) or (hint,))
+            for name, hint in hints.items()}
+
+
+def _is_instance(value: object, kind: type) -> bool:
+    # bool is an int to isinstance, but True is never a count and 1 never a switch
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)
+
+
+def _within(value: object, meta: Mapping[str, Any]) -> bool:
+    if isinstance(value, str):
+        return not meta["values"] or value in meta["values"]
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return True
+    return ((meta["minimum"] is None or value >= meta["minimum"])
+            and (meta["maximum"] is None or value <= meta["maximum"]))
+
+
+def _accepted(kinds: tuple[type, ...], meta: Mapping[str, Any]) -> str:
+    """What a field accepts, in words: ``an int from 0 to 3``, ``'cpu' or 'nvme'``, ``True or False``..."""
+    low, high = meta["minimum"], meta["maximum"]
+    bound = (f" from {low} to {high}" if low is not None and high is not None
+             else f" >= {low}" if low is not None else "")
+    words = {
+        bool: "True or False",
+        int: f"an int{bound}",
+        float: f"a finite number{bound}",
+        str: " or ".join(repr(v) for v in meta["values"]) or "a string",
+        os.PathLike: "a path object",
+    }
+    text = ", or ".join(words.get(k, k.__name__) for k in kinds)
+    return f"{text}; {meta['meaning']}" if meta["meaning"] else text
+
+
+def _check_option(option: Field, kinds: tuple[type, ...], value: object) -> None:
+    """ConfigurationError unless ``value`` is of one of ``kinds`` and within the option's range or choices."""
+    right_type = any(_is_instance(value, k) for k in kinds)
+    if not right_type or not _within(value, _meta(option)):
+        raise _invalid(option, kinds, value, right_type)
+
+
+def _meta(option: Field) -> Mapping[str, Any]:
+    return option.metadata or {"minimum": None, "maximum": None, "values": (), "what": "valid", "meaning": ""}
+
+
+def _invalid(option: Field, kinds: tuple[type, ...], value: object, right_type: bool) -> ConfigurationError:
+    meta = _meta(option)
+    given = f"{option.name}={value!r}" + ("" if right_type else f" (type {type(value).__name__})")
+    return ConfigurationError(f"{given} is not {meta['what']}. Accepted: {_accepted(kinds, meta)}.")
+
+
+def check_stage(stage: object) -> None:
+    """ConfigurationError unless ``stage`` is one of ZeRO's stages 0-3 (also in a user's config, where 2.0 passes)."""
     if isinstance(stage, bool) or stage not in STAGES:
-        raise ConfigurationError(
-            f"stage={stage!r} is not a ZeRO stage. Accepted: 0 (no partitioning: plain data parallel), 1 (optimizer "
-            "state partitioned), 2 (optimizer state and gradients), 3 (optimizer state, gradients and parameters)."
-        )
+        option = next(f for f in fields(DeepSpeedOptions) if f.name == "stage")
+        raise _invalid(option, (int,), stage, isinstance(stage, int) and not isinstance(stage, bool))
 
 
-def user_config(config: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
+def user_config(config: str | os.PathLike[str] | Mapping[str, object]) -> dict[str, Any]:
     """A copy of the user's DeepSpeed config: a dict as given, or the JSON file at a path, read and parsed."""
     if isinstance(config, Mapping):
         return copy.deepcopy(dict(config))

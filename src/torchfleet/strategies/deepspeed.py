@@ -140,7 +140,7 @@ class DeepSpeedStrategy(DDPStrategy):
         offload_optimizer: bool = False,
         offload_parameters: bool = False,
         offload_params_device: str = "cpu",
-        nvme_path: str = "/local_nvme",
+        nvme_path: str | os.PathLike[str] = "/local_nvme",
         params_buffer_count: int = 5,
         params_buffer_size: int = 100_000_000,
         max_in_cpu: int = 1_000_000_000,
@@ -161,7 +161,7 @@ class DeepSpeedStrategy(DDPStrategy):
         reduce_bucket_size: int = 200_000_000,
         zero_allow_untested_optimizer: bool = True,
         logging_batch_size_per_gpu: str | int = "auto",
-        config: str | os.PathLike | Mapping[str, Any] | None = None,
+        config: str | os.PathLike[str] | Mapping[str, object] | None = None,
         logging_level: int = logging.WARN,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
@@ -185,39 +185,14 @@ class DeepSpeedStrategy(DDPStrategy):
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, precision=precision,
                          process_group_backend=process_group_backend, timeout=timeout, start_method=start_method)
-        if logging_batch_size_per_gpu != dsc.AUTO and (
-            isinstance(logging_batch_size_per_gpu, bool) or not isinstance(logging_batch_size_per_gpu, int)
-            or logging_batch_size_per_gpu < 1
-        ):
-            raise ConfigurationError(
-                f"logging_batch_size_per_gpu={logging_batch_size_per_gpu!r} is not valid: give the per-process batch "
-                "size as an int >= 1, or 'auto' to read it from the training DataLoader."
-            )
+        # every config-building keyword is checked, also when a given config replaces what they would build
+        options = dsc.DeepSpeedOptions.from_arguments(locals())
         if remote_device not in (None, "cpu", "nvme"):
             raise ConfigurationError(
                 f"remote_device={remote_device!r} is not understood. Accepted: None (create the model on the training "
                 "device), 'cpu' or 'nvme' (where ZeRO stage 3 keeps parameters while init_module builds the model)."
             )
-        if config is not None:
-            self.config: dict[str, Any] = dsc.user_config(config)
-        else:
-            self.config = dsc.default_config(
-                zero_optimization=zero_optimization, stage=stage, offload_optimizer=offload_optimizer,
-                offload_parameters=offload_parameters, offload_params_device=offload_params_device,
-                offload_optimizer_device=offload_optimizer_device, nvme_path=nvme_path,
-                params_buffer_count=params_buffer_count, params_buffer_size=params_buffer_size, max_in_cpu=max_in_cpu,
-                optimizer_buffer_count=optimizer_buffer_count, block_size=block_size, queue_depth=queue_depth,
-                single_submit=single_submit, overlap_events=overlap_events, thread_count=thread_count,
-                pin_memory=pin_memory, sub_group_size=sub_group_size, contiguous_gradients=contiguous_gradients,
-                overlap_comm=overlap_comm, allgather_partitions=allgather_partitions, reduce_scatter=reduce_scatter,
-                allgather_bucket_size=allgather_bucket_size, reduce_bucket_size=reduce_bucket_size,
-                zero_allow_untested_optimizer=zero_allow_untested_optimizer,
-                logging_batch_size_per_gpu=logging_batch_size_per_gpu, loss_scale=loss_scale,
-                initial_scale_power=initial_scale_power, loss_scale_window=loss_scale_window, hysteresis=hysteresis,
-                min_loss_scale=min_loss_scale, partition_activations=partition_activations,
-                cpu_checkpointing=cpu_checkpointing, contiguous_memory_optimization=contiguous_memory_optimization,
-                synchronize_checkpoint_boundary=synchronize_checkpoint_boundary,
-            )
+        self.config: dict[str, Any] = dsc.user_config(config) if config is not None else options.to_config()
         dsc.check_config(self.config)
         self.remote_device = remote_device
         self.logging_level = logging_level
