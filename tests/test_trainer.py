@@ -442,3 +442,111 @@ def test_lbfgs_gets_a_closure_that_recomputes():
     after = nn.functional.mse_loss(model(x), y).item()
     assert after < before * 0.5
     assert len(calls) > 16  # LBFGS evaluated the loss several times per batch through the closure
+
+
+class _TransferSpy(Regressor):
+    """Records the three batch-transfer hooks and what each step receives (on_after_batch_transfer's mark)."""
+
+    def __init__(self):
+        super().__init__()
+        self.log_calls = []
+
+    def on_before_batch_transfer(self, batch, dataloader_idx):
+        self.log_calls.append(("before", dataloader_idx))
+        return [*batch, "before"]
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        assert batch[-1] == "before"
+        self.log_calls.append(("transfer", dataloader_idx))
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        assert batch[-1] == "before"
+        self.log_calls.append(("after", dataloader_idx))
+        return (*batch[:-1], f"after{dataloader_idx}")
+
+    def _step(self, name, batch):
+        *batch, mark = batch
+        self.log_calls.append((name, mark, self.trainer.sanity_checking))
+        return batch
+
+    def training_step(self, batch, batch_idx):
+        return super().training_step(self._step("training_step", batch), batch_idx)
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        return super().validation_step(self._step("validation_step", batch), batch_idx)
+
+    def test_step(self, batch, batch_idx):
+        return super().test_step(self._step("test_step", batch), batch_idx)
+
+    def predict_step(self, batch, batch_idx, dataloader_idx=0):
+        return super().predict_step(self._step("predict_step", batch), batch_idx)
+
+
+def _transferred(step, idx=0, sanity=False):
+    return [("before", idx), ("transfer", idx), ("after", idx), (step, f"after{idx}", sanity)]
+
+
+def test_batch_transfer_hooks_run_in_every_stage_with_the_loader_index():
+    model = _TransferSpy()
+    trainer = Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, **quiet(num_sanity_val_steps=1))
+    trainer.fit(model, train_dataloaders=loader(32), val_dataloaders=[loader(16), loader(16, seed=3)])
+    assert model.log_calls == (
+        _transferred("validation_step", 0, True) + _transferred("validation_step", 1, True)
+        + _transferred("training_step") * 2
+        + _transferred("validation_step", 0) + _transferred("validation_step", 1)
+    )
+
+    model.log_calls.clear()
+    out = Trainer(limit_val_batches=1, **quiet()).validate(model, [loader(16), loader(16, seed=3)])
+    assert len(out) == 2
+    assert model.log_calls == _transferred("validation_step", 0) + _transferred("validation_step", 1)
+
+    model.log_calls.clear()
+    Trainer(limit_test_batches=2, **quiet()).test(model, loader(32))
+    assert model.log_calls == _transferred("test_step") * 2
+
+    model.log_calls.clear()
+    preds = Trainer(**quiet()).predict(model, [loader(8), loader(16, seed=3)])
+    assert model.log_calls == _transferred("predict_step", 0) + _transferred("predict_step", 1) * 2
+    assert [len(p) for p in preds] == [1, 2]
+
+
+def test_datamodule_batch_transfer_hooks_run_before_the_modules_in_every_stage():
+    calls = []
+
+    class Data(RegressionData):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            calls.append(("dm_before", dataloader_idx))
+            return batch
+
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            calls.append(("dm_after", dataloader_idx))
+            return batch
+
+    class Model(Regressor):
+        def on_before_batch_transfer(self, batch, dataloader_idx):
+            calls.append(("before", dataloader_idx))
+            return batch
+
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            calls.append(("after", dataloader_idx))
+            return batch
+
+    per_batch = [("dm_before", 0), ("before", 0), ("dm_after", 0), ("after", 0)]
+    trainer = Trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=1, **quiet(num_sanity_val_steps=1))
+    trainer.fit(Model(), datamodule=Data())
+    assert calls == per_batch * 3  # sanity check, one training batch, one validation batch
+    for run in ("validate", "test"):
+        calls.clear()
+        getattr(Trainer(limit_val_batches=1, limit_test_batches=1, **quiet()), run)(Model(), datamodule=Data())
+        assert calls == per_batch
+
+
+def test_batch_transfer_without_overridden_hooks_is_the_strategys_move():
+    from torchfleet.trainer.hooks import batch_transfer_fn
+
+    trainer = Trainer(max_epochs=1, limit_train_batches=1, **quiet())
+    trainer.fit(Regressor(), datamodule=RegressionData())  # a DataModule that keeps the pass-through hooks
+    for idx in (0, 1):
+        assert batch_transfer_fn(trainer, idx) == trainer.strategy.batch_to_device

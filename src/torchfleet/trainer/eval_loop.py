@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchfleet.errors import MisconfiguredModuleError
+from torchfleet.trainer.hooks import batch_transfer_fn
 from torchfleet.trainer.logging import Results
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class EvalLoop:
             results_by_loader.append(res)
             model._results = res
             preds: list[Any] = []
+            transfer = batch_transfer_fn(trainer, dl_idx)
             extra = (dl_idx,) if multi else ()
             if not limit:
                 self.predictions.append(preds)
@@ -83,7 +85,7 @@ class EvalLoop:
                 for batch_idx, batch in enumerate(loader):
                     if batch_idx >= limit:
                         break
-                    batch = strategy.batch_to_device(batch)
+                    batch = transfer(batch)
                     res.new_batch(batch)
                     for fn in start_cbs:
                         fn(trainer, model, batch, batch_idx, dl_idx)

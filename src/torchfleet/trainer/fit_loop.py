@@ -15,6 +15,7 @@ from torch import Tensor
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
 from torchfleet.trainer.checkpointing import capture_rng, restore_rng
 from torchfleet.trainer.eval_loop import EvalLoop, publish_epoch
+from torchfleet.trainer.hooks import batch_transfer_fn
 from torchfleet.trainer.logging import Results
 
 if TYPE_CHECKING:
@@ -178,7 +179,7 @@ class FitLoop:
         batch_start_mod = hooks.mod("on_train_batch_start")
         batch_end_cbs = hooks.cb("on_train_batch_end")
         batch_end_mod = hooks.mod("on_train_batch_end")
-        transfer = self._transfer_fn()
+        transfer = batch_transfer_fn(trainer, 0)
         progress = state.progress
         trainer._current_fx("training_step")
         window_has_grads = False
@@ -248,32 +249,6 @@ class FitLoop:
 
         hooks.call_module_between("on_train_epoch_end", trainer, between=finish_epoch)
         model._results = None
-
-    def _transfer_fn(self) -> Any:
-        trainer, strategy, hooks = self.trainer, self.strategy, self.trainer._hooks
-        before = hooks.mod("on_before_batch_transfer")
-        custom = hooks.mod("transfer_batch_to_device")
-        after = hooks.mod("on_after_batch_transfer")
-        dm = trainer.datamodule
-        if before is None and custom is None and after is None and dm is None:
-            return strategy.batch_to_device
-        device = strategy.root_device
-
-        def transfer(batch: Any) -> Any:
-            if dm is not None:
-                batch = dm.on_before_batch_transfer(batch, 0)
-            if before is not None:
-                batch = before(batch, 0)
-            batch = custom(batch, device, 0) if custom is not None else strategy.batch_to_device(batch)
-            if custom is not None:
-                batch = strategy.precision.convert_input(batch)
-            if dm is not None:
-                batch = dm.on_after_batch_transfer(batch, 0)
-            if after is not None:
-                batch = after(batch, 0)
-            return batch
-
-        return transfer
 
     def _forward_backward(self, step_fn: Any, batch: Any, batch_idx: int, accumulate: int, boundary: bool) -> Tensor | None:
         if not boundary:

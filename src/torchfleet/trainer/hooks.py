@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+_TRANSFER_HOOKS = ("on_before_batch_transfer", "on_after_batch_transfer")
+
 
 class HookDispatcher:
     """Per-hook lists of the callback methods and the Module method that actually do something.
@@ -90,3 +92,47 @@ class HookDispatcher:
             between()
         for fn in monitoring:
             fn(trainer, self.module, *args)
+
+
+def _datamodule_hook(dm: Any, name: str) -> Callable[..., Any] | None:
+    """The DataModule's bound ``name`` if its class overrides DataModule's pass-through (or is duck-typed), else None."""
+    from torchfleet.data import DataModule
+
+    impl = getattr(type(dm), name, None)
+    return getattr(dm, name) if impl is not None and impl is not getattr(DataModule, name) else None
+
+
+def batch_transfer_fn(trainer: Any, dataloader_idx: int) -> Callable[[Any], Any]:
+    """The batch move of a stage's loader ``dataloader_idx``, shared by fit (index 0) and evaluation.
+
+    Lightning's order: DataModule then Module ``on_before_batch_transfer``, the Module's
+    ``transfer_batch_to_device`` (then the precision's input conversion) or the strategy's
+    ``batch_to_device``, DataModule then Module ``on_after_batch_transfer``. Built once per stage and
+    loader: with no hook overridden it is ``strategy.batch_to_device`` itself (one call per batch).
+    """
+    hooks, strategy = trainer._hooks, trainer.strategy
+    before = hooks.mod("on_before_batch_transfer")
+    custom = hooks.mod("transfer_batch_to_device")
+    after = hooks.mod("on_after_batch_transfer")
+    dm = trainer.datamodule
+    dm_before, dm_after = (None, None) if dm is None else (_datamodule_hook(dm, n) for n in _TRANSFER_HOOKS)
+    if before is None and custom is None and after is None and dm_before is None and dm_after is None:
+        return strategy.batch_to_device
+    device = strategy.root_device
+    move = strategy.batch_to_device
+    convert = strategy.precision.convert_input
+    idx = dataloader_idx
+
+    def transfer(batch: Any) -> Any:
+        if dm_before is not None:
+            batch = dm_before(batch, idx)
+        if before is not None:
+            batch = before(batch, idx)
+        batch = convert(custom(batch, device, idx)) if custom is not None else move(batch)
+        if dm_after is not None:
+            batch = dm_after(batch, idx)
+        if after is not None:
+            batch = after(batch, idx)
+        return batch
+
+    return transfer
