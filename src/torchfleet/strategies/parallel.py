@@ -9,14 +9,14 @@ import torch
 from torch import Tensor
 
 from torchfleet.errors import ConfigurationError
+from torchfleet.strategies.strategy import Strategy
+from torchfleet.strategies.utils import ReduceOp, _check_op
 
 if TYPE_CHECKING:
     from torchfleet.accelerators.base import Accelerator
     from torchfleet.checkpoint.io import CheckpointIO
     from torchfleet.environments.base import ClusterEnvironment
     from torchfleet.precision import Precision
-from torchfleet.strategies.strategy import Strategy
-from torchfleet.strategies.utils import ReduceOp, _check_op
 
 
 class ParallelStrategy(Strategy, ABC):

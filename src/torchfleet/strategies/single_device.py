@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from torchfleet.errors import ConfigurationError
+from torchfleet.strategies.strategy import Strategy
 
 if TYPE_CHECKING:
     from torchfleet.accelerators.base import Accelerator
     from torchfleet.checkpoint.io import CheckpointIO
     from torchfleet.environments.base import ClusterEnvironment
     from torchfleet.precision import Precision
-from torchfleet.strategies.strategy import Strategy
 
 
 class SingleDeviceStrategy(Strategy):

@@ -28,6 +28,13 @@ from torchfleet.checkpoint.state import (
     stateful_kind,
 )
 from torchfleet.settings import TrainingSettings
+from torchfleet.strategies.utils import (
+    ReduceOp,
+    _check_op,
+    apply_to_tensors,
+    creation_context,
+    move_to_device,
+)
 
 if TYPE_CHECKING:
     from torchfleet.accelerators.base import Accelerator
@@ -36,13 +43,6 @@ if TYPE_CHECKING:
     from torchfleet.launchers.base import Launcher
     from torchfleet.precision import Precision
     from torchfleet.settings import ReplicaHooks
-from torchfleet.strategies.utils import (
-    ReduceOp,
-    _check_op,
-    apply_to_tensors,
-    creation_context,
-    move_to_device,
-)
 
 
 class Strategy(ABC):
