@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -229,3 +230,80 @@ def test_async_checkpoint_io_with_top_k(tmp_path):
     # every background write finished by the end of fit, and deletions waited for them
     assert sorted(os.listdir(tmp_path / "ck")) == ["epoch=1-step=16.ckpt", "epoch=3-step=32.ckpt", "last.ckpt"]
     assert torch.load(tmp_path / "ck" / "last.ckpt", weights_only=False)["global_step"] == 32
+
+
+# ------------------------------------------------------------------ ModelCheckpoint: Lightning parity
+# Each RegressionData epoch is 8 optimizer steps, so epoch e ends at global step 8 * (e + 1).
+
+
+def test_dirpath_expands_the_home_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    ck = ModelCheckpoint(dirpath="~/ckpts")
+    assert ck.dirpath == os.path.join(str(tmp_path / "home"), "ckpts")
+    _fit(Regressor(), [ck], tmp_path, epochs=1)
+    assert os.listdir(tmp_path / "home" / "ckpts") == ["epoch=0-step=8.ckpt"]
+    assert os.listdir(tmp_path / "work") == []  # no literal "~" folder
+
+
+@pytest.mark.parametrize("monitor", ["val_loss", None])
+def test_validation_every_second_epoch_saves_only_after_validation(tmp_path, monitor):
+    # validation runs after epochs 1 and 3 only; epochs 0 and 2 (and 4) produce no val_loss and save nothing
+    ck = ModelCheckpoint(dirpath=tmp_path / "ck", monitor=monitor, save_top_k=-1)
+    _fit(ScriptedVal([0.5, 0.4, 0.3, 0.2, 0.1]), [ck], tmp_path, epochs=5, check_val_every_n_epoch=2)
+    assert sorted(os.listdir(tmp_path / "ck")) == ["epoch=1-step=16.ckpt", "epoch=3-step=32.ckpt"]
+
+
+def test_second_run_overwrites_last_and_versions_top_k(tmp_path):
+    for epochs in (1, 2):
+        ck = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=-1, save_last=True)
+        _fit(ScriptedVal([0.5, 0.4]), [ck], tmp_path, epochs=epochs)
+    assert sorted(os.listdir(tmp_path / "ck")) == [
+        "epoch=0-step=8-v1.ckpt", "epoch=0-step=8.ckpt", "epoch=1-step=16.ckpt", "last.ckpt",
+    ]
+    assert torch.load(tmp_path / "ck" / "last.ckpt", weights_only=False)["global_step"] == 16
+
+
+@pytest.mark.parametrize(("mode", "worst"), [("min", math.inf), ("max", -math.inf)])
+def test_nan_first_score_is_recorded_as_the_worst(tmp_path, mode, worst):
+    ck = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", mode=mode, save_top_k=1)
+    _fit(ScriptedVal([float("nan"), 0.5]), [ck], tmp_path, epochs=1)
+    assert ck.best_model_score.item() == worst
+    assert ck.current_score.item() == worst
+    assert os.path.basename(ck.best_model_path) == "epoch=0-step=8.ckpt"
+    # any real score beats it
+    ck2 = ModelCheckpoint(dirpath=tmp_path / "ck2", monitor="val_loss", mode=mode, save_top_k=1)
+    _fit(ScriptedVal([float("nan"), 0.5]), [ck2], tmp_path, epochs=2)
+    assert os.listdir(tmp_path / "ck2") == ["epoch=1-step=16.ckpt"]
+    assert ck2.best_model_score.item() == pytest.approx(0.5)
+
+
+def test_current_score_is_the_latest_saved_value(tmp_path):
+    ck = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=-1)
+    assert ck.current_score is None
+    _fit(ScriptedVal([0.5, 0.7]), [ck], tmp_path, epochs=2)
+    assert ck.current_score.item() == pytest.approx(0.7)
+    assert ck.best_model_score.item() == pytest.approx(0.5)
+
+
+def test_no_monitor_keeps_the_latest_under_its_name_and_ranks_nothing(tmp_path):
+    ck = ModelCheckpoint(dirpath=tmp_path / "one", filename="model")
+    _fit(Regressor(), [ck], tmp_path, epochs=2)
+    assert os.listdir(tmp_path / "one") == ["model.ckpt"]
+    assert ck.best_model_path == os.path.join(tmp_path / "one", "model.ckpt")
+    assert ck.best_k_models == {}
+    ck_all = ModelCheckpoint(dirpath=tmp_path / "all", save_top_k=-1)
+    _fit(Regressor(), [ck_all], tmp_path, epochs=2)
+    assert sorted(os.listdir(tmp_path / "all")) == ["epoch=0-step=8.ckpt", "epoch=1-step=16.ckpt"]
+    assert ck_all.best_model_path == os.path.join(tmp_path / "all", "epoch=1-step=16.ckpt")
+    assert ck_all.best_k_models == {}
+
+
+def test_fast_dev_run_keeps_model_checkpoint_but_saves_nothing(tmp_path):
+    ck = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_last=True)
+    _fit(ScriptedVal([0.5]), [ck], tmp_path, epochs=1, fast_dev_run=1)
+    assert not os.path.exists(tmp_path / "ck")
+    assert ck.best_model_path == "" and ck.last_model_path == ""
+    with pytest.raises(ConfigurationError, match="enable_checkpointing=False"):
+        Trainer(accelerator="cpu", fast_dev_run=1, enable_checkpointing=False, callbacks=[ModelCheckpoint()])

@@ -118,7 +118,8 @@ class Trainer:
             max_epochs, max_steps = 1, dev_batches
             limit_train_batches = limit_val_batches = limit_test_batches = limit_predict_batches = dev_batches
             num_sanity_val_steps, val_check_interval, check_val_every_n_epoch = 0, 1.0, 1
-            logger, enable_checkpointing = False, False
+            # as Lightning, checkpointing is not switched off: ModelCheckpoint saves nothing under fast_dev_run
+            logger = False
         # a time budget alone runs until it is spent, as Lightning
         self.max_epochs = max_epochs if max_epochs is not None else (1000 if max_steps == -1 and max_time is None else -1)
         self.min_epochs = min_epochs or 0

@@ -63,7 +63,8 @@ class ModelCheckpoint(Callback):
             raise ConfigurationError(
                 "ModelCheckpoint takes one of every_n_train_steps, train_time_interval and every_n_epochs, not several."
             )
-        self.dirpath = os.fspath(dirpath) if dirpath is not None else None
+        # as Lightning: "~/ckpts" is the user's home, not a folder named "~"
+        self.dirpath = os.path.expanduser(os.fspath(dirpath)) if dirpath is not None else None
         self.filename = filename
         self.monitor, self.mode, self.verbose = monitor, mode, verbose
         self.save_last, self.save_top_k, self.save_weights_only = save_last, save_top_k, save_weights_only
@@ -76,12 +77,12 @@ class ModelCheckpoint(Callback):
         self.best_k_models: dict[str, float] = {}
         self.best_model_path = ""
         self.best_model_score: torch.Tensor | None = None
+        self.current_score: torch.Tensor | None = None  # the monitored value of the latest top-k save
         self.kth_best_model_path = ""
         self.kth_value: float = math.inf if mode == "min" else -math.inf
         self.last_model_path = ""
         self._last_global_step_saved = -1
         self._last_time = time.monotonic()
-        self._validated_epoch = -1
 
     # ----------------------------------------------------------------- state
     @property
@@ -96,7 +97,7 @@ class ModelCheckpoint(Callback):
             "monitor": self.monitor, "best_model_score": self.best_model_score, "best_model_path": self.best_model_path,
             "best_k_models": dict(self.best_k_models), "kth_best_model_path": self.kth_best_model_path,
             "kth_value": self.kth_value, "last_model_path": self.last_model_path, "dirpath": self.dirpath,
-            "last_global_step_saved": self._last_global_step_saved, "validated_epoch": self._validated_epoch,
+            "current_score": self.current_score, "last_global_step_saved": self._last_global_step_saved,
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -110,7 +111,6 @@ class ModelCheckpoint(Callback):
         self.kth_value = state_dict["kth_value"]
         self.last_model_path = state_dict["last_model_path"]
         self._last_global_step_saved = state_dict.get("last_global_step_saved", -1)
-        self._validated_epoch = state_dict.get("validated_epoch", -1)
 
     # ----------------------------------------------------------------- hooks
     def setup(self, trainer: Any, module: Any, stage: str) -> None:
@@ -119,7 +119,7 @@ class ModelCheckpoint(Callback):
 
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
-        if step == self._last_global_step_saved or step == 0:
+        if step == self._last_global_step_saved or step == 0 or trainer.fast_dev_run:
             return
         due = bool(self.every_n_train_steps) and step % self.every_n_train_steps == 0
         if self.train_time_interval:
@@ -134,30 +134,39 @@ class ModelCheckpoint(Callback):
     def on_validation_end(self, trainer: Any, module: Any) -> None:
         if trainer.sanity_checking or trainer.stage != "fit" or self.every_n_train_steps or self.train_time_interval:
             return
-        self._validated_epoch = trainer.current_epoch
-        if self._on_train_epoch_end(trainer) or not self._epoch_due(trainer):
+        if self._skip(trainer) or self._on_train_epoch_end(trainer) or not self._epoch_due(trainer):
             return
         self._save(trainer)
 
     def on_train_epoch_end(self, trainer: Any, module: Any) -> None:
         if self.every_n_train_steps or self.train_time_interval or not self._epoch_due(trainer):
             return
-        if trainer.global_step == self._last_global_step_saved:
-            return  # already saved at this step (after validation, or before a resume)
-        if self._on_train_epoch_end(trainer) or self._validated_epoch != trainer.current_epoch:
+        if not self._skip(trainer) and self._on_train_epoch_end(trainer):
             self._save(trainer)
 
     def on_train_end(self, trainer: Any, module: Any) -> None:
         # a run that stops between periodic saves still leaves its last state behind
-        if self.save_last and trainer.global_step != self._last_global_step_saved and trainer.global_step > 0:
+        if self.save_last and not self._skip(trainer) and trainer.global_step > 0:
             self._save_last(trainer)
+
+    def _skip(self, trainer: Any) -> bool:
+        # as Lightning: nothing is saved under fast_dev_run, nor twice at one step
+        return bool(trainer.fast_dev_run) or trainer.global_step == self._last_global_step_saved
 
     def _epoch_due(self, trainer: Any) -> bool:
         return bool(self.every_n_epochs) and (trainer.current_epoch + 1) % self.every_n_epochs == 0
 
     def _on_train_epoch_end(self, trainer: Any) -> bool:
+        """Whether the epoch-based save happens at the training epoch's end rather than after validation.
+
+        Lightning's rule: with validation only every n epochs (``check_val_every_n_epoch != 1``) the save
+        follows a validation run, so an epoch without one saves nothing; with no validation at all it is the
+        training epoch's end. (Validation at each epoch's end saves after it, in that same epoch.)
+        """
         if self.save_on_train_epoch_end is not None:
             return self.save_on_train_epoch_end
+        if trainer.check_val_every_n_epoch != 1:
+            return False
         return not any(trainer.num_val_batches)
 
     # ----------------------------------------------------------------- saving
@@ -182,13 +191,14 @@ class ModelCheckpoint(Callback):
         name = _FIELD.sub(replace, template).replace("/", "_")
         return name + self.FILE_EXTENSION
 
-    def _unique(self, trainer: Any, path: str) -> str:
+    def _unique(self, trainer: Any, path: str, replacing: str | None) -> str:
+        """``path``, or ``path`` with ``-v1``, ``-v2``... when a file of that name exists and is not ``replacing``."""
         if not self.enable_version_counter:
             return path
         exists = trainer.strategy.broadcast(os.path.exists(path))
         version = 1
         base = path[: -len(self.FILE_EXTENSION)]
-        while exists and path not in self.best_k_models and path != self.last_model_path:
+        while exists and path != replacing:
             path = f"{base}-v{version}{self.FILE_EXTENSION}"
             version += 1
             exists = trainer.strategy.broadcast(os.path.exists(path))
@@ -199,14 +209,14 @@ class ModelCheckpoint(Callback):
         assert self.dirpath is not None
         if self.save_top_k != 0:
             if self.monitor is None:
-                path = self._unique(trainer, os.path.join(self.dirpath, self.format_checkpoint_name(metrics)))
+                # as Lightning: the latest checkpoint (save_top_k=1 deletes the one before, -1 keeps all);
+                # nothing is ranked, so best_k_models stays empty
                 previous = self.best_model_path
+                path = self._unique(trainer, os.path.join(self.dirpath, self.format_checkpoint_name(metrics)), previous)
                 trainer.save_checkpoint(path, weights_only=self.save_weights_only)
                 self.best_model_path = self.last_saved = path
                 if self.save_top_k == 1 and previous and previous != path:
                     trainer.strategy.remove_checkpoint(previous)
-                if self.save_top_k == -1:
-                    self.best_k_models[path] = float(trainer.global_step)
             else:
                 self._save_top_k(trainer, metrics)
         self._last_global_step_saved = trainer.global_step
@@ -232,20 +242,23 @@ class ModelCheckpoint(Callback):
     def _save_top_k(self, trainer: Any, metrics: dict[str, Any]) -> None:
         score = self._score(trainer, metrics)
         if math.isnan(score):
-            if self.verbose and trainer.is_global_zero:
-                log.info("ModelCheckpoint: %s is NaN at step %d; not saved.", self.monitor, trainer.global_step)
-            return
+            # as Lightning: NaN is the worst score there is (+inf in mode min, -inf in mode max)
+            score = math.inf if self.mode == "min" else -math.inf
         full = self.save_top_k != -1 and len(self.best_k_models) >= self.save_top_k
         if full and not self._better(score, self.kth_value):
+            if self.verbose and trainer.is_global_zero:
+                log.info("ModelCheckpoint: %s = %.6g at step %d is not in the top %d; not saved.",
+                         self.monitor, score, trainer.global_step, self.save_top_k)
             return
-        path = self._unique(trainer, os.path.join(self.dirpath, self.format_checkpoint_name(metrics)))
+        worst = self.kth_best_model_path if full else None
+        if worst is not None:
+            self.best_k_models.pop(worst, None)
+        path = self._unique(trainer, os.path.join(self.dirpath, self.format_checkpoint_name(metrics)), worst)
         trainer.save_checkpoint(path, weights_only=self.save_weights_only)
         self.best_k_models[path] = score
-        if full:
-            worst = self.kth_best_model_path
-            self.best_k_models.pop(worst, None)
-            if worst and worst != path:
-                trainer.strategy.remove_checkpoint(worst)
+        self.current_score = torch.tensor(score)
+        if worst and worst != path:
+            trainer.strategy.remove_checkpoint(worst)
         ranked = sorted(self.best_k_models.items(), key=lambda kv: kv[1], reverse=self.mode == "max")
         self.best_model_path, best = ranked[0]
         self.best_model_score = torch.tensor(best)
