@@ -23,6 +23,11 @@ from torchfleet.errors import ConfigurationError
         ("c[1-2],d[3, 5]", ["c1", "c2", "d3", "d5"]),
         ("", []),
         ("node1.cluster.org,node2.cluster.org", ["node1.cluster.org", "node2.cluster.org"]),
+        # whitespace separates hosts as commas do
+        ("alpha beta gamma", ["alpha", "beta", "gamma"]),
+        ("  alpha\tbeta\n", ["alpha", "beta"]),
+        ("a, b ,c", ["a", "b", "c"]),
+        ("node[01-02] gpu5", ["node01", "node02", "gpu5"]),
     ],
 )
 def test_expand_nodelist(nodelist, hosts):

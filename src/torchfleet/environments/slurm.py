@@ -21,7 +21,7 @@ _BRACKET = re.compile(r"\[([^\[\]]*)\]")
 
 
 def _split_top_level(text: str) -> list[str]:
-    """Split on the commas that are outside brackets."""
+    """Split on the commas and whitespace that are outside brackets ("a,b", "a b" and "a, b" alike)."""
     parts, depth, start = [], 0, 0
     for i, ch in enumerate(text):
         if ch == "[":
@@ -30,7 +30,7 @@ def _split_top_level(text: str) -> list[str]:
             depth -= 1
             if depth < 0:
                 break
-        elif ch == "," and depth == 0:
+        elif depth == 0 and (ch == "," or ch.isspace()):
             parts.append(text[start:i])
             start = i + 1
     if depth != 0:
@@ -67,7 +67,10 @@ def _expand_term(term: str, nodelist: str) -> list[str]:
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
-    """Expand SLURM's compressed host list: "node[01-03,07],gpu5" -> node01, node02, node03, node07, gpu5."""
+    """Expand SLURM's compressed host list: "node[01-03,07],gpu5" -> node01, node02, node03, node07, gpu5.
+
+    Hosts may be separated by commas or whitespace ("alpha beta gamma"), as Lightning accepts.
+    """
     hosts: list[str] = []
     for term in _split_top_level(nodelist.strip()):
         hosts.extend(_expand_term(term, nodelist))
