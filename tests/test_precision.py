@@ -214,6 +214,49 @@ def test_true_modes_cast_floating_params_and_buffers_only(name, dtype):
     assert out[1].num_batches_tracked.dtype == torch.long
 
 
+@pytest.mark.parametrize("name, dtype", [("16-true", torch.float16), ("bf16-true", torch.bfloat16),
+                                         ("64-true", torch.float64)])
+def test_true_modes_keep_complex_params_and_buffers_complex(name, dtype):
+    # only floating-point tensors change dtype (as Lightning's DoublePrecision: module.double()); complex ones keep
+    # their dtype and their imaginary part
+    model = nn.Linear(2, 2)
+    model.phase = nn.Parameter(torch.tensor([1 + 2j, -3j], dtype=torch.complex64))
+    model.register_buffer("spectrum", torch.tensor([0.5 - 1j], dtype=torch.complex128))
+    out = precision_for(name, "cpu").convert_module(model)
+    assert out.weight.dtype == dtype
+    assert out.phase.dtype == torch.complex64 and isinstance(out.phase, nn.Parameter)
+    assert torch.equal(out.phase.detach(), torch.tensor([1 + 2j, -3j], dtype=torch.complex64))
+    assert out.spectrum.dtype == torch.complex128
+    assert torch.equal(out.spectrum, torch.tensor([0.5 - 1j], dtype=torch.complex128))
+
+
+def test_trainer_64_true_trains_a_model_with_a_complex_parameter():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from tests.helpers import quiet
+    from torchfleet import Module, Trainer
+
+    class WithComplex(Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 1)
+            self.z = nn.Parameter(torch.tensor([1 + 1j], dtype=torch.complex64))
+            self.seen = {}
+
+        def training_step(self, batch, batch_idx):
+            self.seen = {"lin": self.lin.weight.dtype, "z": self.z.dtype}
+            return self.lin(batch[0]).sum() + (self.z.abs() ** 2).sum().double()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    model = WithComplex()
+    Trainer(**quiet(max_steps=1, precision="64-true")).fit(model, DataLoader(TensorDataset(torch.ones(1, 2))))
+    assert model.seen == {"lin": torch.float64, "z": torch.complex64}
+    # d|z|^2/dz* = 2z for the SGD step: z = (1+1j) - 0.1 * 2 * (1+1j) = 0.8 + 0.8j; the imaginary part survived
+    assert torch.allclose(model.z.detach(), torch.tensor([0.8 + 0.8j], dtype=torch.complex64))
+
+
 def test_mixed_modes_keep_float32_params():
     model = nn.Linear(3, 3)
     out = precision_for("bf16-mixed", "cpu").convert_module(model)

@@ -160,6 +160,9 @@ _TRUE_DTYPES: dict[str, torch.dtype] = {"64-true": torch.float64, "16-true": tor
                                         "bf16-true": torch.bfloat16}
 
 
+_MODULE_CASTS: dict[torch.dtype, str] = {torch.float64: "double", torch.float16: "half", torch.bfloat16: "bfloat16"}
+
+
 class TruePrecision(Precision):
     """Parameters, buffers, inputs and computation all in one dtype: "64-true", "16-true", "bf16-true"."""
 
@@ -184,8 +187,10 @@ class TruePrecision(Precision):
         return self._dtype
 
     def convert_module(self, module: nn.Module) -> nn.Module:
-        """Cast the floating parameters and buffers of ``module`` (integer buffers stay as they are)."""
-        return module.to(dtype=self._dtype)
+        """Cast the floating-point parameters and buffers of ``module``; integer, bool and complex ones keep their
+        dtype (``module.to(dtype)`` would make complex tensors real, dropping the imaginary part)."""
+        # Module.double/half/bfloat16 cast only floating-point tensors (Lightning's "64-true" is module.double())
+        return getattr(module, _MODULE_CASTS[self._dtype])()
 
     def convert_input(self, data: Any) -> Any:
         """Cast floating tensors inside nested dicts, lists, tuples, namedtuples and dataclasses."""
