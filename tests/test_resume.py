@@ -361,3 +361,38 @@ def test_cuda_rng_states_of_a_gpu_checkpoint_are_left_alone_in_a_run_without_cud
     restore_rng({**capture_rng(), "cuda": [torch.zeros(16, dtype=torch.uint8)] * 8})
     assert torch.equal(torch.rand(3), expected)
     assert not torch.cuda.is_initialized()
+
+
+def test_epoch_end_checkpoint_holds_the_scheduler_after_its_step(tmp_path):
+    from torchfleet.callbacks import ModelCheckpoint
+
+    # validation runs at each epoch end and ModelCheckpoint saves after it (on_validation_end): the epoch's
+    # StepLR(step_size=1, gamma=0.5) step must already be in that checkpoint
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, filename="{epoch}")
+    torch.manual_seed(0)
+    Trainer(**quiet(max_epochs=2, enable_checkpointing=True, callbacks=[ckpt])).fit(
+        Regressor(scheduler="epoch"), datamodule=RegressionData(shuffle=False))
+    first = torch.load(tmp_path / "epoch=0.ckpt", weights_only=True)
+    assert first["lr_schedulers"][0]["last_epoch"] == 1 and first["lr_schedulers"][0]["_step_count"] == 2
+    assert first["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(0.05 * 0.5)
+
+    # resuming from it: epochs 1 and 2 run at 0.025 and 0.0125, as in an uninterrupted 3-epoch run
+    lrs = {}
+
+    class RecordLR(Regressor):
+        def training_step(self, batch, batch_idx):
+            lrs.setdefault(self.current_epoch, set()).add(self.trainer.optimizers[0].param_groups[0]["lr"])
+            return super().training_step(batch, batch_idx)
+
+    torch.manual_seed(0)
+    whole = RecordLR(scheduler="epoch")
+    Trainer(**quiet(max_epochs=3)).fit(whole, datamodule=RegressionData(shuffle=False))
+    assert lrs == {0: {0.05}, 1: {0.05 * 0.5}, 2: {0.05 * 0.25}}  # exact: halving is exact in binary
+    lrs.clear()
+    resumed = RecordLR(scheduler="epoch")
+    trainer = Trainer(**quiet(max_epochs=3))
+    trainer.fit(resumed, datamodule=RegressionData(shuffle=False), ckpt_path=str(tmp_path / "epoch=0.ckpt"))
+    assert lrs == {1: {0.05 * 0.5}, 2: {0.05 * 0.25}}
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.05 * 0.5**3)
+    for a, b in zip(whole.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)

@@ -550,3 +550,96 @@ def test_batch_transfer_without_overridden_hooks_is_the_strategys_move():
     trainer.fit(Regressor(), datamodule=RegressionData())  # a DataModule that keeps the pass-through hooks
     for idx in (0, 1):
         assert batch_transfer_fn(trainer, idx) == trainer.strategy.batch_to_device
+
+
+# ------------------------------------------------------------------ Lightning parity: schedulers, validation, no-grad
+
+
+class _ManualWithEpochScheduler(Regressor):
+    """Manual optimisation that steps its epoch scheduler itself, as a ported Lightning model does."""
+
+    def __init__(self):
+        super().__init__(scheduler="epoch")  # StepLR(step_size=1, gamma=0.5)
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(nn.functional.mse_loss(self(batch[0]), batch[1]))
+        opt.step()
+
+    def on_train_epoch_end(self):
+        self.lr_schedulers().step()
+
+
+def test_manual_optimisation_leaves_epoch_schedulers_to_the_user():
+    trainer = Trainer(**quiet(max_epochs=3))
+    trainer.fit(_ManualWithEpochScheduler(), datamodule=RegressionData())
+    # the user's 3 steps only: 0.05 * 0.5**3
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.05 * 0.5**3)
+    assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == 3
+
+
+def test_check_val_every_n_epoch_none_counts_batches_across_epochs():
+    seen = []
+
+    class Record(Regressor):
+        def on_validation_start(self):
+            seen.append((self.current_epoch, self.global_step))
+
+    # 64 samples / 8 = 8 batches per epoch; every 5 batches across epochs -> after batches 5, 10, 15, 20
+    trainer = Trainer(**quiet(max_epochs=3, check_val_every_n_epoch=None, val_check_interval=5))
+    trainer.fit(Record(), datamodule=RegressionData(shuffle=False))
+    assert seen == [(0, 5), (1, 10), (1, 15), (2, 20)]
+    # an interval longer than one epoch is fine there: after batches 12 and 24
+    seen.clear()
+    Trainer(**quiet(max_epochs=3, check_val_every_n_epoch=None, val_check_interval=12)).fit(
+        Record(), datamodule=RegressionData(shuffle=False))
+    assert seen == [(1, 12), (2, 24)]
+
+
+@pytest.mark.parametrize("interval", [None, 0.5, 1.0])
+def test_check_val_every_n_epoch_none_refuses_a_fraction(interval):
+    with pytest.raises(ConfigurationError, match="must be an int number of batches.*val_check_interval=N"):
+        Trainer(**quiet(check_val_every_n_epoch=None, val_check_interval=interval))
+
+
+def test_evaluation_start_hooks_run_without_grad():
+    from torchfleet.callbacks import Callback
+
+    seen = {}
+
+    def record(name):
+        seen[name] = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+
+    class Hooks(Regressor):
+        def on_validation_start(self):
+            record("module_validation")
+
+        def on_test_start(self):
+            record("module_test")
+
+        def on_predict_start(self):
+            record("module_predict")
+
+    class CallbackHooks(Callback):
+        def on_validation_start(self, trainer, module):
+            record("cb_validation")
+
+        def on_test_start(self, trainer, module):
+            record("cb_test")
+
+        def on_predict_start(self, trainer, module):
+            record("cb_predict")
+
+    model = Hooks()
+    trainer = Trainer(**quiet(max_epochs=1, callbacks=[CallbackHooks()]))
+    trainer.fit(model, datamodule=RegressionData())
+    trainer.test(model, datamodule=RegressionData())
+    trainer.predict(model, loader())
+    names = [f"{who}_{stage}" for who in ("module", "cb") for stage in ("validation", "test", "predict")]
+    assert seen == {name: (False, True) for name in names}  # inference_mode=True (the default)
+    seen.clear()
+    Trainer(**quiet(max_epochs=1, inference_mode=False, callbacks=[CallbackHooks()])).validate(
+        model, datamodule=RegressionData())
+    assert seen == {"module_validation": (False, False), "cb_validation": (False, False)}

@@ -205,3 +205,20 @@ def test_fork_works_where_the_script_cannot_be_rerun(how):
                               text=True, timeout=120, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "STRATEGY DDPStrategy fork STEPS 4" in proc.stdout
+
+
+def test_early_stopping_under_spawn_counts_the_stopped_epoch(tmp_path):
+    # any val_loss is below the threshold, so the first check (epoch index 0) stops the run: as when max_epochs
+    # ends it, the stopped epoch counts, in the ranks (no rank fails) and in the launching process
+    from torchfleet.callbacks import EarlyStopping
+
+    tf.seed_everything(0)
+    model, _, train, val = build({})
+    early = EarlyStopping(monitor="val_loss", stopping_threshold=1e9)
+    trainer = tf.Trainer(strategy="ddp_spawn", accelerator="cpu", devices=2, max_epochs=5, callbacks=[early],
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(model, train, val)
+    assert early.stopped_epoch == 0
+    assert trainer.current_epoch == 1
+    assert trainer.global_step == 4  # one whole epoch: 64 samples / (2 ranks x 8)

@@ -49,6 +49,14 @@ class EvalLoop:
         self.predictions: list[list[Any]] = []
 
     def run(self) -> list[dict[str, float]]:
+        """The whole stage, its start and end hooks included, runs without gradients (as in Lightning)."""
+        strategy = self.trainer.strategy
+        # fsdp cannot evaluate under inference_mode: its gathered parameters are reused in training
+        inference = self.trainer.inference_mode and strategy.supports_inference_mode
+        with (torch.inference_mode if inference else torch.no_grad)():
+            return self._run()
+
+    def _run(self) -> list[dict[str, float]]:
         trainer, model, strategy, hooks = self.trainer, self.model, self.trainer.strategy, self.trainer._hooks
         hook = _HOOK_STAGE[self.stage]
         step_name = _STEP_NAME[self.stage]
@@ -66,9 +74,6 @@ class EvalLoop:
         results.device = strategy.root_device
         start_cbs, end_cbs = hooks.cb(f"on_{hook}_batch_start"), hooks.cb(f"on_{hook}_batch_end")
         start_mod, end_mod = hooks.mod(f"on_{hook}_batch_start"), hooks.mod(f"on_{hook}_batch_end")
-        # fsdp cannot evaluate under inference_mode: its gathered parameters are reused in training
-        inference = trainer.inference_mode and strategy.supports_inference_mode
-        grad_ctx = torch.inference_mode if inference else torch.no_grad
         results_by_loader = []
         for dl_idx, (loader, limit) in enumerate(zip(self.loaders, self.limits)):
             res = results if not multi else Results(self.stage)
@@ -81,24 +86,23 @@ class EvalLoop:
             if not limit:
                 self.predictions.append(preds)
                 continue
-            with grad_ctx():
-                for batch_idx, batch in enumerate(loader):
-                    if batch_idx >= limit:
-                        break
-                    batch = transfer(batch)
-                    res.new_batch(batch)
-                    for fn in start_cbs:
-                        fn(trainer, model, batch, batch_idx, dl_idx)
-                    if start_mod is not None:
-                        hooks.call_module(trainer, f"on_{hook}_batch_start", start_mod, batch, batch_idx, *extra)
-                    with strategy.forward_context():
-                        out = step_fn(batch, batch_idx, *extra)
-                    if self.collect:
-                        preds.append(strategy.outputs_to_cpu(out))
-                    for fn in end_cbs:
-                        fn(trainer, model, out, batch, batch_idx, dl_idx)
-                    if end_mod is not None:
-                        hooks.call_module(trainer, f"on_{hook}_batch_end", end_mod, out, batch, batch_idx, *extra)
+            for batch_idx, batch in enumerate(loader):
+                if batch_idx >= limit:
+                    break
+                batch = transfer(batch)
+                res.new_batch(batch)
+                for fn in start_cbs:
+                    fn(trainer, model, batch, batch_idx, dl_idx)
+                if start_mod is not None:
+                    hooks.call_module(trainer, f"on_{hook}_batch_start", start_mod, batch, batch_idx, *extra)
+                with strategy.forward_context():
+                    out = step_fn(batch, batch_idx, *extra)
+                if self.collect:
+                    preds.append(strategy.outputs_to_cpu(out))
+                for fn in end_cbs:
+                    fn(trainer, model, out, batch, batch_idx, dl_idx)
+                if end_mod is not None:
+                    hooks.call_module(trainer, f"on_{hook}_batch_end", end_mod, out, batch, batch_idx, *extra)
             self.predictions.append(preds)
         model._results = results_by_loader[0] if results_by_loader else results
         if self.stage != "predict":

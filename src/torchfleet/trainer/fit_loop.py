@@ -61,7 +61,8 @@ class FitLoop:
         if isinstance(interval, float):
             self.val_every = n if math.isinf(n) or interval == 1.0 else max(1, int(n * interval))
         else:
-            if not math.isinf(n) and interval > n:
+            # with check_val_every_n_epoch=None the interval counts batches across epochs: it may exceed one
+            if trainer.check_val_every_n_epoch is not None and not math.isinf(n) and interval > n:
                 raise ConfigurationError(
                     f"val_check_interval={interval} is larger than the number of training batches per epoch ({n}). "
                     "Use a value <= the epoch length, or a float fraction."
@@ -82,7 +83,11 @@ class FitLoop:
         self._closure = _ReplayClosure(None, None)
         self._closure_needed = bool(trainer.optimizers) and _needs_closure(trainer.optimizers[0])
         self._forward_context = self.strategy.forward_context
-        self._has_step_schedulers = any(c.interval == "step" for c in trainer.lr_scheduler_configs)
+        # in manual optimisation the user steps the schedulers, as in Lightning: the Trainer steps none
+        self._schedulers = trainer.lr_scheduler_configs if model.automatic_optimization else []
+        self._has_step_schedulers = any(c.interval == "step" for c in self._schedulers)
+        self._has_epoch_schedulers = any(c.interval == "epoch" and not c.reduce_on_plateau for c in self._schedulers)
+        self._batches_before = 0  # training batches of the earlier epochs (check_val_every_n_epoch=None)
 
     # -- progress, saved in checkpoints as loops["fit"] ----------------------------------------
     def _set_progress(self, **kw: Any) -> None:
@@ -94,14 +99,17 @@ class FitLoop:
         progress = resume.get("loops") or None
         trainer.state.progress = {"epoch": trainer.state.current_epoch, "batches_done": 0, "epoch_done": False,
                              "val_pending": False, "epoch_start_rng": None, "stopped_mid_epoch": False,
-                             "resume_rng": None}
+                             "resume_rng": None, "epoch_stepped": False, "batches_before": 0}
         start_batch, mid_epoch, resume_rng = 0, None, None
         if progress is not None:
             # the RNG where the run stopped, if it stopped; else the one at the save (a save inside the loop)
             resume_rng = progress.get("resume_rng") or resume.get("rng")
             restored_epoch = trainer.state.current_epoch
+            n = trainer.num_training_batches
+            self._batches_before = progress.get("batches_before", 0 if math.isinf(n) else progress["epoch"] * n)
             if progress["epoch_done"] and not progress.get("stopped_mid_epoch", False):
                 trainer.state.current_epoch = progress["epoch"] + 1
+                self._batches_before += progress["batches_done"]
                 if resume_rng is not None:
                     restore_rng(resume_rng)
             else:
@@ -120,6 +128,7 @@ class FitLoop:
                 mid_epoch = None
             else:
                 self.run_epoch(0, None, None)
+            self._batches_before += trainer.state.progress["batches_done"]
             stop = trainer.state.should_stop and self._may_stop(trainer.state.current_epoch + 1)
             # the epoch counts as done even when a stop ended it early, as when max_epochs ends the run
             trainer.state.current_epoch += 1
@@ -153,7 +162,8 @@ class FitLoop:
         epoch_start_rng = capture_rng()
         self._set_progress(epoch=state.current_epoch, batches_done=start_batch, epoch_done=False,
                            val_pending=False, epoch_start_rng=epoch_start_rng, stopped_mid_epoch=False,
-                           resume_rng=None)
+                           resume_rng=None, batches_before=self._batches_before,
+                           epoch_stepped=bool(resume_at and resume_at.get("epoch_stepped")))
         results = Results("train")
         results.device = strategy.root_device
         state.train_results = results
@@ -220,6 +230,11 @@ class FitLoop:
                 fn(trainer, model, outputs, batch, batch_idx)
             if batch_end_mod is not None:
                 hooks.call_module(trainer, "on_train_batch_end", batch_end_mod, outputs, batch, batch_idx)
+            if is_last and self._has_epoch_schedulers:
+                # the whole epoch ran: its schedulers step now, before the epoch-end validation, so that a
+                # checkpoint ModelCheckpoint writes there holds their state after this epoch's step
+                self._step_schedulers("epoch", plateau=False)
+                progress["epoch_stepped"] = True
             if validate_now:
                 self._validate()
             # inside an epoch only the epochs before it count towards min_epochs: that one runs to its end
@@ -244,7 +259,9 @@ class FitLoop:
             self._sync_latest(results)
             self._log_epoch(results)
             if not cut_short:  # as Lightning: epoch schedulers step only after a whole epoch
-                self._step_schedulers("epoch")
+                # ReduceLROnPlateau steps here, on the epoch's metrics; the others stepped after the last batch
+                # (unless the epoch's length is unknown)
+                self._step_schedulers("epoch", plateau=None if not progress["epoch_stepped"] else True)
             self._set_progress(epoch_done=True, val_pending=False)
 
         hooks.call_module_between("on_train_epoch_end", trainer, between=finish_epoch)
@@ -304,11 +321,15 @@ class FitLoop:
         if self._has_step_schedulers:
             self._step_schedulers("step")
 
-    def _step_schedulers(self, interval: str) -> None:
+    def _step_schedulers(self, interval: str, plateau: bool | None = None) -> None:
+        """Step the Trainer's schedulers of ``interval`` that are due; ``plateau``: only ReduceLROnPlateau (True),
+        only the others (False), or both (None). None in manual optimisation, where the user steps them."""
         trainer = self.trainer
         count = trainer.state.global_step if interval == "step" else trainer.state.current_epoch + 1
-        for config in trainer.lr_scheduler_configs:
+        for config in self._schedulers:
             if config.interval != interval or count % config.frequency:
+                continue
+            if plateau is not None and config.reduce_on_plateau is not plateau:
                 continue
             if config.reduce_on_plateau:
                 metrics = trainer.callback_metrics
@@ -328,7 +349,10 @@ class FitLoop:
         trainer = self.trainer
         if not self.val_loaders or not any(trainer.num_val_batches):
             return False
-        if (trainer.state.current_epoch + 1) % trainer.check_val_every_n_epoch:
+        every_n_epochs = trainer.check_val_every_n_epoch
+        if every_n_epochs is None:  # as Lightning: every val_check_interval batches, counted across epochs
+            return (self._batches_before + batch_idx + 1) % self.val_every == 0
+        if (trainer.state.current_epoch + 1) % every_n_epochs:
             return False
         if isinstance(trainer.val_check_interval, float) and trainer.val_check_interval == 1.0:
             return is_last

@@ -213,6 +213,13 @@ class Trainer:
                     f"val_check_interval={val_check_interval!r} is not valid: a float in (0.0, 1.0] validates after "
                     "that fraction of each training epoch, an int >= 1 after that many training batches."
                 )
+        if check_val_every_n_epoch is None and not isinstance(val_check_interval, int):
+            raise ConfigurationError(
+                f"check_val_every_n_epoch=None validates every val_check_interval training batches counted across "
+                f"epochs, so val_check_interval must be an int number of batches, not {val_check_interval!r} (a "
+                "fraction of an epoch has no meaning there). Pass val_check_interval=N (an int >= 1), or keep "
+                "check_val_every_n_epoch=1 to validate at fractions of each epoch."
+            )
         if deterministic not in (None, True, False, "warn"):
             raise ConfigurationError(f"deterministic={deterministic!r} is not valid: give True, False or 'warn'.")
 
