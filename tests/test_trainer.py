@@ -643,3 +643,26 @@ def test_evaluation_start_hooks_run_without_grad():
     Trainer(**quiet(max_epochs=1, inference_mode=False, callbacks=[CallbackHooks()])).validate(
         model, datamodule=RegressionData())
     assert seen == {"module_validation": (False, False), "cb_validation": (False, False)}
+
+
+def test_manual_optimizers_are_instances_of_the_wrapped_optimizer_class():
+    # Lightning's ManualOptimBoringModel asserts this; LR schedulers built on self.optimizers() need it too
+    seen = []
+
+    class Manual(Regressor):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            seen.append((isinstance(opt, torch.optim.Optimizer), isinstance(opt, torch.optim.SGD), opt.optimizer))
+            x, y = batch
+            opt.zero_grad()
+            self.manual_backward(nn.functional.mse_loss(self(x), y))
+            opt.step()
+
+    trainer = Trainer(max_steps=2, **quiet())
+    trainer.fit(Manual(), loader())
+    assert [s[:2] for s in seen] == [(True, True), (True, True)]
+    assert seen[0][2] is trainer.optimizers[0] and trainer.global_step == 2

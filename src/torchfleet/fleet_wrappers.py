@@ -8,6 +8,7 @@ from typing import Any
 from torch import nn
 from torch.optim import Optimizer
 
+from torchfleet.optim_wrapper import OptimizerWrapper
 from torchfleet.precision import Precision
 
 
@@ -84,10 +85,7 @@ class FleetModule(nn.Module):
         return f"FleetModule({self._original!r})"
 
 
-_OPTIMIZER_CLASSES: dict[type, type] = {}
-
-
-class FleetOptimizer:
+class FleetOptimizer(OptimizerWrapper):
     """The user's optimizer after ``Fleet.setup``: ``step`` goes through the strategy (gradient scaling,
     sharded engines); everything else is the optimizer's own.
 
@@ -95,91 +93,15 @@ class FleetOptimizer:
     so learning-rate schedulers and other code that checks the type accept it.
     """
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> FleetOptimizer:
-        if cls is not FleetOptimizer:  # already the per-type subclass: copy.copy / deepcopy rebuild
-            return object.__new__(cls)
-        optimizer = args[0] if args else kwargs["optimizer"]
-        base = type(optimizer)
-        sub = _OPTIMIZER_CLASSES.get(base)
-        if sub is None:
-            # a subclass of both, built once per optimizer type; never runs the optimizer's __init__
-            sub = type(f"Fleet{base.__name__}", (FleetOptimizer, base), {"__module__": __name__})
-            _OPTIMIZER_CLASSES[base] = sub
-        return object.__new__(sub)
-
     def __init__(self, optimizer: Optimizer, step: Callable[..., Any]) -> None:
-        self.__dict__["_optimizer"] = optimizer
+        super().__init__(optimizer)
         self.__dict__["_step"] = step
         # bound straight to the optimizer: one call fewer per step
         self.__dict__["zero_grad"] = optimizer.zero_grad
 
-    @property
-    def optimizer(self) -> Optimizer:
-        """The optimizer that was passed to ``setup``."""
-        return self.__dict__["_optimizer"]
-
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Step through the strategy (``closure`` computes loss and gradients first when given)."""
         return self._step(self._optimizer, closure)
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Reset gradients (replaced per instance by the optimizer's own bound method)."""
-        self._optimizer.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The optimizer's state dict."""
-        return self._optimizer.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load into the optimizer."""
-        self._optimizer.load_state_dict(state_dict)
-
-    def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a parameter group to the optimizer."""
-        self._optimizer.add_param_group(param_group)
-
-    # Optimizer methods inherited through the dynamic subclass read these: keep them the optimizer's.
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The optimizer's parameter groups."""
-        return self._optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self._optimizer.param_groups = value
-
-    @property
-    def state(self) -> Any:
-        """The optimizer's per-parameter state."""
-        return self._optimizer.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self._optimizer.state = value
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        """The optimizer's default hyperparameters."""
-        return self._optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, value: dict[str, Any]) -> None:
-        self._optimizer.defaults = value
-
-    def __getattr__(self, name: str) -> Any:
-        optimizer = self.__dict__.get("_optimizer")
-        if optimizer is None:  # half-built (copy/pickle): avoid recursing into ourselves
-            raise AttributeError(name)
-        return getattr(optimizer, name)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    def __repr__(self) -> str:
-        return f"FleetOptimizer({self._optimizer!r})"
 
 
 class FleetDataLoader:

@@ -7,21 +7,22 @@ from typing import TYPE_CHECKING, Any
 
 from torch.optim import Optimizer
 
+from torchfleet.optim_wrapper import OptimizerWrapper
+
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
 
 
-class ManualOptimizer:
+class ManualOptimizer(OptimizerWrapper):
     """Wraps an optimizer for manual optimisation: ``step`` goes through the strategy (gradient scaling,
-    sharded engines) and advances ``trainer.global_step``; everything else is the optimizer's own."""
+    sharded engines) and advances ``trainer.global_step``; everything else is the optimizer's own.
+
+    Like Lightning's, it is an instance of the wrapped optimizer's class (``isinstance(opt, torch.optim.SGD)``).
+    """
 
     def __init__(self, optimizer: Optimizer, trainer: Trainer) -> None:
-        self._optimizer = optimizer
-        self._trainer = trainer
-
-    @property
-    def optimizer(self) -> Optimizer:
-        return self._optimizer
+        super().__init__(optimizer)
+        self.__dict__["_trainer"] = trainer
 
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         trainer = self._trainer
@@ -33,9 +34,3 @@ class ManualOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._trainer._hooks.call("on_before_zero_grad", self._trainer, self._optimizer)
         self._optimizer.zero_grad(set_to_none=set_to_none)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._optimizer, name)
-
-    def __repr__(self) -> str:
-        return f"ManualOptimizer({self._optimizer!r})"
