@@ -9,7 +9,8 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -310,6 +311,54 @@ class Module(nn.Module):
                 "__init__, or return the loss from training_step and let the Trainer call backward."
             )
         trainer._manual_backward(self, loss, *args, **kwargs)
+
+    def toggle_optimizer(self, optimizer: Optimizer) -> None:
+        """Let only ``optimizer``'s parameters get gradients (multi-optimizer setups such as GANs).
+
+        As Lightning: every parameter of the Trainer's other optimizers gets ``requires_grad=False``, the
+        previous flags are remembered, and ``optimizer``'s own parameters keep their previous flag (a frozen
+        one stays frozen). :meth:`untoggle_optimizer` restores the flags.
+        """
+        state: dict[Tensor, bool] = {}
+        for opt in self.trainer.optimizers:
+            for group in opt.param_groups:
+                for param in group["params"]:
+                    if param not in state:
+                        state[param] = param.requires_grad
+                        param.requires_grad = False
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                param.requires_grad = state.get(param, param.requires_grad)
+        object.__setattr__(self, "_param_requires_grad_state", state)
+
+    def untoggle_optimizer(self, optimizer: Optimizer) -> None:
+        """Restore the ``requires_grad`` flags that :meth:`toggle_optimizer` changed."""
+        state: dict[Tensor, bool] = self.__dict__.get("_param_requires_grad_state", {})
+        own = {param for group in optimizer.param_groups for param in group["params"]}
+        for param, flag in state.items():
+            if param not in own:
+                param.requires_grad = flag
+        object.__setattr__(self, "_param_requires_grad_state", {})
+
+    @contextmanager
+    def toggled_optimizer(self, optimizer: Optimizer) -> Iterator[None]:
+        """``with self.toggled_optimizer(opt):`` toggles ``opt`` and untoggles it on leaving, errors included."""
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        """How the Trainer steps an LR scheduler under automatic optimisation; override for a custom scheduler.
+
+        ``metric`` is the monitored value for ReduceLROnPlateau-style schedulers, else None. A scheduler that is
+        not a torch ``LRScheduler``/``ReduceLROnPlateau`` is accepted only when this is overridden.
+        """
+        if metric is None:
+            scheduler.step()
+        else:
+            scheduler.step(metric)
 
     def clip_gradients(
         self,

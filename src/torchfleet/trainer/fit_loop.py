@@ -6,6 +6,7 @@ Strategy-agnostic: everything device- or process-specific goes through ``trainer
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,7 @@ class FitLoop:
         self._schedulers = trainer.lr_scheduler_configs if model.automatic_optimization else []
         self._has_step_schedulers = any(c.interval == "step" for c in self._schedulers)
         self._has_epoch_schedulers = any(c.interval == "epoch" and not c.reduce_on_plateau for c in self._schedulers)
+        self._lr_scheduler_step = hooks.mod("lr_scheduler_step")  # the Module's override, else None
         self._batches_before = 0  # training batches of the earlier epochs (check_val_every_n_epoch=None)
 
     # -- progress, saved in checkpoints as loops["fit"] ----------------------------------------
@@ -331,6 +333,7 @@ class FitLoop:
                 continue
             if plateau is not None and config.reduce_on_plateau is not plateau:
                 continue
+            metric = None
             if config.reduce_on_plateau:
                 metrics = trainer.callback_metrics
                 if config.monitor not in metrics:
@@ -340,10 +343,21 @@ class FitLoop:
                             f"Logged metrics: {', '.join(sorted(metrics)) or 'none'}. Log it with self.log, or "
                             "pass 'strict': False in the lr_scheduler dict to skip such steps."
                         )
+                    if trainer.is_global_zero:
+                        warnings.warn(
+                            f"The ReduceLROnPlateau scheduler watches {config.monitor!r}, which was not logged, and "
+                            "'strict' is False: skipping this learning-rate update.",
+                            RuntimeWarning,
+                            stacklevel=2,
+                        )
                     continue
-                config.scheduler.step(float(metrics[config.monitor]))
-            else:
+                metric = metrics[config.monitor]
+            if self._lr_scheduler_step is not None:
+                self._lr_scheduler_step(config.scheduler, metric)
+            elif metric is None:
                 config.scheduler.step()
+            else:
+                config.scheduler.step(float(metric))
 
     def _should_validate(self, batch_idx: int, is_last: bool) -> bool:
         trainer = self.trainer

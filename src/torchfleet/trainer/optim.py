@@ -37,9 +37,15 @@ class LRSchedulerConfig:
         return self.scheduler.state_dict()
 
 
+def _is_torch_scheduler(obj: Any) -> bool:
+    return isinstance(obj, (LRScheduler, ReduceLROnPlateau))
+
+
 def _is_scheduler(obj: Any) -> bool:
-    return isinstance(obj, (LRScheduler, ReduceLROnPlateau)) or (
-        callable(getattr(obj, "step", None)) and callable(getattr(obj, "state_dict", None)) and hasattr(obj, "optimizer")
+    # as Lightning: any object with state_dict/load_state_dict (checkpoints need both); one that is not a torch
+    # scheduler is stepped by the Module's lr_scheduler_step (validate_schedulers checks that it is overridden)
+    return _is_torch_scheduler(obj) or (
+        callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
     )
 
 
@@ -61,7 +67,8 @@ def _scheduler_config(obj: Any, monitor: str | None = None) -> LRSchedulerConfig
         )
     if not _is_scheduler(config.scheduler):
         raise MisconfiguredModuleError(
-            f"lr_scheduler['scheduler'] is a {type(config.scheduler).__name__}, not an LR scheduler. {_ACCEPTED}."
+            f"lr_scheduler['scheduler'] is a {type(config.scheduler).__name__}, not an LR scheduler (it needs "
+            f"state_dict() and load_state_dict()). {_ACCEPTED}."
         )
     if config.interval not in ("step", "epoch"):
         raise MisconfiguredModuleError(
@@ -70,12 +77,28 @@ def _scheduler_config(obj: Any, monitor: str | None = None) -> LRSchedulerConfig
     if not isinstance(config.frequency, int) or config.frequency < 1:
         raise MisconfiguredModuleError(f"lr_scheduler frequency must be a positive int, got {config.frequency!r}.")
     config.reduce_on_plateau = isinstance(config.scheduler, ReduceLROnPlateau) or config.reduce_on_plateau
-    if config.reduce_on_plateau and not config.monitor:
-        raise MisconfiguredModuleError(
-            "configure_optimizers() returned a ReduceLROnPlateau scheduler without a metric to watch. Return "
-            "{'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'monitor': 'val_loss'}}."
-        )
     return config
+
+
+def validate_schedulers(configs: list[LRSchedulerConfig], automatic: bool, custom_step: bool) -> None:
+    """Checks that need the Module: under automatic optimisation the Trainer steps the schedulers, so a
+    ReduceLROnPlateau needs a monitor and a non-torch scheduler needs ``lr_scheduler_step`` overridden
+    (``custom_step``). In manual optimisation the user steps them: anything stateful is accepted."""
+    if not automatic:
+        return
+    for config in configs:
+        if config.reduce_on_plateau and not config.monitor:
+            raise MisconfiguredModuleError(
+                "configure_optimizers() returned a ReduceLROnPlateau scheduler without a metric to watch. Return "
+                "{'optimizer': opt, 'lr_scheduler': {'scheduler': sched, 'monitor': 'val_loss'}}."
+            )
+        if not custom_step and not _is_torch_scheduler(config.scheduler):
+            raise MisconfiguredModuleError(
+                f"The LR scheduler {type(config.scheduler).__name__} is not a torch.optim.lr_scheduler.LRScheduler "
+                "or ReduceLROnPlateau, so the Trainer does not know how to step it. Override "
+                "lr_scheduler_step(self, scheduler, metric) in your Module to step it (as in Lightning), or step it "
+                "yourself under manual optimisation (self.automatic_optimization = False)."
+            )
 
 
 def _from_dict(d: Mapping[str, Any]) -> tuple[Optimizer, list[LRSchedulerConfig]]:

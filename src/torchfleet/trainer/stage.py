@@ -5,6 +5,7 @@ The per-batch loops live in fit_loop.py and eval_loop.py.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from collections.abc import Mapping
@@ -17,7 +18,7 @@ from torchfleet.settings import loader_batch_size
 from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore
 from torchfleet.trainer.eval_loop import EvalLoop
 from torchfleet.trainer.fit_loop import FitLoop
-from torchfleet.trainer.optim import parse_optimizers
+from torchfleet.trainer.optim import parse_optimizers, validate_schedulers
 from torchfleet.trainer.replica_logging import REPLICA_LOGGING
 
 if TYPE_CHECKING:
@@ -137,6 +138,7 @@ def _setup_model(trainer: Trainer, model: Any, with_optimizers: bool, micro_batc
     def build_optimizers() -> list[Any]:
         # the strategy decides when: before wrapping (ddp), or after sharding replaced the parameters (fsdp)
         opts, found = parse_optimizers(model.configure_optimizers())
+        validate_schedulers(found, model.automatic_optimization, trainer._hooks.mod("lr_scheduler_step") is not None)
         scheds.extend(found)
         if not opts:
             log.warning("configure_optimizers() returned None: fit runs forward and backward but changes no weights.")
@@ -178,8 +180,26 @@ def _for_strategy(trainer: Trainer, loader: Any, stage: str) -> Any:
 
 
 # ---------------------------------------------------------------------------- fit
+def _check_training_step_signature(model: Any) -> None:
+    """Lightning 1.x multi-optimizer modules take ``optimizer_idx``; Lightning 2 (and torchfleet) never pass it."""
+    try:
+        params = inspect.signature(model.training_step).parameters
+    except (TypeError, ValueError):
+        return
+    if "optimizer_idx" in params:
+        raise MisconfiguredModuleError(
+            f"{type(model).__name__}.training_step takes an `optimizer_idx` argument: that is Lightning 1.x "
+            "multi-optimizer style, which Lightning 2 removed and torchfleet does not support. Port it to manual "
+            "optimisation: set self.automatic_optimization = False in __init__, remove `optimizer_idx` from "
+            "training_step, get the optimizers with `opt_g, opt_d = self.optimizers()`, and for each one call "
+            "self.toggle_optimizer(opt), opt.zero_grad(), self.manual_backward(loss), opt.step(), "
+            "self.untoggle_optimizer(opt)."
+        )
+
+
 def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: Any) -> None:
     strategy = trainer.strategy
+    _check_training_step_signature(model)
     train_loader = _source(trainer, model, "train", train_dl)
     if train_loader is None:
         raise ConfigurationError(
