@@ -95,8 +95,8 @@ def test_the_seed_parameter_list_is_the_signature():
             "parallel_devices", "cluster_environment", "loss_scale", "initial_scale_power", "loss_scale_window",
             "hysteresis", "min_loss_scale", "partition_activations", "cpu_checkpointing",
             "contiguous_memory_optimization", "synchronize_checkpoint_boundary", "load_full_weights",
-            "process_group_backend"}
-    # precision_plugin is our precision=; timeout and start_method are DDPStrategy's
+            "precision_plugin", "process_group_backend"}
+    # precision= is precision_plugin's torchfleet name; timeout and start_method are DDPStrategy's
     assert seed - params == set()
     assert params - seed == {"precision", "timeout", "start_method"}
 

@@ -63,6 +63,7 @@ class DDPStrategy(ParallelStrategy):
     ``timeout``: how long a collective may wait (a timedelta or seconds). ``start_method``: "popen"
     (default), "spawn", "fork" or "forkserver". ``ddp_comm_hook``/``ddp_comm_state``: a DDP
     communication hook and its state (e.g. ``torch.distributed.algorithms.ddp_comm_hooks``).
+    ``precision_plugin``: Lightning's name for ``precision`` (give one of the two).
     Every other keyword (``static_graph``, ``find_unused_parameters``, ``gradient_as_bucket_view``,
     ``bucket_cap_mb``, ``broadcast_buffers``, ...) goes to DistributedDataParallel.
     """
@@ -79,11 +80,13 @@ class DDPStrategy(ParallelStrategy):
         start_method: str = "popen",
         ddp_comm_state: object | None = None,
         ddp_comm_hook: Callable | None = None,
+        precision_plugin: Precision | None = None,
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,
-                         precision=precision, process_group_backend=process_group_backend)
+                         precision=precision, process_group_backend=process_group_backend,
+                         precision_plugin=precision_plugin)
         if start_method not in START_METHODS:
             raise ConfigurationError(
                 f"start_method={start_method!r} is not understood. Accepted: 'popen' (re-run the script for each "
@@ -108,6 +111,8 @@ class DDPStrategy(ParallelStrategy):
         self._ddp_comm_hook = ddp_comm_hook
         self._ddp_kwargs = ddp_kwargs
         _check_ddp_kwargs(ddp_kwargs)
+        #: the module ``setup_module`` is setting up; ``configure_ddp`` replaces it with its DDP wrapper
+        self.model: nn.Module | None = None
 
     # ----------------------------------------------------------------- configuration
     def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:
@@ -181,14 +186,32 @@ class DDPStrategy(ParallelStrategy):
 
     # ----------------------------------------------------------------- the module
     def setup_module(self, module: nn.Module) -> nn.Module:
-        """Wrap ``module`` in DistributedDataParallel (with the communication hook, when one was given)."""
+        """Wrap ``module`` through ``configure_ddp`` and return ``self.model``, the wrapped module.
+
+        ``self.model`` is ``module`` behind the hook dispatcher when ``configure_ddp`` runs, so a wrapper
+        a subclass builds around it still runs ``training_step`` inside DDP's forward.
+        """
+        self.model = _HookDispatch(module)
+        self.configure_ddp()
+        return self.model
+
+    def configure_ddp(self) -> None:
+        """Replace ``self.model`` by its DistributedDataParallel wrapper (Lightning's hook of this name).
+
+        Override to use your own DDP: ``self.model = MyDDP(self.model, device_ids=self.determine_ddp_device_ids())``.
+        The default also registers ``ddp_comm_hook`` when one was given.
+        """
         from torch.nn.parallel import DistributedDataParallel
 
-        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
-        wrapped = DistributedDataParallel(_HookDispatch(module), device_ids=device_ids, **self._ddp_kwargs)
+        assert self.model is not None
+        self.model = DistributedDataParallel(self.model, device_ids=self.determine_ddp_device_ids(),
+                                             **self._ddp_kwargs)
         if self._ddp_comm_hook is not None:
-            wrapped.register_comm_hook(self._ddp_comm_state, self._ddp_comm_hook)
-        return wrapped
+            self.model.register_comm_hook(self._ddp_comm_state, self._ddp_comm_hook)
+
+    def determine_ddp_device_ids(self) -> list[int] | None:
+        """``device_ids`` for DistributedDataParallel: this rank's GPU, or None on the CPU."""
+        return [self.root_device.index] if self.root_device.type == "cuda" else None
 
     def unwrap(self, module: nn.Module) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel

@@ -179,12 +179,14 @@ class DeepSpeedStrategy(DDPStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | float | None = DEFAULT_TIMEOUT,
         start_method: str = "popen",
+        precision_plugin: Precision | None = None,
     ) -> None:
         if not deepspeed_available():
             raise not_installed("A DeepSpeed strategy")
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, precision=precision,
-                         process_group_backend=process_group_backend, timeout=timeout, start_method=start_method)
+                         process_group_backend=process_group_backend, timeout=timeout, start_method=start_method,
+                         precision_plugin=precision_plugin)
         # every config-building keyword is checked, also when a given config replaces what they would build
         options = dsc.DeepSpeedOptions.from_arguments(locals())
         if remote_device not in (None, "cpu", "nvme"):

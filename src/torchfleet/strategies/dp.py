@@ -104,8 +104,10 @@ class DataParallelStrategy(Strategy):
         parallel_devices: Sequence[str | torch.device | int] | None = None,
         checkpoint_io: CheckpointIO | None = None,
         precision: Precision | None = None,
+        precision_plugin: Precision | None = None,
     ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io,
+                         precision_plugin=precision_plugin)
         self.parallel_devices: list[torch.device] | None = None
         if parallel_devices is not None:
             devices = [_as_cuda_device(d) for d in parallel_devices]

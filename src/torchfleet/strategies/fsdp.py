@@ -125,10 +125,12 @@ class FSDPStrategy(DDPStrategy):
         mixed_precision: MixedPrecisionPolicy | None = None,
         activation_checkpointing_policy: LayerPolicy = None,
         state_dict_type: str = "sharded",
+        precision_plugin: Precision | None = None,
     ) -> None:
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io, precision=precision,
-                         process_group_backend=process_group_backend, timeout=timeout, start_method=start_method)
+                         process_group_backend=process_group_backend, timeout=timeout, start_method=start_method,
+                         precision_plugin=precision_plugin)
         from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
 
         self.auto_wrap_policy = auto_wrap_policy

@@ -35,8 +35,10 @@ class ParallelStrategy(Strategy, ABC):
         checkpoint_io: CheckpointIO | None = None,
         precision: Precision | None = None,
         process_group_backend: str | None = None,
+        precision_plugin: Precision | None = None,
     ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io,
+                         precision_plugin=precision_plugin)
         self.parallel_devices = parallel_devices
         self._cluster_environment = cluster_environment
         self._num_nodes = 1

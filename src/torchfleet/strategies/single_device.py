@@ -25,8 +25,10 @@ class SingleDeviceStrategy(Strategy):
         accelerator: Accelerator | None = None,
         precision: Precision | None = None,
         checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
     ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io)
+        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io,
+                         precision_plugin=precision_plugin)
         self._device = _as_device(device) if device is not None else None
 
     def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:

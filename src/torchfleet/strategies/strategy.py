@@ -27,6 +27,7 @@ from torchfleet.checkpoint.state import (
     stateful_entries,
     stateful_kind,
 )
+from torchfleet.errors import ConfigurationError
 from torchfleet.settings import TrainingSettings
 from torchfleet.strategies.utils import (
     ReduceOp,
@@ -60,9 +61,11 @@ class Strategy(ABC):
         accelerator: Accelerator | None = None,
         precision: Precision | None = None,
         checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
     ) -> None:
         from torchfleet.precision import Precision as _FullPrecision
 
+        precision = _precision_alias(precision, precision_plugin)
         self._explicit = {k for k, v in (("accelerator", accelerator), ("precision", precision),
                                          ("checkpoint_io", checkpoint_io)) if v is not None}
         self._accelerator = accelerator
@@ -418,3 +421,15 @@ class Strategy(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(accelerator={self.accelerator!r}, precision={self._precision!r})"
+
+
+def _precision_alias(precision: Precision | None, precision_plugin: Precision | None) -> Precision | None:
+    """``precision_plugin=`` is Lightning's name for ``precision=``; one of them may be given, not both."""
+    if precision_plugin is None:
+        return precision
+    if precision is not None:
+        raise ConfigurationError(
+            f"Both precision={precision!r} and precision_plugin={precision_plugin!r} were given. precision_plugin is "
+            "Lightning's name for precision: give one of them."
+        )
+    return precision_plugin
