@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from torch import Tensor, nn
@@ -27,6 +27,24 @@ def stateful_kind(value: Any) -> str | None:
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, Optimizer) for v in value):
         return OPTIMIZERS
     return None
+
+
+def map_stateful(state: Mapping[str, Any], module_fn: Callable[[nn.Module], Any],
+                 optimizer_fn: Callable[[Optimizer], Any]) -> dict[str, Any]:
+    """``state`` with each module replaced by ``module_fn(module)`` and each optimizer (also in a list) by
+    ``optimizer_fn(optimizer)``; plain values are kept as they are."""
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        kind = stateful_kind(value)
+        if kind == MODULE:
+            out[key] = module_fn(value)
+        elif kind == OPTIMIZER:
+            out[key] = optimizer_fn(value)
+        elif kind == OPTIMIZERS:
+            out[key] = [optimizer_fn(v) for v in value]
+        else:
+            out[key] = value
+    return out
 
 
 def stateful_entries(checkpoint: Mapping[str, Any], state: Mapping[str, Any], path: Any = None

@@ -40,7 +40,7 @@ from torchfleet.checkpoint.deepspeed import (
     not_installed,
     read_deepspeed_checkpoint,
 )
-from torchfleet.checkpoint.state import MODULE, OPTIMIZER, OPTIMIZERS, stateful_kind
+from torchfleet.checkpoint.state import OPTIMIZER, OPTIMIZERS, map_stateful, stateful_kind
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.settings import loader_batch_size
 from torchfleet.strategies import _deepspeed_config as dsc
@@ -411,18 +411,7 @@ class DeepSpeedStrategy(DDPStrategy):
 
     def state_for_saving(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """``state`` with modules and optimizers replaced by placeholders: the engine checkpoint holds them."""
-        out: dict[str, Any] = {}
-        for key, value in state.items():
-            kind = stateful_kind(value)
-            if kind == MODULE:
-                out[key] = InEngine("module")
-            elif kind == OPTIMIZER:
-                out[key] = InEngine("optimizer")
-            elif kind == OPTIMIZERS:
-                out[key] = [InEngine("optimizer") for _ in value]
-            else:
-                out[key] = value
-        return out
+        return map_stateful(state, lambda _: InEngine("module"), lambda _: InEngine("optimizer"))
 
     # ----------------------------------------------------------------- checkpoints
     def save_checkpoint(

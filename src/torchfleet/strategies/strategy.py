@@ -20,12 +20,10 @@ from torchfleet.checkpoint.consolidate import read_full_checkpoint
 from torchfleet.checkpoint.io import TorchCheckpointIO
 from torchfleet.checkpoint.state import (
     MODULE,
-    OPTIMIZER,
-    OPTIMIZERS,
     load_state_dict_checked,
+    map_stateful,
     paired_optimizer_states,
     stateful_entries,
-    stateful_kind,
 )
 from torchfleet.errors import ConfigurationError
 from torchfleet.settings import TrainingSettings
@@ -358,18 +356,7 @@ class Strategy(ABC):
 
     def state_for_saving(self, state: Mapping[str, Any]) -> dict[str, Any]:
         """``state`` with its modules and optimizers replaced by their state dicts (as this strategy saves them)."""
-        out: dict[str, Any] = {}
-        for key, value in state.items():
-            kind = stateful_kind(value)
-            if kind == MODULE:
-                out[key] = self.module_state_dict(value)
-            elif kind == OPTIMIZER:
-                out[key] = self.optimizer_state_dict(value)
-            elif kind == OPTIMIZERS:
-                out[key] = [self.optimizer_state_dict(v) for v in value]
-            else:
-                out[key] = value
-        return out
+        return map_stateful(state, self.module_state_dict, self.optimizer_state_dict)
 
     def save_checkpoint(
         self, path: str | os.PathLike, state: Mapping[str, Any], storage_options: Any | None = None
