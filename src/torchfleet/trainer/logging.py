@@ -188,15 +188,8 @@ class Results:
         if not fresh:
             return {}, {}, {}
         values = sync_values(strategy, [(v.latest, v.reduce_fx, v.sync_dist) for v in fresh])
-        callback, logged, bar = {}, {}, {}
-        for v, val in zip(fresh, values):
-            callback[v.name] = val
-            suffixed = f"{v.name}_step" if v.on_epoch else v.name
-            if v.logger:
-                logged[suffixed] = val
-            if v.prog_bar:
-                bar[suffixed] = val
-        return callback, logged, bar
+        # a value logged on both step and epoch is "name_step" here and "name_epoch" there
+        return _route(fresh, values, [f"{v.name}_step" if v.on_epoch else v.name for v in fresh])
 
     def collect_epoch(self, strategy: Strategy | None) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
         """Epoch aggregates of values logged on_epoch: (for callbacks, for loggers, for the progress bar)."""
@@ -206,15 +199,19 @@ class Results:
         if not entries:
             return {}, {}, {}
         values = sync_epoch(strategy, entries)
-        callback, logged, bar = {}, {}, {}
-        for v, val in zip(entries, values):
-            callback[v.name] = val
-            suffixed = f"{v.name}_epoch" if v.on_step else v.name
-            if v.logger:
-                logged[suffixed] = val
-            if v.prog_bar:
-                bar[suffixed] = val
-        return callback, logged, bar
+        return _route(entries, values, [f"{v.name}_epoch" if v.on_step else v.name for v in entries])
+
+
+def _route(entries: list[Any], values: list[Any], names: list[str]) -> tuple[dict, dict, dict]:
+    """(for callbacks, for loggers, for the progress bar): callbacks see the plain names, the others ``names``."""
+    callback, logged, bar = {}, {}, {}
+    for v, val, name in zip(entries, values, names):
+        callback[v.name] = val
+        if v.logger:
+            logged[name] = val
+        if v.prog_bar:
+            bar[name] = val
+    return callback, logged, bar
 
 
 def _distributed(strategy: Strategy | None) -> bool:
