@@ -21,12 +21,6 @@ def needs_cuda(n: int = 1, why: str = "") -> pytest.MarkDecorator:
     return pytest.mark.skipif(have < n, reason=f"needs {n} CUDA device(s), {have} here: {why}")
 
 
-def deepspeed_installed() -> bool:
-    from importlib.util import find_spec
-
-    return find_spec("deepspeed") is not None
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/gpu/" in item.nodeid.replace("\\", "/"):

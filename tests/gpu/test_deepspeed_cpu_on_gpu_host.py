@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from tests.distributed import sharded_helpers
-from torchfleet.strategies.deepspeed import deepspeed_available
+from tests.gpu.conftest import needs_cuda
+from torchfleet.checkpoint.deepspeed import deepspeed_available
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.distributed,
-    pytest.mark.skipif(not torch.cuda.is_available(),
-                       reason="needs a CUDA device: checks that accelerator='cpu' keeps DeepSpeed on the CPU"),
+    needs_cuda(1, "checks that accelerator='cpu' keeps DeepSpeed on the CPU"),
     pytest.mark.skipif(not deepspeed_available(), reason="deepspeed is not installed (the 'deepspeed' extra)"),
 ]
 

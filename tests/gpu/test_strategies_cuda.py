@@ -18,7 +18,8 @@ from tests.distributed import sharded_helpers
 from tests.distributed.scripts import fsdp_train
 from tests.distributed.scripts.fsdp_train import SAVE_AT, STEPS, build
 from tests.distributed.sharded_helpers import ROOT, assert_close, child_env, load_results, train_reference
-from tests.gpu.conftest import cuda_count, deepspeed_installed, needs_cuda
+from tests.gpu.conftest import cuda_count, needs_cuda
+from torchfleet.checkpoint.deepspeed import deepspeed_available
 
 SCRIPT = fsdp_train.__file__
 ATOL = 1e-5
@@ -63,7 +64,7 @@ def test_ddp_dp_fsdp_on_one_gpu_train_save_and_resume(tmp_path, cuda_reference):
 
 
 @needs_cuda(1, "DeepSpeed on one GPU trains, saves and resumes")
-@pytest.mark.skipif(not deepspeed_installed(), reason="deepspeed is not installed (the 'deepspeed' extra)")
+@pytest.mark.skipif(not deepspeed_available(), reason="deepspeed is not installed (the 'deepspeed' extra)")
 def test_deepspeed_on_one_gpu_trains_saves_and_resumes(tmp_path, cuda_reference):
     d = str(tmp_path)
     results = _launch(tmp_path, 1, [*_save_and_resume("ds2", "deepspeed_stage_2", d),
@@ -89,7 +90,7 @@ def test_ddp_and_fsdp_on_two_gpus_match_one_process(tmp_path, cuda_reference):
 
 
 @needs_cuda(2, "DeepSpeed ZeRO 1/2/3 across 2 GPUs match one process with the global batch")
-@pytest.mark.skipif(not deepspeed_installed(), reason="deepspeed is not installed (the 'deepspeed' extra)")
+@pytest.mark.skipif(not deepspeed_available(), reason="deepspeed is not installed (the 'deepspeed' extra)")
 def test_deepspeed_stages_on_two_gpus_match_one_process(tmp_path, cuda_reference):
     d = str(tmp_path)
     runs = [{"name": "ds1", "strategy": "deepspeed_stage_1"}, *_save_and_resume("ds2", "deepspeed_stage_2", d),

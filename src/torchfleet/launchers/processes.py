@@ -185,6 +185,10 @@ class ProcessLauncher(Launcher):
                     os.kill(p.pid, signum)
 
 
+#: the name PyTorch gives autograd's per-device worker threads, followed by the device index
+_AUTOGRAD_THREAD_PREFIX = "pt_autograd_"
+
+
 def autograd_device_threads() -> list[str]:
     """Names of autograd's device worker threads running in this process (Linux; [] where it cannot tell).
 
@@ -207,8 +211,6 @@ def autograd_device_threads() -> list[str]:
             names.append(name)
     return sorted(names)
 
-
-_AUTOGRAD_THREAD_PREFIX = "pt_autograd_"
 
 
 def _name_of(obj: Any, default: str) -> str:
