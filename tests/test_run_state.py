@@ -7,7 +7,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchfleet as tf
-from torchfleet.trainer.state import RunState
+from torchfleet.trainer.state import RunState, TrainerFn
 
 
 class Tiny(tf.Module):
@@ -29,7 +29,7 @@ def test_public_counters_read_and_write_the_state():
     assert isinstance(trainer.state, RunState)
     trainer.global_step, trainer.current_epoch, trainer.should_stop = 7, 2, True
     assert (trainer.state.global_step, trainer.state.current_epoch, trainer.state.should_stop) == (7, 2, True)
-    trainer.state.stage = "fit"
+    trainer.state.fn = TrainerFn.FITTING
     assert trainer.stage == "fit" and tf.Trainer.global_step.__doc__
 
 

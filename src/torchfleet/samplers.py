@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import warnings
 from collections.abc import Iterator, Sized
 from typing import Any
 
@@ -222,3 +223,22 @@ def _cannot_rebuild(cls: type, why: str) -> ConfigurationError:
         "**kwargs and pass them on to DataLoader.__init__), or pass Trainer(use_distributed_sampler=False) and give "
         "your loader a torch.utils.data.DistributedSampler (or another per-rank sampler) yourself."
     )
+
+
+def without_shuffle(dataloader: Any, stage: str) -> Any:
+    """``dataloader`` reading its data in order: a shuffling default sampler is replaced, with a warning.
+
+    For ``Trainer(overfit_batches=...)``, which trains on the same first batches every epoch. Other loaders
+    (iterable datasets, samplers the user chose) are returned as they are.
+    """
+    if not isinstance(dataloader, DataLoader) or not _has_default_sampler(dataloader):
+        return dataloader
+    if type(dataloader.sampler) is not RandomSampler:
+        return dataloader
+    warnings.warn(
+        f"Trainer(overfit_batches=...) uses the same {stage} batches every epoch, but the {stage} dataloader "
+        "shuffles (shuffle=True): torchfleet reads it in order instead.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return _rebuild(dataloader, SequentialSampler(dataloader.dataset))

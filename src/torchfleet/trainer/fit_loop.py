@@ -6,6 +6,7 @@ Strategy-agnostic: everything device- or process-specific goes through ``trainer
 from __future__ import annotations
 
 import math
+import time
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,9 @@ from torchfleet.trainer.logging import Results
 
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
+
+#: the clock a duration val_check_interval is read from (monotonic: a change of the wall clock does not matter)
+_now = time.monotonic
 
 
 def _needs_closure(optimizer: Any) -> bool:
@@ -59,7 +63,11 @@ class FitLoop:
         self.strategy = trainer.strategy
         n = trainer.num_training_batches
         interval = trainer.val_check_interval
-        if isinstance(interval, float):
+        self._val_seconds = trainer.val_check_seconds
+        self._last_val_time = _now()
+        if self._val_seconds is not None:
+            self.val_every = 0  # unused: time decides
+        elif isinstance(interval, float):
             self.val_every = n if math.isinf(n) or interval == 1.0 else max(1, int(n * interval))
         else:
             # with check_val_every_n_epoch=None the interval counts batches across epochs: it may exceed one
@@ -121,6 +129,7 @@ class FitLoop:
                 # nothing left to run: a checkpoint saved now must still say where the first run stopped
                 trainer.state.current_epoch = restored_epoch
                 trainer.state.progress = {**trainer.state.progress, **progress, "resume_rng": resume_rng}
+        trainer.state.in_train = True
         trainer._hooks.call("on_train_start", trainer)
         ran = False
         while not self._done():
@@ -364,6 +373,12 @@ class FitLoop:
         if not self.val_loaders or not any(trainer.num_val_batches):
             return False
         every_n_epochs = trainer.check_val_every_n_epoch
+        if self._val_seconds is not None:
+            if every_n_epochs is not None and (trainer.state.current_epoch + 1) % every_n_epochs:
+                return False
+            due = _now() - self._last_val_time >= self._val_seconds
+            # every rank's clock differs: validate when any rank's time is up, all ranks together
+            return self.strategy.reduce_boolean_decision(due, all=False) if self.strategy.world_size > 1 else due
         if every_n_epochs is None:  # as Lightning: every val_check_interval batches, counted across epochs
             return (self._batches_before + batch_idx + 1) % self.val_every == 0
         if (trainer.state.current_epoch + 1) % every_n_epochs:
@@ -379,6 +394,7 @@ class FitLoop:
                  on_metrics=lambda: self._set_progress(val_pending=False)).run()
         trainer._current_fx("training_step")
         trainer.state.in_train = True
+        self._last_val_time = _now()  # a duration interval counts from the end of a validation
         self.model._results = trainer.state.train_results
         self.model.train()
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
+from torchfleet.module import Module
+from torchfleet.samplers import without_shuffle
 from torchfleet.settings import loader_batch_size
 from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore
 from torchfleet.trainer.eval_loop import EvalLoop
@@ -77,6 +80,8 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
     if trainer.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=trainer.deterministic == "warn")
         torch.backends.cudnn.benchmark = False
+    if trainer.benchmark is not None:  # each rank's process (spawned ones too)
+        torch.backends.cudnn.benchmark = trainer.benchmark
     model.trainer = trainer
     dm = trainer.datamodule
     if dm is not None:
@@ -97,6 +102,7 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
     for cb in trainer.callbacks:
         cb.setup(trainer, model, stage)
     model.setup(stage)
+    failed = False
     try:
         if stage == "fit":
             return _fit(trainer, model, train_dl, eval_dl, ckpt_path)
@@ -104,6 +110,7 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
             return _predict(trainer, model, eval_dl, ckpt_path, kw.get("return_predictions", True))
         return _evaluate_stage(trainer, model, stage, eval_dl, ckpt_path, kw.get("verbose", True))
     except BaseException as exc:
+        failed = True
         for cb in trainer.callbacks:
             cb.on_exception(trainer, model, exc)
         for lg in trainer.loggers if trainer.is_global_zero else []:
@@ -120,7 +127,7 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
         strategy.checkpoint_io.teardown()
         trainer._current_fx("")
         model._results = None
-        trainer.state.stage = None
+        trainer.state.end_stage(failed)
 
 
 def _merge_callbacks(trainer: Trainer, extra: Any) -> None:
@@ -197,6 +204,12 @@ def _check_training_step_signature(model: Any) -> None:
         )
 
 
+def _defines_step(model: Any, name: str) -> bool:
+    """Whether the model's class defines ``name`` (set to None, as Lightning allows, it disables that loop)."""
+    impl = getattr(type(model), name, None)
+    return impl is not None and impl is not getattr(Module, name)
+
+
 def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: Any) -> None:
     strategy = trainer.strategy
     _check_training_step_signature(model)
@@ -206,9 +219,21 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
             "trainer.fit() found no training data: pass train_dataloaders=..., a datamodule with "
             "train_dataloader(), or define train_dataloader() on the model."
         )
+    if trainer._max_epochs_defaulted and trainer.is_global_zero:
+        warnings.warn("max_epochs was not set: fit stops after 1000 epochs. Pass max_epochs=N, or max_epochs=-1 "
+                      "to train until max_steps, max_time or a callback stops it.", UserWarning, stacklevel=2)
+    val_source = _as_list(_source(trainer, model, "val", val_dl))
+    if val_source and not _defines_step(model, "validation_step"):
+        if getattr(type(model), "validation_step", None) is not None and trainer.is_global_zero:
+            warnings.warn(f"fit got validation data but {type(model).__name__} defines no validation_step: "
+                          "validation is skipped.", UserWarning, stacklevel=2)
+        val_source = []  # validation_step = None: validation is switched off, as in Lightning
+    if trainer.overfit_batches:
+        train_loader = without_shuffle(train_loader, "training")
+        val_source = [without_shuffle(v, "validation") for v in val_source]
     micro_batch_size = loader_batch_size(train_loader)
     train_loader = _for_strategy(trainer, train_loader, "fit")
-    val_loaders = [_for_strategy(trainer, v, "validate") for v in _as_list(_source(trainer, model, "val", val_dl))]
+    val_loaders = [_for_strategy(trainer, v, "validate") for v in val_source]
     trainer.num_training_batches = _num_batches(train_loader, trainer.limit_train_batches)
     trainer.num_val_batches = [_num_batches(v, trainer.limit_val_batches) for v in val_loaders]
     trainer.state.current_epoch = 0
@@ -247,6 +272,12 @@ def _sanity_check(trainer: Trainer, model: Any, val_loaders: list[Any]) -> None:
 
 def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path: Any, verbose: bool) -> list[dict[str, float]]:
     kind = "val" if stage == "validate" else "test"
+    step = "validation_step" if stage == "validate" else "test_step"
+    if getattr(type(model), step, None) is None:
+        raise MisconfiguredModuleError(
+            f"trainer.{stage}() needs {type(model).__name__}.{step}, which is set to None. Define "
+            f"{step}(self, batch, batch_idx) to {stage} the model."
+        )
     loaders = [_for_strategy(trainer, v, stage) for v in _as_list(_source(trainer, model, kind, dl))]
     if not loaders:
         raise ConfigurationError(

@@ -8,6 +8,7 @@ state travels back to the launching process under ddp_spawn / ddp_fork.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -16,11 +17,60 @@ if TYPE_CHECKING:
     from torchfleet.trainer.logging import Results
 
 
+class _ValueEnum(str, Enum):
+    """Equal to, and printed as, its plain string value (as Lightning's enums)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class TrainerFn(_ValueEnum):
+    """Which Trainer entry point runs (Lightning's ``trainer.state.fn``); equal to its plain string."""
+
+    FITTING = "fit"
+    VALIDATING = "validate"
+    TESTING = "test"
+    PREDICTING = "predict"
+
+
+class RunningStage(_ValueEnum):
+    """What runs inside the entry point (Lightning's ``trainer.state.stage``); fit runs three of them."""
+
+    TRAINING = "train"
+    SANITY_CHECKING = "sanity_check"
+    VALIDATING = "validate"
+    TESTING = "test"
+    PREDICTING = "predict"
+
+    @property
+    def evaluating(self) -> bool:
+        return self in (RunningStage.VALIDATING, RunningStage.TESTING, RunningStage.SANITY_CHECKING)
+
+
+class TrainerStatus(_ValueEnum):
+    """Whether a Trainer has run (Lightning's ``trainer.state.status``)."""
+
+    INITIALIZING = "initializing"
+    RUNNING = "running"
+    FINISHED = "finished"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def stopped(self) -> bool:
+        return self in (TrainerStatus.FINISHED, TrainerStatus.INTERRUPTED)
+
+
 @dataclass(slots=True)
 class RunState:
-    """The state of a Trainer run that the loops read and write (the Trainer's public counters read it)."""
+    """The state of a Trainer run that the loops read and write (the Trainer's public counters read it).
 
-    stage: str | None = None
+    ``fn``, ``stage`` and ``status`` are the three fields Lightning's ``trainer.state`` has, with the same
+    enum values (``trainer.state.fn == "fit"``, ``trainer.state.stage == "train"``).
+    """
+
+    #: the running entry point: fit, validate, test, predict (None between them)
+    fn: TrainerFn | None = None
+    status: TrainerStatus = TrainerStatus.INITIALIZING
     current_epoch: int = 0
     global_step: int = 0
     should_stop: bool = False
@@ -39,12 +89,39 @@ class RunState:
     bar_metrics: dict[str, Any] = field(default_factory=dict)
     logged_metrics: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def stage(self) -> RunningStage | None:
+        """What runs now: "train", "sanity_check", "validate" (inside fit too), "test" or "predict"."""
+        fn = self.fn
+        if fn is None:
+            return None
+        if fn is not TrainerFn.FITTING:
+            return RunningStage(fn.value)
+        if self.sanity_checking:
+            return RunningStage.SANITY_CHECKING
+        return RunningStage.TRAINING if self.in_train else RunningStage.VALIDATING
+
+    @property
+    def finished(self) -> bool:
+        return self.status is TrainerStatus.FINISHED
+
+    @property
+    def stopped(self) -> bool:
+        return self.status.stopped
+
     def start_stage(self, stage: str) -> None:
         """A stage begins: nothing stops it yet, and no loop position or resume point is left from before."""
-        self.stage = stage
+        self.fn = TrainerFn(stage)
+        self.status = TrainerStatus.RUNNING
         self.should_stop = False
         self.resume = None
         self.progress = None
+
+    def end_stage(self, failed: bool) -> None:
+        """The stage returned (finished) or raised (interrupted)."""
+        self.fn = None
+        self.in_train = False
+        self.status = TrainerStatus.INTERRUPTED if failed else TrainerStatus.FINISHED
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint entries of the run's position: epoch, global_step and the fit loop's progress."""

@@ -6,7 +6,9 @@ import contextlib
 import logging
 import math
 import os
+import warnings
 from collections.abc import Iterable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -15,7 +17,8 @@ from torch import nn
 from torchfleet.errors import ConfigurationError
 from torchfleet.settings import TrainingSettings
 from torchfleet.trainer.hooks import HookDispatcher
-from torchfleet.trainer.state import RunState
+from torchfleet.trainer.progress import FitProgress
+from torchfleet.trainer.state import RunState, TrainerStatus
 
 log = logging.getLogger("torchfleet")
 
@@ -51,6 +54,34 @@ def _state_field(name: str, doc: str) -> property:
                     doc=doc)
 
 
+def _parse_val_check_time(value: Any) -> float:
+    from torchfleet.trainer.callbacks.timer import parse_duration
+
+    try:
+        seconds = parse_duration(value)
+    except ConfigurationError:
+        seconds = None
+    if not seconds:
+        raise ConfigurationError(
+            f"val_check_interval={value!r} is not a valid duration: give a string \"DD:HH:MM:SS\" (e.g. "
+            "\"00:00:30:00\" validates every 30 minutes), a datetime.timedelta, or a dict of timedelta arguments "
+            "such as {\"minutes\": 30}, longer than zero. A float in (0.0, 1.0] or an int number of batches count "
+            "batches instead of time."
+        )
+    return seconds
+
+
+def _note_single_batches(trainer: Trainer, val_check_interval: Any) -> None:
+    """Say what an int 1 means where a float 1.0 means the whole epoch (Lightning tells this too)."""
+    for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
+        value = getattr(trainer, name)
+        if value == 1 and isinstance(value, int) and not trainer.fast_dev_run:
+            log.info("Trainer(%s=1): 1 batch per epoch will be used (1.0 would use them all).", name)
+    if val_check_interval == 1 and isinstance(val_check_interval, int):
+        log.info("Trainer(val_check_interval=1): validation runs after every training batch (1.0 would run it "
+                 "once per epoch).")
+
+
 class Trainer:
     """Train, evaluate and predict with a ``Module`` on the strategy, devices and precision you choose.
 
@@ -79,7 +110,8 @@ class Trainer:
         limit_val_batches: int | float | None = None,
         limit_test_batches: int | float | None = None,
         limit_predict_batches: int | float | None = None,
-        val_check_interval: int | float | None = None,
+        overfit_batches: int | float = 0.0,
+        val_check_interval: int | float | str | timedelta | dict | None = None,
         check_val_every_n_epoch: int | None = 1,
         num_sanity_val_steps: int | None = None,
         log_every_n_steps: int | None = None,
@@ -90,6 +122,7 @@ class Trainer:
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
         deterministic: bool | str | None = None,
+        benchmark: bool | None = None,
         use_distributed_sampler: bool = True,
         default_root_dir: str | os.PathLike | None = None,
         inference_mode: bool = True,
@@ -105,10 +138,18 @@ class Trainer:
             num_nodes=num_nodes,
             plugins=plugins,
         )
+        #: seconds between validations when val_check_interval is a duration, else None
+        self.val_check_seconds: float | None = None
+        if isinstance(val_check_interval, (str, timedelta, dict)):
+            self.val_check_seconds = _parse_val_check_time(val_check_interval)
+            val_check_interval = None
         self._validate_loop_args(
             fast_dev_run, max_epochs, min_epochs, max_steps, val_check_interval, check_val_every_n_epoch,
             log_every_n_steps, num_sanity_val_steps, deterministic,
         )
+        if benchmark is not None and not isinstance(benchmark, bool):
+            raise ConfigurationError(f"benchmark={benchmark!r} is not valid: give True, False or None (leave "
+                                     "torch.backends.cudnn.benchmark as it is).")
         # validates them too; the strategy gets them at setup (configure_training)
         settings = TrainingSettings(accumulate_grad_batches, gradient_clip_val,
                                     "norm" if gradient_clip_algorithm is None else gradient_clip_algorithm)
@@ -118,9 +159,11 @@ class Trainer:
             max_epochs, max_steps = 1, dev_batches
             limit_train_batches = limit_val_batches = limit_test_batches = limit_predict_batches = dev_batches
             num_sanity_val_steps, val_check_interval, check_val_every_n_epoch = 0, 1.0, 1
+            self.val_check_seconds = None  # a duration means nothing for a run of a few batches
             # as Lightning, checkpointing is not switched off: ModelCheckpoint saves nothing under fast_dev_run
             logger = False
         # a time budget alone runs until it is spent, as Lightning
+        self._max_epochs_defaulted = max_epochs is None and max_steps == -1 and max_time is None
         self.max_epochs = max_epochs if max_epochs is not None else (1000 if max_steps == -1 and max_time is None else -1)
         self.min_epochs = min_epochs or 0
         self.max_steps = max_steps
@@ -131,6 +174,11 @@ class Trainer:
         self.limit_predict_batches = _check_limit(
             "limit_predict_batches", 1.0 if limit_predict_batches is None else limit_predict_batches
         )
+        #: train and validate on the same first batches, in order, every epoch (a debugging aid, as Lightning)
+        self.overfit_batches = _check_limit("overfit_batches", overfit_batches)
+        if self.overfit_batches:
+            self.limit_train_batches = self.limit_val_batches = self.overfit_batches
+        _note_single_batches(self, val_check_interval)
         self.val_check_interval = 1.0 if val_check_interval is None else val_check_interval
         self.check_val_every_n_epoch = check_val_every_n_epoch
         self.num_sanity_val_steps = 2 if num_sanity_val_steps is None else num_sanity_val_steps
@@ -139,6 +187,14 @@ class Trainer:
         self.gradient_clip_val = settings.gradient_clip_val
         self.gradient_clip_algorithm = settings.gradient_clip_algorithm
         self.deterministic = deterministic
+        if benchmark and deterministic:
+            warnings.warn("Trainer(deterministic=True, benchmark=True): cuDNN's benchmark mode picks kernels by "
+                          "timing them, which can make results differ between runs despite deterministic=True.",
+                          UserWarning, stacklevel=2)
+        #: torch.backends.cudnn.benchmark for the run (None: False when deterministic, else left as it is)
+        self.benchmark = False if benchmark is None and deterministic else benchmark
+        if self.benchmark is not None:
+            torch.backends.cudnn.benchmark = self.benchmark
         self.use_distributed_sampler = use_distributed_sampler
         self.inference_mode = inference_mode
         self.default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
@@ -269,7 +325,8 @@ class Trainer:
     current_epoch = _state_field("current_epoch", "Epochs done; during an epoch, its index.")
     global_step = _state_field("global_step", "Optimizer steps taken.")
     should_stop = _state_field("should_stop", "Set True (a callback, the model) to end fit at the next check.")
-    stage = _state_field("stage", 'The running stage: "fit", "validate", "test", "predict", or None.')
+    stage = _state_field("fn", 'The running entry point: "fit", "validate", "test", "predict", or None '
+                               '(``trainer.state.fn``; ``trainer.state.stage`` says what runs inside it).')
     sanity_checking = _state_field("sanity_checking", "Whether the sanity check's validation is running.")
     logged_metrics = _state_field("logged_metrics", "What was last sent to the loggers.")
 
@@ -374,10 +431,28 @@ class Trainer:
         return cbs[0] if cbs else None
 
     @property
-    def early_stopping_callback(self) -> Any:
+    def early_stopping_callbacks(self) -> list[Any]:
         from torchfleet.trainer.callbacks import EarlyStopping
 
-        return next((c for c in self.callbacks if isinstance(c, EarlyStopping)), None)
+        return [c for c in self.callbacks if isinstance(c, EarlyStopping)]
+
+    @property
+    def early_stopping_callback(self) -> Any:
+        cbs = self.early_stopping_callbacks
+        return cbs[0] if cbs else None
+
+    @property
+    def progress_bar_callback(self) -> Any:
+        """The progress bar callback, or None when ``enable_progress_bar=False``."""
+        from torchfleet.trainer.callbacks import ProgressBar
+
+        return next((c for c in self.callbacks if isinstance(c, ProgressBar)), None)
+
+    @property
+    def fit_loop(self) -> FitProgress:
+        """The fit loop's counters as Lightning's ``trainer.fit_loop`` shows them to callbacks (epoch and batch
+        progress); ``max_epochs``/``max_steps``/``min_epochs``/``min_steps`` can be changed through it."""
+        return FitProgress(self)
 
     @property
     def estimated_stepping_batches(self) -> int | float:
@@ -427,13 +502,21 @@ class Trainer:
 
         model = self._connect(stage, model, train_dl, eval_dl, datamodule)
         launcher = self.strategy.launcher
-        if launcher is None:
-            return run_stage(self, stage, model, train_dl, eval_dl, ckpt_path, kw)
-        if launcher.runs_in_children:
-            from torchfleet.trainer.spawned import restore, run_in_rank
+        if launcher is None or not launcher.runs_in_children:
+            if launcher is None:
+                return run_stage(self, stage, model, train_dl, eval_dl, ckpt_path, kw)
+            return launcher.launch(run_stage, self, stage, model, train_dl, eval_dl, ckpt_path, kw)
+        from torchfleet.trainer.spawned import restore, run_in_rank
 
-            return restore(self, model, launcher.launch(run_in_rank, self, stage, model, train_dl, eval_dl, ckpt_path, kw))
-        return launcher.launch(run_stage, self, stage, model, train_dl, eval_dl, ckpt_path, kw)
+        # the stage runs in child processes: this process's state says how it went
+        self.state.status = TrainerStatus.RUNNING
+        try:
+            out = restore(self, model, launcher.launch(run_in_rank, self, stage, model, train_dl, eval_dl, ckpt_path, kw))
+        except BaseException:
+            self.state.status = TrainerStatus.INTERRUPTED
+            raise
+        self.state.status = TrainerStatus.FINISHED
+        return out
 
     def _connect(self, stage: str, model: Any, train_dl: Any, eval_dl: Any, datamodule: Any) -> Any:
         from torchfleet.module import Module

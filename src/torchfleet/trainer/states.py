@@ -1,0 +1,5 @@
+"""Lightning's ``trainer.states`` names: the enums of ``trainer.state`` (``fn``, ``stage``, ``status``)."""
+
+from torchfleet.trainer.state import RunningStage, TrainerFn, TrainerStatus
+
+__all__ = ["RunningStage", "TrainerFn", "TrainerStatus"]
