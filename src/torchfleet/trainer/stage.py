@@ -5,6 +5,7 @@ The per-batch loops live in fit_loop.py and eval_loop.py.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import math
@@ -132,7 +133,10 @@ def _merge_callbacks(trainer: Trainer, extra: Any) -> None:
 
 def _setup_model(trainer: Trainer, model: Any, with_optimizers: bool, micro_batch_size: int | None = None) -> None:
     strategy = trainer.strategy
-    strategy.configure_training(trainer.training_settings(micro_batch_size), REPLICA_LOGGING)
+    settings = trainer.training_settings(micro_batch_size)
+    if not model.automatic_optimization:
+        settings = dataclasses.replace(settings, manual_optimization=True)
+    strategy.configure_training(settings, REPLICA_LOGGING)
     scheds: list[Any] = []
 
     def build_optimizers() -> list[Any]:
@@ -219,9 +223,9 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
     if path is not None:
         restore(trainer, path, full=True)
     _log_summary(trainer, model)
-    if trainer.is_global_zero:
-        for lg in trainer.loggers:
-            lg.log_hyperparams(dict(model.hparams))
+    hparams = _hparams_to_log(model, trainer.datamodule) if trainer.is_global_zero and trainer.loggers else None
+    for lg in trainer.loggers if hparams is not None else []:
+        lg.log_hyperparams(hparams)
     trainer._hooks.call("on_fit_start", trainer)
     if trainer.num_sanity_val_steps and val_loaders and trainer.limit_val_batches:
         _sanity_check(trainer, model, val_loaders)
@@ -231,6 +235,26 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
         for lg in trainer.loggers:
             lg.finalize("success")
     strategy.barrier("fit_end")
+
+
+def _hparams_to_log(model: Any, dm: Any) -> dict[str, Any] | None:
+    """The Module's and the DataModule's saved hyperparameters; None when both saved theirs with ``logger=False``
+    (then, as in Lightning, the loggers are not called)."""
+    dm_logs = dm is not None and getattr(dm, "_log_hyperparams", False)
+    if not (model._log_hyperparams or dm_logs):
+        return None
+    out = dict(model.hparams) if model._log_hyperparams else {}
+    if dm_logs:
+        theirs = dict(getattr(dm, "hparams", {}))
+        clash = sorted(k for k in theirs.keys() & out.keys() if theirs[k] != out[k])
+        if clash:
+            raise ConfigurationError(
+                f"The Module and the DataModule both saved hyperparameters named {', '.join(map(repr, clash))} with "
+                "different values, so the loggers cannot record both. Rename one, or pass ignore=[...] (or "
+                "logger=False) to one of the save_hyperparameters() calls."
+            )
+        out.update(theirs)
+    return out
 
 
 def _sanity_check(trainer: Trainer, model: Any, val_loaders: list[Any]) -> None:
