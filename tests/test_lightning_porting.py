@@ -239,3 +239,50 @@ def test_save_hyperparameters_logger_false_keeps_them_from_the_loggers_only(tmp_
     assert model.hparams.secret == "s"
     trainer.save_checkpoint(tmp_path / "m.ckpt")
     assert torch.load(tmp_path / "m.ckpt", weights_only=True)["hyper_parameters"]["secret"] == "s"
+
+
+# ------------------------------------------------------------------ configure_model (issue 11)
+class Configured(tf.Module):
+    """No layers in __init__; no guard in configure_model: a second call would start from new weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.created: list[tuple] = []
+
+    def configure_model(self):
+        self.calls += 1
+        torch.manual_seed(0)
+        self.net = nn.Linear(8, 1)
+        self.created.append((self.net.weight.device.type, self.net.weight.dtype))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.net(x), y.to(self.net.weight.dtype))
+
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("test_loss", nn.functional.mse_loss(self.net(x), y.to(self.net.weight.dtype)))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("32-true", torch.float32), ("64-true", torch.float64)])
+def test_configure_model_runs_once_per_module_inside_the_creation_context(precision, dtype):
+    model = Configured()
+    trainer = tf.Trainer(**quiet(max_epochs=1, precision=precision))
+    trainer.fit(model, loader())
+    trainer.test(model, loader(32), verbose=False)
+    trainer.fit(model, loader())  # a second fit continues from the trained layers
+    assert model.calls == 1
+    assert model.created == [("cpu", dtype)]  # created in the precision's dtype, not converted afterwards
+    torch.manual_seed(0)
+    net = nn.Linear(8, 1, dtype=dtype)  # initialised in that dtype, as the creation context does
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    for _ in range(2):
+        for x, y in loader():
+            nn.functional.mse_loss(net(x.to(dtype)), y.to(dtype)).backward()
+            opt.step()
+            opt.zero_grad()
+    torch.testing.assert_close(model.net.weight.detach(), net.weight.detach(), rtol=0, atol=1e-6)

@@ -141,6 +141,16 @@ class Module(nn.Module, HyperparametersMixin):
             "optimizer, e.g. torch.optim.AdamW(self.parameters(), lr=1e-3)."
         )
 
+    def configure_model(self) -> None:
+        """Create the model's layers here instead of in ``__init__`` (Lightning >= 2.1), for large models.
+
+        The Trainer calls it inside the strategy's creation context: on the device, in the precision's
+        parameter dtype, and under fsdp on the meta device (each rank then materialises only its shards, set by
+        the layers' ``reset_parameters``). It runs once per module and process, before ``configure_optimizers``:
+        a later stage with the same module (``trainer.test`` after ``fit``) or a resume in the same process does
+        not call it again (Lightning calls it every stage and asks for it to be idempotent).
+        """
+
     def configure_callbacks(self) -> Any:
         """Callbacks this model always wants; they are added to the Trainer's."""
         return []

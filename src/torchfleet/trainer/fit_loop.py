@@ -193,7 +193,7 @@ class FitLoop:
         log_every = trainer.log_every_n_steps
         automatic = model.automatic_optimization
         opt = trainer.optimizers[0] if trainer.optimizers else None
-        step_fn = trim_step_arguments(strategy.step_function(state.wrapped, "training_step"), model.training_step, 2)
+        step_fn = trim_step_arguments(strategy.step_function(state.wrapped, "training_step"), model, "training_step", 2)
         batch_start_cbs = hooks.cb("on_train_batch_start")
         batch_start_mod = hooks.mod("on_train_batch_start")
         batch_end_cbs = hooks.cb("on_train_batch_end")

@@ -150,10 +150,17 @@ def positional_capacity(fn: Callable[..., Any]) -> int | None:
     return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
-def trim_step_arguments(step_fn: Callable[..., Any], method: Callable[..., Any], given: int) -> Callable[..., Any]:
-    """``step_fn``, or when the user's step ``method`` takes fewer than the ``given`` arguments (as Lightning
+def step_capacity(model: Any, name: str) -> int | None:
+    """How many arguments the Module's step ``name`` takes after ``self``, read from its class: the instance's
+    attribute may be a wrapper (fsdp registers its forward hooks around the steps) with another signature."""
+    takes = positional_capacity(getattr(type(model), name, None) or getattr(model, name))
+    return None if takes is None else max(takes - 1, 0)
+
+
+def trim_step_arguments(step_fn: Callable[..., Any], model: Any, name: str, given: int) -> Callable[..., Any]:
+    """``step_fn``, or when the Module's step ``name`` takes fewer than the ``given`` arguments (as Lightning
     allows: ``training_step(self, batch)``), a call that passes only the ones it takes. Decided once per stage."""
-    takes = positional_capacity(method)
+    takes = step_capacity(model, name)
     if takes is None or takes >= given:
         return step_fn
 

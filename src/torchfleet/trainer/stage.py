@@ -98,6 +98,7 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
     for cb in trainer.callbacks:
         cb.setup(trainer, model, stage)
     model.setup(stage)
+    _configure_model(trainer, model)
     try:
         if stage == "fit":
             return _fit(trainer, model, train_dl, eval_dl, ckpt_path)
@@ -122,6 +123,16 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
         trainer._current_fx("")
         model._results = None
         trainer.state.stage = None
+
+
+def _configure_model(trainer: Trainer, model: Any) -> None:
+    """``configure_model()`` once per module and process, where the strategy creates models (meta under fsdp)."""
+    hook = trainer._hooks.mod("configure_model")
+    if hook is None or model.__dict__.get("_torchfleet_configured"):
+        return
+    with trainer.strategy.module_init_context(empty_init=True):
+        trainer._hooks.call_module(trainer, "configure_model", hook)
+    object.__setattr__(model, "_torchfleet_configured", True)
 
 
 def _merge_callbacks(trainer: Trainer, extra: Any) -> None:
