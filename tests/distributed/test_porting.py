@@ -29,6 +29,11 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "porting_train.py")
 ATOL = 1e-5
 DEEPSPEED = ["deepspeed", "deepspeed_stage_3"] if deepspeed_available() else []
 needs_deepspeed = pytest.mark.skipif(not DEEPSPEED, reason="deepspeed is not installed (the 'deepspeed' extra)")
+try:
+    import torchmetrics  # noqa: F401
+    METRICS = True
+except ImportError:
+    METRICS = False
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +48,8 @@ def runs(tmp_path_factory) -> dict:
         {"name": "bn_ddp_off", "kind": "sync_bn", "strategy": "ddp", "sync": False},
         {"name": "bn_fsdp", "kind": "sync_bn", "strategy": "fsdp", "sync": True},
         {"name": "configured_fsdp", "kind": "configure_model", "strategy": "fsdp"},
-    ] + [{"name": f"{s}_fit_test", "kind": "fit_test", "strategy": s} for s in DEEPSPEED]}
+    ] + [{"name": f"{s}_fit_test", "kind": "fit_test", "strategy": s} for s in DEEPSPEED]
+      + [{"name": f"metric_{s}", "kind": "metric", "strategy": s} for s in (["ddp", "fsdp"] if METRICS else [])]}
     proc = sharded_helpers.run_script(SCRIPT, cfg, timeout=300)
     return sharded_helpers.load_results(cfg, proc)
 
@@ -155,3 +161,36 @@ def test_configure_model_under_fsdp_creates_the_layers_once_on_meta_then_shards(
     train_regressor(model, epochs=1)
     sharded_helpers.assert_close(result["weights"], model.state_dict(), ATOL)
     assert result["test_loss"] == pytest.approx(eval_reference(model)[0], rel=1e-5)
+
+
+def test_configure_model_under_ddp_spawn_fills_the_launching_process_model():
+    from tests.distributed.scripts.porting_train import ConfiguredModel, trainer_for
+
+    torch.manual_seed(0)
+    model = ConfiguredModel()
+    trainer = trainer_for("ddp_spawn", 2, max_epochs=1)
+    trainer.fit(model, torch.utils.data.DataLoader(regression_data(), batch_size=GLOBAL_BATCH // 2))
+    # the ranks created the layers; this process made its own (once) and holds rank 0's trained weights
+    assert model.configure_calls == 1 and model.created_on == ["cpu"]
+    assert trainer.global_step == 4
+    reference = Regressor()
+    train_regressor(reference, epochs=1)
+    sharded_helpers.assert_close(full(model), reference.state_dict(), ATOL)
+
+
+def full(model: nn.Module) -> dict:
+    return {k: v.detach().float() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.skipif(not METRICS, reason="torchmetrics is not installed (a test extra)")
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_a_logged_metric_object_computes_over_every_ranks_samples(runs, strategy):
+    from tests.distributed.scripts.porting_train import MetricClassifier, classes
+
+    result = runs[f"metric_{strategy}"]
+    model = MetricClassifier()
+    x, y = classes().tensors
+    with torch.no_grad():
+        want = (model.net(x).argmax(1) == y).float().mean().item()
+    # 42 samples: 21 a rank, batches of 4, 4, 4, 4, 4, 1 (a mean of the ranks' or the batches' values differs)
+    assert result["val_acc"] == pytest.approx(want, abs=1e-6)

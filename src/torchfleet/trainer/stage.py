@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
+from torchfleet.module import Module
 from torchfleet.settings import loader_batch_size
 from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore
 from torchfleet.trainer.eval_loop import EvalLoop
@@ -98,7 +99,7 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
     for cb in trainer.callbacks:
         cb.setup(trainer, model, stage)
     model.setup(stage)
-    _configure_model(trainer, model)
+    configure_model_once(trainer, model, lambda: strategy.module_init_context(empty_init=True))
     try:
         if stage == "fit":
             return _fit(trainer, model, train_dl, eval_dl, ckpt_path)
@@ -125,13 +126,20 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
         trainer.state.stage = None
 
 
-def _configure_model(trainer: Trainer, model: Any) -> None:
-    """``configure_model()`` once per module and process, where the strategy creates models (meta under fsdp)."""
-    hook = trainer._hooks.mod("configure_model")
-    if hook is None or model.__dict__.get("_torchfleet_configured"):
+def configure_model_once(trainer: Trainer, model: Any, context: Any) -> None:
+    """``configure_model()`` once per module and process, inside ``context()``: where the strategy creates models
+    (meta under fsdp) in a rank; on the CPU in the process that spawned the ranks, before it takes their weights.
+    ``context`` is a factory: creation contexts take effect when made (an ExitStack), so one is made only if used."""
+    impl = getattr(type(model), "configure_model", None)
+    if impl is None or impl is Module.configure_model or model.__dict__.get("_torchfleet_configured"):
         return
-    with trainer.strategy.module_init_context(empty_init=True):
-        trainer._hooks.call_module(trainer, "configure_model", hook)
+    previous = model._current_fx
+    trainer._current_fx("configure_model")
+    try:
+        with context():
+            model.configure_model()
+    finally:
+        trainer._current_fx(previous)
     object.__setattr__(model, "_torchfleet_configured", True)
 
 

@@ -8,6 +8,8 @@ Every run is one entry of ``cfg["runs"]`` with a ``kind``:
   ``manual_backward`` and optimizer, ``toggle_optimizer``) under ``strategy`` (ddp options in ``ddp``).
 - ``"sync_bn"``: one training step of a BatchNorm model with ``Trainer(sync_batchnorm=...)``; records the
   running statistics.
+- ``"metric"``: ``trainer.validate`` of a classifier that logs a torchmetrics accuracy object (40 samples, an
+  uneven split for some batch sizes); records the logged value and the model's weights.
 - ``"configure_model"``: a model whose layers are created in ``configure_model``; fit, then test with the same
   module; records the calls, where the layers were created, the weights at the start of training and at the end.
 
@@ -124,6 +126,7 @@ class ConfiguredModel(Regressor):
         self.configure_calls += 1
         if hasattr(self, "net"):
             return
+        torch.manual_seed(0)  # as Regressor: the same initial weights (unless created on meta)
         self.net = nn.Sequential(nn.Linear(D_IN, 16), nn.Tanh(), nn.Linear(16, 1))
         self.created_on.append(str(self.net[0].weight.device))
 
@@ -194,7 +197,35 @@ def configure_model(run: dict, devices: int) -> dict:
             "sharded": model.sharding[0], "local_numel": model.sharding[1]}
 
 
-KINDS = {"fit_test": fit_test, "gan": gan, "sync_bn": sync_bn, "configure_model": configure_model}
+class MetricClassifier(tf.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        import torchmetrics
+
+        torch.manual_seed(0)
+        self.net = nn.Linear(D_IN, 3)
+        self.acc = torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.acc.update(self.net(x), y)
+        self.log("val_acc", self.acc)
+
+
+def classes(n: int = 42) -> TensorDataset:
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(n, D_IN, generator=g)
+    return TensorDataset(x, (x[:, 0] > 0).long() + (x[:, 1] > 0.3).long())
+
+
+def metric(run: dict, devices: int) -> dict:
+    trainer = trainer_for(run["strategy"], devices)
+    model = MetricClassifier()
+    out = trainer.validate(model, DataLoader(classes(), batch_size=4), verbose=False)
+    return {"val_acc": out[0]["val_acc"], "weights": full_weights(model)}
+
+
+KINDS = {"fit_test": fit_test, "gan": gan, "sync_bn": sync_bn, "configure_model": configure_model, "metric": metric}
 
 
 def main(cfg: dict) -> None:
