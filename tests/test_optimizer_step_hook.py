@@ -156,3 +156,42 @@ def test_optimizer_step_override_with_lbfgs_recomputes_through_the_closure():
     assert model.hook_calls == 8
     for k, v in net.state_dict().items():
         torch.testing.assert_close(model.state_dict()[f"net.{k}"], v, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
+def test_the_handle_steps_through_the_precision_like_the_trainers_own_step(precision):
+    """Through the hook, gradient scaling (16-mixed), clipping and accumulation are those of the plain step."""
+    from torchfleet.precision import _fp16_on_cpu_works
+
+    if precision == "16-mixed" and not _fp16_on_cpu_works("mixed"):
+        pytest.skip("this torch build has no float16 autocast on the CPU")
+
+    class Plain(WarmupModel):
+        optimizer_step = tf.Module.optimizer_step  # not overridden: the Trainer's own step
+
+    class Calls(WarmupModel):
+        def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+            self.calls.append(batch_idx)
+            optimizer.step(closure=optimizer_closure)
+            self.lr_scheduler.step()
+
+    results = []
+    for cls in (Plain, Calls):
+        model = cls()
+        kw = dict(max_epochs=2, precision=precision, gradient_clip_val=CLIP, accumulate_grad_batches=2)
+        trainer = tf.Trainer(**quiet(**kw))
+        if cls is Plain:  # the same warm-up, stepped by the Trainer
+            model.configure_optimizers = lambda m=model: _with_step_scheduler(m)
+        trainer.fit(model, loader())
+        results.append((model.state_dict(), trainer.global_step, list(model.calls)))
+    (plain, plain_steps, plain_calls), (hooked, hooked_steps, hooked_calls) = results
+    assert plain_calls == [] and hooked_calls == [1, 3, 5, 7] * 2
+    assert plain_steps == hooked_steps == 8
+    for k in plain:
+        torch.testing.assert_close(hooked[k], plain[k], rtol=0, atol=0)
+
+
+def _with_step_scheduler(model):
+    opt = torch.optim.SGD(model.parameters(), lr=BASE_LR, momentum=0.9)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
+    return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
