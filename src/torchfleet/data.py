@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from torchfleet.errors import ConfigurationError
+from torchfleet.module import HyperparametersMixin
+
 # the distributed-sampler helpers live in samplers.py; importable from here too
 from torchfleet.samplers import ExactDistributedSampler, inject_distributed_sampler
 
 __all__ = ["DataModule", "ExactDistributedSampler", "inject_distributed_sampler"]
 
 
-class DataModule:
-    """Owns the datasets and returns dataloaders; ``prepare_data`` runs on one process, ``setup`` on all."""
+class DataModule(HyperparametersMixin):
+    """Owns the datasets and returns dataloaders; ``prepare_data`` runs on one process, ``setup`` on all.
+
+    ``self.save_hyperparameters()`` in ``__init__`` records its arguments, as a Module's; the Trainer logs
+    them together with the Module's.
+    """
 
     def __init__(self) -> None:
         self.trainer: Any = None
@@ -49,3 +56,18 @@ class DataModule:
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         return batch
+
+
+def loaders_or_datamodule(loaders: Any, datamodule: Any, call: str) -> tuple[Any, Any]:
+    """``(loaders, datamodule)`` with a DataModule given in the dataloaders' place moved to the datamodule's.
+
+    As Lightning, ``trainer.fit(model, dm)`` and ``trainer.test(model, dm)`` mean ``datamodule=dm``.
+    """
+    if not isinstance(loaders, DataModule):
+        return loaders, datamodule
+    if datamodule is not None:
+        raise ConfigurationError(
+            f"trainer.{call}() got a {type(loaders).__name__} in the dataloaders' place and datamodule="
+            f"{type(datamodule).__name__} too. Pass one DataModule (positionally or as datamodule=...)."
+        )
+    return None, loaders

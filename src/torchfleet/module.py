@@ -40,7 +40,66 @@ class AttributeDict(dict):
 
 
 
-class Module(nn.Module):
+class HyperparametersMixin:
+    """``save_hyperparameters``, ``hparams`` and ``hparams_initial``, shared by Module and DataModule."""
+
+    #: whether the Trainer sends these hyperparameters to its loggers (``save_hyperparameters(logger=False)``)
+    _log_hyperparams: bool = True
+
+    @property
+    def hparams(self) -> AttributeDict:
+        found = self.__dict__.get("_hparams")
+        if found is None:  # a subclass whose __init__ did not call ours
+            found = AttributeDict()
+            object.__setattr__(self, "_hparams", found)
+        return found
+
+    @property
+    def hparams_initial(self) -> AttributeDict:
+        return copy.deepcopy(self.__dict__.get("_hparams_initial") or AttributeDict())
+
+    def save_hyperparameters(
+        self, *args: Any, ignore: str | list[str] | None = None, frame: Any = None, logger: bool = True
+    ) -> None:
+        """Store the ``__init__`` arguments of the calling constructor in ``self.hparams`` (and checkpoints).
+
+        With names as ``args``, store only those (or one dict of values); ``ignore`` lists names to leave out;
+        ``logger=False`` keeps them out of the loggers (they are still saved in checkpoints).
+        """
+        frame = frame or inspect.currentframe().f_back  # type: ignore[union-attr]
+        # every __init__ of this object on the stack contributes (a subclass's arguments override its
+        # parent's), so a parent that calls save_hyperparameters() also records the subclass's arguments
+        values: dict[str, Any] = {}
+        f = frame
+        while f is not None:
+            if f.f_code.co_name == "__init__" and f.f_locals.get("self") is self:
+                values.update(_init_args(f))
+            f = f.f_back
+        if not values:
+            values = _init_args(frame)
+        if args:
+            if len(args) == 1 and isinstance(args[0], Mapping):
+                values = dict(args[0])
+            else:
+                missing = [a for a in args if a not in values]
+                if missing:
+                    raise ConfigurationError(
+                        f"save_hyperparameters({', '.join(map(repr, args))}): {', '.join(missing)} are not "
+                        f"arguments of {type(self).__name__}.__init__ (its arguments: {', '.join(values)})."
+                    )
+                values = {a: values[a] for a in args}
+        ignored = [ignore] if isinstance(ignore, str) else list(ignore or [])
+        for name in ignored:
+            values.pop(name, None)
+        for name in list(values):
+            if isinstance(values[name], nn.Module):
+                values.pop(name)  # modules are weights, not hyperparameters
+        self.hparams.update(values)
+        object.__setattr__(self, "_hparams_initial", copy.deepcopy(AttributeDict(self.hparams)))
+        object.__setattr__(self, "_log_hyperparams", logger)
+
+
+class Module(nn.Module, HyperparametersMixin):
     """A model plus what the Trainer needs to train it: steps, optimizers, hooks and logging."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -81,6 +140,16 @@ class Module(nn.Module):
             f"{type(self).__name__} does not define configure_optimizers(), which Trainer.fit needs. Return an "
             "optimizer, e.g. torch.optim.AdamW(self.parameters(), lr=1e-3)."
         )
+
+    def configure_model(self) -> None:
+        """Create the model's layers here instead of in ``__init__`` (Lightning >= 2.1), for large models.
+
+        The Trainer calls it inside the strategy's creation context: on the device, in the precision's
+        parameter dtype, and under fsdp on the meta device (each rank then materialises only its shards, set by
+        the layers' ``reset_parameters``). It runs once per module and process, before ``configure_optimizers``:
+        a later stage with the same module (``trainer.test`` after ``fit``) or a resume in the same process does
+        not call it again (Lightning calls it every stage and asks for it to be idempotent).
+        """
 
     def configure_callbacks(self) -> Any:
         """Callbacks this model always wants; they are added to the Trainer's."""
@@ -133,6 +202,18 @@ class Module(nn.Module):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         return batch
+
+    def optimizer_step(
+        self, epoch: int, batch_idx: int, optimizer: Optimizer, optimizer_closure: Callable[[], Any] | None = None
+    ) -> None:
+        """Step ``optimizer`` at the end of an accumulation window (automatic optimisation only).
+
+        Override to act around the step (a learning-rate warm-up, a step only on some batches). The override must
+        call ``optimizer.step(closure=optimizer_closure)`` once: the closure returns the window's last loss (the
+        Trainer has already run its forward and backward), and ``optimizer.step`` runs what the Trainer's own step
+        runs (``on_before_optimizer_step``, gradient clipping, the strategy's step) and counts a global step.
+        """
+        optimizer.step(closure=optimizer_closure)
 
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Optimizer) -> None:
         """Reset gradients before the next accumulation window; override to change how."""
@@ -379,51 +460,6 @@ class Module(nn.Module):
             raise ConfigurationError(
                 f"gradient_clip_algorithm={algorithm!r} is not supported. Accepted values are 'norm' and 'value'."
             )
-
-    # -------------------------------------------------------- hyperparameters
-    @property
-    def hparams(self) -> AttributeDict:
-        return self._hparams
-
-    @property
-    def hparams_initial(self) -> AttributeDict:
-        return copy.deepcopy(self._hparams_initial)
-
-    def save_hyperparameters(self, *args: Any, ignore: str | list[str] | None = None, frame: Any = None) -> None:
-        """Store the ``__init__`` arguments of the calling constructor in ``self.hparams`` (and checkpoints).
-
-        With names as ``args``, store only those; ``ignore`` lists names to leave out.
-        """
-        frame = frame or inspect.currentframe().f_back  # type: ignore[union-attr]
-        # every __init__ of this object on the stack contributes (a subclass's arguments override its
-        # parent's), so a parent that calls save_hyperparameters() also records the subclass's arguments
-        values: dict[str, Any] = {}
-        f = frame
-        while f is not None:
-            if f.f_code.co_name == "__init__" and f.f_locals.get("self") is self:
-                values.update(_init_args(f))
-            f = f.f_back
-        if not values:
-            values = _init_args(frame)
-        if args:
-            if len(args) == 1 and isinstance(args[0], Mapping):
-                values = dict(args[0])
-            else:
-                missing = [a for a in args if a not in values]
-                if missing:
-                    raise ConfigurationError(
-                        f"save_hyperparameters({', '.join(map(repr, args))}): {', '.join(missing)} are not "
-                        f"arguments of {type(self).__name__}.__init__ (its arguments: {', '.join(values)})."
-                    )
-                values = {a: values[a] for a in args}
-        ignored = [ignore] if isinstance(ignore, str) else list(ignore or [])
-        for name in ignored:
-            values.pop(name, None)
-        for name in list(values):
-            if isinstance(values[name], nn.Module):
-                values.pop(name)  # modules are weights, not hyperparameters
-        self._hparams.update(values)
-        self._hparams_initial = copy.deepcopy(AttributeDict(self._hparams))
 
     # ---------------------------------------------------------------- utility
     def freeze(self) -> None:

@@ -26,12 +26,17 @@ class TrainingSettings:
     ``gradient_clip_val`` (None or 0: no clipping) and ``gradient_clip_algorithm`` ("norm" or "value").
     ``micro_batch_size``: the batch size of one process's step (None: taken from the training
     DataLoader the strategy prepared, else 1).
+    ``manual_optimization``: the caller runs backward and steps the optimizers itself (a Module with
+    ``automatic_optimization = False``), possibly several backward passes per forward (GANs).
+    ``sync_batchnorm``: data-parallel strategies turn BatchNorm layers into SyncBatchNorm.
     """
 
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = None
     gradient_clip_algorithm: str = "norm"
     micro_batch_size: int | None = None
+    manual_optimization: bool = False
+    sync_batchnorm: bool = False
 
     def __post_init__(self) -> None:
         accumulate = self.accumulate_grad_batches

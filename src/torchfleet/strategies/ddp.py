@@ -191,6 +191,10 @@ class DDPStrategy(ParallelStrategy):
         ``self.model`` is ``module`` behind the hook dispatcher when ``configure_ddp`` runs, so a wrapper
         a subclass builds around it still runs ``training_step`` inside DDP's forward.
         """
+        if self.training_settings.sync_batchnorm:
+            from torchfleet.strategies.sync_batchnorm import convert_sync_batchnorm
+
+            module = convert_sync_batchnorm(module, self.root_device)
         self.model = _HookDispatch(module)
         self.configure_ddp()
         return self.model
@@ -204,10 +208,24 @@ class DDPStrategy(ParallelStrategy):
         from torch.nn.parallel import DistributedDataParallel
 
         assert self.model is not None
-        self.model = DistributedDataParallel(self.model, device_ids=self.determine_ddp_device_ids(),
-                                             **self._ddp_kwargs)
+        kwargs = self._ddp_kwargs
+        if self.training_settings.manual_optimization and not {"find_unused_parameters", "static_graph"} & set(kwargs):
+            # manual optimisation: each backward may reach only part of the model (a GAN's generator loss with the
+            # discriminator toggled off); DDP must then find the parameters a backward does not reach
+            kwargs = {**kwargs, "find_unused_parameters": True}
+        self.model = DistributedDataParallel(self.model, device_ids=self.determine_ddp_device_ids(), **kwargs)
         if self._ddp_comm_hook is not None:
             self.model.register_comm_hook(self._ddp_comm_state, self._ddp_comm_hook)
+
+    def backward(self, loss: torch.Tensor, module: nn.Module | None = None, *args: Any, **kwargs: Any) -> None:
+        """Under manual optimisation, re-arm DDP's gradient all-reduce for this backward first.
+
+        DDP's forward prepares the all-reduce of one backward; a training_step that calls manual_backward
+        twice (generator, then discriminator) needs it prepared again for each, on the loss at hand.
+        """
+        if self.training_settings.manual_optimization:
+            _prepare_reducer(module, loss)
+        super().backward(loss, module, *args, **kwargs)
 
     def determine_ddp_device_ids(self) -> list[int] | None:
         """``device_ids`` for DistributedDataParallel: this rank's GPU, or None on the CPU."""
@@ -255,6 +273,19 @@ class DDPStrategy(ParallelStrategy):
     def __repr__(self) -> str:
         return (f"DDPStrategy(start_method={self.start_method!r}, devices={self.num_processes}, "
                 f"num_nodes={self.num_nodes}, precision={self.precision!r})")
+
+
+def _prepare_reducer(module: nn.Module | None, loss: torch.Tensor) -> None:
+    """Make DDP's reducer expect the backward of ``loss`` (it searches ``loss``'s graph for unused parameters)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not (isinstance(module, DistributedDataParallel) and torch.is_grad_enabled()
+            and module.require_backward_grad_sync):
+        return  # not DDP, or inside no_backward_sync: this backward only accumulates
+    search = module.find_unused_parameters and not module.static_graph
+    module.require_forward_param_sync = True
+    module.reducer._rebuild_buckets()
+    module.reducer.prepare_for_backward([loss] if search else [])
 
 
 def _is_loopback(address: str) -> bool:

@@ -242,10 +242,14 @@ class DeepSpeedStrategy(DDPStrategy):
         stepping goes through the engine (LR schedulers built over the given one keep working).
         """
         deepspeed = import_deepspeed()
-        # a later stage (validate after fit, a second fit): the previous engine's ZeRO-3 hooks are still on the
+        optimizers = list(optimizers)
+        engine = self._engine
+        if not optimizers and engine is not None and self.unwrap(engine) is module:
+            # evaluation after fit with the same module: its engine holds the trained (partitioned) weights
+            return engine, []
+        # a later stage (a second fit, another module): the previous engine's ZeRO-3 hooks are still on the
         # module's layers and would fetch parameters alongside the new engine's
         self._release_engine()
-        optimizers = list(optimizers)
         if len(optimizers) > 1:
             raise ConfigurationError(
                 f"DeepSpeed trains with one optimizer, but {len(optimizers)} were given. Combine the parameter groups "

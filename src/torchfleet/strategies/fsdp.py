@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +44,10 @@ STATE_DICT_TYPES = ("sharded", "full")
 #: the Module hooks that run the model: each runs FSDP's pre/post-forward (gather, then free, the root's parameters)
 _STEP_HOOKS = ("training_step", "validation_step", "test_step", "predict_step")
 _MESH_DIMS = ("replicate", "shard")
+
+#: the modules an FSDPStrategy sharded in this process: a later stage with the same module (``trainer.test(model)``
+#: after ``trainer.fit(model)``) trains or evaluates those shards as they are
+_SHARDED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 Policy = Callable[[nn.Module], bool]
 #: which submodules a policy selects: layer classes, or a predicate over modules
@@ -265,6 +269,14 @@ class FSDPStrategy(DDPStrategy):
         return module.to(self.root_device)
 
     # ----------------------------------------------------------------- the module
+    def setup(self, module: nn.Module, optimizers: Sequence[Optimizer] = ()) -> tuple[nn.Module, list[Optimizer]]:
+        """Shard ``module``, or reuse it as it is when an earlier stage in this process sharded it (fit, then test)."""
+        if module in _SHARDED:
+            if not any(r() is module for r in self._modules):
+                self._modules.append(weakref.ref(module))
+            return module, [self.setup_optimizer(o) for o in optimizers]
+        return super().setup(module, optimizers)
+
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Shard ``module``: activation checkpointing, then fully_shard on each policy match, then on the root."""
         from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
@@ -274,6 +286,10 @@ class FSDPStrategy(DDPStrategy):
                 f"The {type(module).__name__} given to the fsdp strategy was already sharded with fully_shard. Pass the "
                 "plain module: the strategy applies fully_shard itself, following auto_wrap_policy."
             )
+        if self.training_settings.sync_batchnorm:
+            from torchfleet.strategies.sync_batchnorm import convert_sync_batchnorm
+
+            module = convert_sync_batchnorm(module, self.root_device)
         old = {name: p for name, p in module.named_parameters()}
         if self._checkpoint_policy is not None:
             _apply_activation_checkpointing(module, self._checkpoint_policy)
@@ -293,6 +309,7 @@ class FSDPStrategy(DDPStrategy):
         new = dict(module.named_parameters())
         self._replaced.update({id(p): (weakref.ref(p), new[n]) for n, p in old.items() if n in new and new[n] is not p})
         self._modules.append(weakref.ref(module))
+        _SHARDED.add(module)
         return module
 
     def _wrap_units(self, module: nn.Module) -> list[nn.Module]:

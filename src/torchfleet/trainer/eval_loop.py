@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchfleet.errors import MisconfiguredModuleError
-from torchfleet.trainer.hooks import batch_transfer_fn
+from torchfleet.trainer.hooks import batch_transfer_fn, step_capacity, trim_step_arguments
 from torchfleet.trainer.logging import Results
 
 if TYPE_CHECKING:
@@ -68,7 +67,9 @@ class EvalLoop:
         trainer._current_fx(step_name)
         multi = len(self.loaders) > 1
         if multi:
-            _check_takes_dataloader_idx(getattr(model, step_name), step_name, len(self.loaders))
+            _check_takes_dataloader_idx(model, step_name, len(self.loaders))
+        else:  # as Lightning, a step may leave out batch_idx: validation_step(self, batch)
+            step_fn = trim_step_arguments(step_fn, model, step_name, 2)
         per_loader: list[dict[str, float]] = []
         results = Results(self.stage)
         results.device = strategy.root_device
@@ -123,11 +124,9 @@ class EvalLoop:
         return per_loader
 
 
-def _check_takes_dataloader_idx(fn: Any, name: str, count: int) -> None:
-    params = inspect.signature(fn).parameters.values()
-    if any(p.kind is p.VAR_POSITIONAL for p in params) or len(
-        [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    ) >= 3:
+def _check_takes_dataloader_idx(model: Any, name: str, count: int) -> None:
+    takes = step_capacity(model, name)
+    if takes is None or takes >= 3:
         return
     raise MisconfiguredModuleError(
         f"{count} dataloaders were given, so {name} is called as {name}(batch, batch_idx, dataloader_idx), but it "

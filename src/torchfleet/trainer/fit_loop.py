@@ -17,7 +17,7 @@ from torch import Tensor
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
 from torchfleet.trainer.checkpointing import capture_rng, restore_rng
 from torchfleet.trainer.eval_loop import EvalLoop, publish_epoch
-from torchfleet.trainer.hooks import batch_transfer_fn
+from torchfleet.trainer.hooks import batch_transfer_fn, trim_step_arguments
 from torchfleet.trainer.logging import Results
 
 if TYPE_CHECKING:
@@ -97,6 +97,13 @@ class FitLoop:
         self._has_step_schedulers = any(c.interval == "step" for c in self._schedulers)
         self._has_epoch_schedulers = any(c.interval == "epoch" and not c.reduce_on_plateau for c in self._schedulers)
         self._lr_scheduler_step = hooks.mod("lr_scheduler_step")  # the Module's override, else None
+        # an overridden Module.optimizer_step takes the step over; only then does a step cost more
+        self._step_override = hooks.mod("optimizer_step") if model.automatic_optimization else None
+        if self._step_override is not None:
+            from torchfleet.trainer.manual import HookOptimizer
+
+            self._hook_optimizers = {id(o): HookOptimizer(o, self._hooked_step) for o in trainer.optimizers}
+            self._optimizer_step = self._optimizer_step_overridden  # type: ignore[method-assign]
         self._batches_before = 0  # training batches of the earlier epochs (check_val_every_n_epoch=None)
 
     # -- progress, saved in checkpoints as loops["fit"] ----------------------------------------
@@ -195,7 +202,7 @@ class FitLoop:
         log_every = trainer.log_every_n_steps
         automatic = model.automatic_optimization
         opt = trainer.optimizers[0] if trainer.optimizers else None
-        step_fn = strategy.step_function(state.wrapped, "training_step")
+        step_fn = trim_step_arguments(strategy.step_function(state.wrapped, "training_step"), model, "training_step", 2)
         batch_start_cbs = hooks.cb("on_train_batch_start")
         batch_start_mod = hooks.mod("on_train_batch_start")
         batch_end_cbs = hooks.cb("on_train_batch_end")
@@ -302,35 +309,69 @@ class FitLoop:
         return loss.detach()
 
     def _optimizer_step(self, opt: Any, loss: Tensor | None, step_fn: Any, batch: Any, batch_idx: int) -> None:
-        trainer, strategy, model, hooks = self.trainer, self.strategy, self.model, self.trainer._hooks
+        self._before_step(opt)
+        if self._closure_needed:
+            closure = self._closure
+            closure.loss, closure.recompute, closure.used = loss, self._recompute(opt, step_fn, batch, batch_idx), False
+            self.strategy.optimizer_step(opt, closure)
+        else:
+            self.strategy.optimizer_step(opt)
+        self.trainer.state.global_step += 1
+        self._after_step(opt, batch_idx)
+
+    def _recompute(self, opt: Any, step_fn: Any, batch: Any, batch_idx: int) -> Any:
+        """The closure's later calls (LBFGS): forward and backward of the window's last batch again."""
+        def recompute() -> Any:
+            opt.zero_grad(set_to_none=True)
+            return self._forward_backward(step_fn, batch, batch_idx, 1, True)
+
+        return recompute
+
+    def _before_step(self, opt: Any) -> None:
+        trainer, model = self.trainer, self.model
         if self._has_before_step:
-            hooks.call("on_before_optimizer_step", trainer, opt)
+            trainer._hooks.call("on_before_optimizer_step", trainer, opt)
         clip = self._custom_clipping
         if clip is not None:
             clip(opt, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
         elif trainer.gradient_clip_val:
             model.clip_gradients(opt, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
 
-        if self._closure_needed:
-            def recompute() -> Any:
-                opt.zero_grad(set_to_none=True)
-                return self._forward_backward(step_fn, batch, batch_idx, 1, True)
-
-            closure = self._closure
-            closure.loss, closure.recompute, closure.used = loss, recompute, False
-            strategy.optimizer_step(opt, closure)
-        else:
-            strategy.optimizer_step(opt)
+    def _after_step(self, opt: Any, batch_idx: int) -> None:
+        trainer = self.trainer
         if self._has_before_zero_grad:
-            hooks.call("on_before_zero_grad", trainer, opt)
+            trainer._hooks.call("on_before_zero_grad", trainer, opt)
         zero = self._custom_zero_grad
         if zero is not None:
             zero(trainer.state.current_epoch, batch_idx, opt)
         else:
             opt.zero_grad(set_to_none=True)
-        trainer.state.global_step += 1
         if self._has_step_schedulers:
             self._step_schedulers("step")
+
+    def _optimizer_step_overridden(self, opt: Any, loss: Tensor | None, step_fn: Any, batch: Any, batch_idx: int) -> None:
+        """The Module's ``optimizer_step`` steps, through a handle whose ``step`` is ``_hooked_step``."""
+        trainer = self.trainer
+        closure = _ReplayClosure(loss, self._recompute(opt, step_fn, batch, batch_idx))
+        handle = self._hook_optimizers[id(opt)]
+        trainer._hooks.call_module(trainer, "optimizer_step", self._step_override, trainer.state.current_epoch,
+                                   batch_idx, handle, closure)
+        if not closure.used:
+            raise MisconfiguredModuleError(
+                f"{type(self.model).__name__}.optimizer_step(epoch, batch_idx, optimizer, optimizer_closure) returned "
+                f"without running optimizer_closure (epoch {trainer.state.current_epoch}, batch {batch_idx}), so the "
+                "optimizer never stepped and the model would silently stop training. Call "
+                "optimizer.step(closure=optimizer_closure) in it (or super().optimizer_step(epoch, batch_idx, "
+                "optimizer, optimizer_closure)); to skip a batch, return None from training_step instead."
+            )
+        self._after_step(opt, batch_idx)
+
+    def _hooked_step(self, opt: Any, closure: Any, kwargs: dict[str, Any]) -> Any:
+        """``optimizer.step(closure=...)`` inside an overridden ``optimizer_step``: what ``_optimizer_step`` does."""
+        self._before_step(opt)
+        out = self.strategy.optimizer_step(opt, closure, **kwargs)
+        self.trainer.state.global_step += 1
+        return out
 
     def _step_schedulers(self, interval: str, plateau: bool | None = None) -> None:
         """Step the Trainer's schedulers of ``interval`` that are due; ``plateau``: only ReduceLROnPlateau (True),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -136,3 +137,34 @@ def batch_transfer_fn(trainer: Any, dataloader_idx: int) -> Callable[[Any], Any]
         return batch
 
     return transfer
+
+
+def positional_capacity(fn: Callable[..., Any]) -> int | None:
+    """How many positional arguments ``fn`` takes (None: any number, or its signature cannot be read)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    return sum(1 for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def step_capacity(model: Any, name: str) -> int | None:
+    """How many arguments the Module's step ``name`` takes after ``self``, read from its class: the instance's
+    attribute may be a wrapper (fsdp registers its forward hooks around the steps) with another signature."""
+    takes = positional_capacity(getattr(type(model), name, None) or getattr(model, name))
+    return None if takes is None else max(takes - 1, 0)
+
+
+def trim_step_arguments(step_fn: Callable[..., Any], model: Any, name: str, given: int) -> Callable[..., Any]:
+    """``step_fn``, or when the Module's step ``name`` takes fewer than the ``given`` arguments (as Lightning
+    allows: ``training_step(self, batch)``), a call that passes only the ones it takes. Decided once per stage."""
+    takes = step_capacity(model, name)
+    if takes is None or takes >= given:
+        return step_fn
+
+    def call(*args: Any) -> Any:
+        return step_fn(*args[:takes])
+
+    return call

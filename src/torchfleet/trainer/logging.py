@@ -41,6 +41,7 @@ FX_DEFAULTS: dict[str, tuple[bool, bool]] = {
     "on_after_backward": (True, False),
     "on_before_optimizer_step": (True, False),
     "on_before_zero_grad": (True, False),
+    "optimizer_step": (True, False),
 }
 EPOCH_DEFAULT = (False, True)
 
@@ -60,6 +61,7 @@ class LoggedValue:
     total: Tensor | None = None
     weight: float = 0.0
     fresh: bool = True  # logged since the last step collection
+    metric: Any = None  # a torchmetrics Metric logged as the value: its own compute() gives the epoch value
 
     def update(self, value: Tensor, batch_size: int) -> None:
         self.latest = value
@@ -102,6 +104,23 @@ def _to_tensor(name: str, value: Any, device: torch.device) -> Tensor:
         f"self.log({name!r}, ...) got a value of type {type(value).__name__}. Accepted values are numbers and "
         "single-element tensors; log the parts of a dict with self.log_dict."
     )
+
+
+def _where(fx: str, name: str, on_step: bool | None, on_epoch: bool | None) -> tuple[bool, bool]:
+    """(on_step, on_epoch) of a new logged name: the given ones, else the defaults of the hook ``fx``."""
+    default_step, default_epoch = FX_DEFAULTS.get(fx, EPOCH_DEFAULT)
+    on_step = default_step if on_step is None else on_step
+    on_epoch = default_epoch if on_epoch is None else on_epoch
+    if not on_step and not on_epoch:
+        raise ConfigurationError(
+            f"self.log({name!r}, on_step=False, on_epoch=False) logs nowhere. Set on_step=True, on_epoch=True or both."
+        )
+    return on_step, on_epoch
+
+
+def is_metric(value: Any) -> bool:
+    """Whether ``value`` is a torchmetrics ``Metric`` (found by its class, so torchmetrics is never imported here)."""
+    return any(c.__name__ == "Metric" and c.__module__.startswith("torchmetrics") for c in type(value).__mro__)
 
 
 def infer_batch_size(batch: Any) -> int:
@@ -159,16 +178,12 @@ class Results:
             entry.latest = value.detach()  # the per-step hot path: a scalar logged before
             entry.fresh = True
             return
+        if not isinstance(value, (Tensor, numbers.Number)) and is_metric(value):
+            self._log_metric(fx, name, value, prog_bar, logger, on_step, on_epoch, entry)
+            return
         tensor = _to_tensor(name, value, self.device)
         if entry is None:
-            default_step, default_epoch = FX_DEFAULTS.get(fx, EPOCH_DEFAULT)
-            on_step = default_step if on_step is None else on_step
-            on_epoch = default_epoch if on_epoch is None else on_epoch
-            if not on_step and not on_epoch:
-                raise ConfigurationError(
-                    f"self.log({name!r}, on_step=False, on_epoch=False) logs nowhere. Set on_step=True, "
-                    "on_epoch=True or both."
-                )
+            on_step, on_epoch = _where(fx, name, on_step, on_epoch)
             entry = LoggedValue(
                 name, on_step, on_epoch, normalize_reduce_fx(reduce_fx), sync_dist, prog_bar, logger, tensor
             )
@@ -178,6 +193,32 @@ class Results:
         else:
             size = 1
         entry.update(tensor, size)
+
+    def _log_metric(self, fx: str, name: str, metric: Any, prog_bar: bool, logger: bool, on_step: bool | None,
+                    on_epoch: bool | None, entry: LoggedValue | None) -> None:
+        """As Lightning: per step the value of the metric's last ``forward`` (this batch's), per epoch its
+        ``compute()`` over everything it saw (synced by the metric itself), after which it is reset."""
+        if entry is None:
+            on_step, on_epoch = _where(fx, name, on_step, on_epoch)
+            entry = LoggedValue(name, on_step, on_epoch, "mean", False, prog_bar, logger,
+                                torch.tensor(float("nan")), metric=metric)
+            self.values[name] = entry
+        elif entry.metric is None:
+            raise MisconfiguredModuleError(
+                f"self.log({name!r}, ...) got a torchmetrics {type(metric).__name__} after a plain value was logged "
+                "under that name in this epoch. Log the metric object, or its values, under one name each."
+            )
+        entry.metric = metric
+        if entry.on_step:
+            value = getattr(metric, "_forward_cache", None)
+            if value is None:
+                raise MisconfiguredModuleError(
+                    f"self.log({name!r}, {type(metric).__name__}) in {fx} logs the metric per step, which is the value "
+                    "of its last forward call, but it has none: update it by calling it (metric(preds, target)) "
+                    "rather than metric.update(...), or log it with on_step=False to log only its epoch value."
+                )
+            entry.latest = _to_tensor(name, value, self.device)
+            entry.fresh = True
 
     # ---------------------------------------------------------------- collection
     def collect_step(self, strategy: Strategy | None) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
@@ -196,9 +237,15 @@ class Results:
         entries = [v for v in self.values.values() if v.on_epoch and v.total is not None]
         if _distributed(strategy):
             entries = _agree_on_synced(strategy, entries)  # type: ignore[arg-type]
+        values = sync_epoch(strategy, entries) if entries else []
+        metrics = [v for v in self.values.values() if v.metric is not None]
+        for v in metrics:
+            if v.on_epoch:
+                entries.append(v)
+                values.append(_to_tensor(v.name, v.metric.compute(), self.device))
+            v.metric.reset()  # as Lightning: a logged Metric starts each epoch empty
         if not entries:
             return {}, {}, {}
-        values = sync_epoch(strategy, entries)
         return _route(entries, values, [f"{v.name}_epoch" if v.on_step else v.name for v in entries])
 
 

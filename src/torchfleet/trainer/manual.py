@@ -34,3 +34,18 @@ class ManualOptimizer(OptimizerWrapper):
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._trainer._hooks.call("on_before_zero_grad", self._trainer, self._optimizer)
         self._optimizer.zero_grad(set_to_none=set_to_none)
+
+
+class HookOptimizer(OptimizerWrapper):
+    """The optimizer an overridden ``Module.optimizer_step`` gets (automatic optimisation).
+
+    An instance of the wrapped optimizer's class; ``step(closure=...)`` runs the fit loop's own step for it
+    (``on_before_optimizer_step``, gradient clipping, the strategy's step, one more global step).
+    """
+
+    def __init__(self, optimizer: Optimizer, run_step: Callable[[Optimizer, Any, dict[str, Any]], Any]) -> None:
+        super().__init__(optimizer)
+        self.__dict__["_run_step"] = run_step
+
+    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        return self._run_step(self._optimizer, closure, kwargs)

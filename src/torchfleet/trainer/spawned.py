@@ -41,6 +41,11 @@ def restore(trainer: Trainer, model: Any, snapshot: dict[str, Any] | None) -> An
     """Apply rank 0's snapshot to the parent's trainer and model; returns the stage's result."""
     if snapshot is None:  # not the main node: its rank 0 reports nothing back
         return None
+    from torchfleet.strategies.utils import creation_context
+    from torchfleet.trainer.stage import configure_model_once
+
+    # layers made in configure_model() exist only in the ranks so far: make them here to take the weights
+    configure_model_once(trainer, model, lambda: creation_context("cpu", trainer.strategy.precision.param_dtype))
     with torch.no_grad():
         model.load_state_dict(snapshot["model"])
     trainer.state.load_snapshot(snapshot["state"])

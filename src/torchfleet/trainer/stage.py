@@ -5,6 +5,7 @@ The per-batch loops live in fit_loop.py and eval_loop.py.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import math
@@ -103,6 +104,7 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
         cb.setup(trainer, model, stage)
     model.setup(stage)
     failed = False
+    configure_model_once(trainer, model, lambda: strategy.module_init_context(empty_init=True))
     try:
         if stage == "fit":
             return _fit(trainer, model, train_dl, eval_dl, ckpt_path)
@@ -130,6 +132,23 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
         trainer.state.end_stage(failed)
 
 
+def configure_model_once(trainer: Trainer, model: Any, context: Any) -> None:
+    """``configure_model()`` once per module and process, inside ``context()``: where the strategy creates models
+    (meta under fsdp) in a rank; on the CPU in the process that spawned the ranks, before it takes their weights.
+    ``context`` is a factory: creation contexts take effect when made (an ExitStack), so one is made only if used."""
+    impl = getattr(type(model), "configure_model", None)
+    if impl is None or impl is Module.configure_model or model.__dict__.get("_torchfleet_configured"):
+        return
+    previous = model._current_fx
+    trainer._current_fx("configure_model")
+    try:
+        with context():
+            model.configure_model()
+    finally:
+        trainer._current_fx(previous)
+    object.__setattr__(model, "_torchfleet_configured", True)
+
+
 def _merge_callbacks(trainer: Trainer, extra: Any) -> None:
     extra = list(extra) if isinstance(extra, (list, tuple)) else [extra]
     types = {type(c) for c in extra}
@@ -139,7 +158,10 @@ def _merge_callbacks(trainer: Trainer, extra: Any) -> None:
 
 def _setup_model(trainer: Trainer, model: Any, with_optimizers: bool, micro_batch_size: int | None = None) -> None:
     strategy = trainer.strategy
-    strategy.configure_training(trainer.training_settings(micro_batch_size), REPLICA_LOGGING)
+    settings = trainer.training_settings(micro_batch_size)
+    if not model.automatic_optimization:
+        settings = dataclasses.replace(settings, manual_optimization=True)
+    strategy.configure_training(settings, REPLICA_LOGGING)
     scheds: list[Any] = []
 
     def build_optimizers() -> list[Any]:
@@ -244,9 +266,9 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
     if path is not None:
         restore(trainer, path, full=True)
     _log_summary(trainer, model)
-    if trainer.is_global_zero:
-        for lg in trainer.loggers:
-            lg.log_hyperparams(dict(model.hparams))
+    hparams = _hparams_to_log(model, trainer.datamodule) if trainer.is_global_zero and trainer.loggers else None
+    for lg in trainer.loggers if hparams is not None else []:
+        lg.log_hyperparams(hparams)
     trainer._hooks.call("on_fit_start", trainer)
     if trainer.num_sanity_val_steps and val_loaders and trainer.limit_val_batches:
         _sanity_check(trainer, model, val_loaders)
@@ -256,6 +278,26 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
         for lg in trainer.loggers:
             lg.finalize("success")
     strategy.barrier("fit_end")
+
+
+def _hparams_to_log(model: Any, dm: Any) -> dict[str, Any] | None:
+    """The Module's and the DataModule's saved hyperparameters; None when both saved theirs with ``logger=False``
+    (then, as in Lightning, the loggers are not called)."""
+    dm_logs = dm is not None and getattr(dm, "_log_hyperparams", False)
+    if not (model._log_hyperparams or dm_logs):
+        return None
+    out = dict(model.hparams) if model._log_hyperparams else {}
+    if dm_logs:
+        theirs = dict(getattr(dm, "hparams", {}))
+        clash = sorted(k for k in theirs.keys() & out.keys() if theirs[k] != out[k])
+        if clash:
+            raise ConfigurationError(
+                f"The Module and the DataModule both saved hyperparameters named {', '.join(map(repr, clash))} with "
+                "different values, so the loggers cannot record both. Rename one, or pass ignore=[...] (or "
+                "logger=False) to one of the save_hyperparameters() calls."
+            )
+        out.update(theirs)
+    return out
 
 
 def _sanity_check(trainer: Trainer, model: Any, val_loaders: list[Any]) -> None:

@@ -126,6 +126,7 @@ class Trainer:
         use_distributed_sampler: bool = True,
         default_root_dir: str | os.PathLike | None = None,
         inference_mode: bool = True,
+        sync_batchnorm: bool = False,
     ) -> None:
         from torchfleet.connector import resolve
 
@@ -197,6 +198,8 @@ class Trainer:
             torch.backends.cudnn.benchmark = self.benchmark
         self.use_distributed_sampler = use_distributed_sampler
         self.inference_mode = inference_mode
+        #: BatchNorm layers become SyncBatchNorm under ddp/fsdp (batch statistics over every process's batch)
+        self.sync_batchnorm = bool(sync_batchnorm)
         self.default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
         self.enable_progress_bar = True if enable_progress_bar is None else enable_progress_bar
         self.enable_checkpointing = True if enable_checkpointing is None else enable_checkpointing
@@ -319,7 +322,7 @@ class Trainer:
     def training_settings(self, micro_batch_size: int | None = None) -> TrainingSettings:
         """What the strategy is told about this Trainer's training (``Strategy.configure_training``)."""
         return TrainingSettings(self.accumulate_grad_batches, self.gradient_clip_val, self.gradient_clip_algorithm,
-                                micro_batch_size)
+                                micro_batch_size, sync_batchnorm=self.sync_batchnorm)
 
     # ------------------------------------------------------------------ properties
     current_epoch = _state_field("current_epoch", "Epochs done; during an epoch, its index.")
@@ -329,6 +332,11 @@ class Trainer:
                                '(``trainer.state.fn``; ``trainer.state.stage`` says what runs inside it).')
     sanity_checking = _state_field("sanity_checking", "Whether the sanity check's validation is running.")
     logged_metrics = _state_field("logged_metrics", "What was last sent to the loggers.")
+
+    @property
+    def model(self) -> Any:
+        """The model as the strategy runs it (a DistributedDataParallel wrapper under ddp); the Module before setup."""
+        return self.state.wrapped if self.state.wrapped is not None else self.module
 
     @property
     def accelerator(self) -> Any:
@@ -498,8 +506,11 @@ class Trainer:
         return self._run("predict", model, None, dataloaders, datamodule, ckpt_path, return_predictions=return_predictions)
 
     def _run(self, stage: str, model: Any, train_dl: Any, eval_dl: Any, datamodule: Any, ckpt_path: Any, **kw: Any) -> Any:
+        from torchfleet.data import loaders_or_datamodule
         from torchfleet.trainer.stage import run_stage
 
+        train_dl, datamodule = loaders_or_datamodule(train_dl, datamodule, stage)
+        eval_dl, datamodule = loaders_or_datamodule(eval_dl, datamodule, stage)
         model = self._connect(stage, model, train_dl, eval_dl, datamodule)
         launcher = self.strategy.launcher
         if launcher is None or not launcher.runs_in_children:
