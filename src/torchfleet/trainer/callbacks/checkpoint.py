@@ -150,6 +150,7 @@ class ModelCheckpoint(Callback):
         # a run that stops between periodic saves still leaves its last state behind
         if self.save_last and not self._skip(trainer) and trainer.global_step > 0:
             self._save_last(trainer)
+            self._notify_loggers(trainer)
 
     def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
         """With ``save_on_exception=True``: when training raises, save the state it reached (the file the template
@@ -166,10 +167,11 @@ class ModelCheckpoint(Callback):
         assert self.dirpath is not None
         path = self._unique(trainer, os.path.join(self.dirpath, self.format_checkpoint_name(self._metrics(trainer))),
                             None)
-        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+        self._write(trainer, path)
         self._last_global_step_saved = trainer.global_step
         if self.save_last:
             self._save_last(trainer)
+        self._notify_loggers(trainer)
         log.warning("%s raised at step %d (%s); saved the training state to %s", type(exception).__name__,
                     trainer.global_step, exception, path)
 
@@ -237,7 +239,7 @@ class ModelCheckpoint(Callback):
                 # nothing is ranked, so best_k_models stays empty
                 previous = self.best_model_path
                 path = self._unique(trainer, os.path.join(self.dirpath, self.format_checkpoint_name(metrics)), previous)
-                trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+                self._write(trainer, path)
                 self.best_model_path = self.last_saved = path
                 if self.save_top_k == 1 and previous and previous != path:
                     trainer.strategy.remove_checkpoint(previous)
@@ -246,6 +248,16 @@ class ModelCheckpoint(Callback):
         self._last_global_step_saved = trainer.global_step
         if self.save_last:
             self._save_last(trainer)
+        self._notify_loggers(trainer)
+
+    def _write(self, trainer: Any, path: str) -> None:
+        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+
+    def _notify_loggers(self, trainer: Any) -> None:
+        # loggers that upload checkpoints (log_model=...) read best_model_path etc., so after the bookkeeping
+        if trainer.is_global_zero:
+            for lg in trainer.loggers:
+                lg.after_save_checkpoint(self)
 
     def _score(self, trainer: Any, metrics: dict[str, Any]) -> float:
         # rank 0's value decides for everyone (also for a value only rank 0 logs: rank_zero_only=True)
@@ -278,7 +290,7 @@ class ModelCheckpoint(Callback):
         if worst is not None:
             self.best_k_models.pop(worst, None)
         path = self._unique(trainer, os.path.join(self.dirpath, self.format_checkpoint_name(metrics)), worst)
-        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+        self._write(trainer, path)
         self.best_k_models[path] = score
         self.current_score = torch.tensor(score)
         if worst and worst != path:
@@ -293,7 +305,7 @@ class ModelCheckpoint(Callback):
     def _save_last(self, trainer: Any) -> None:
         assert self.dirpath is not None
         path = os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
-        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+        self._write(trainer, path)
         self.last_model_path = path
         self._last_global_step_saved = trainer.global_step
 
