@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -86,3 +88,26 @@ def quiet(**kw):
                 num_sanity_val_steps=0)
     base.update(kw)
     return base
+
+
+class LogRecords(logging.Handler):
+    """``with LogRecords() as messages:`` collects the messages of the "torchfleet" logger at INFO and above."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+    def __enter__(self):
+        logger = logging.getLogger("torchfleet")
+        self._old_level = logger.level
+        logger.addHandler(self)
+        logger.setLevel(logging.INFO)
+        return self.messages
+
+    def __exit__(self, *exc):
+        logger = logging.getLogger("torchfleet")
+        logger.removeHandler(self)
+        logger.setLevel(self._old_level)

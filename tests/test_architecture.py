@@ -28,6 +28,11 @@ FORBIDDEN: dict[str, set[str]] = {
     "connector": {"module"} | _CLIENTS,
     "trainer": {"fleet", "fleet_wrappers", "cli"},
     "fleet": {"trainer", "cli", "callbacks"},
+    # leaves: seed uses utilities (the rank), utilities uses nothing of torchfleet
+    "seed": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers"},
+    "utilities": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers", "seed"},
+    "plugins": {"connector", "module", "launchers"} | _CLIENTS,
+    "demos": {"trainer", "fleet", "fleet_wrappers", "cli", "strategies", "connector"},
 }
 
 #: (module, imported module) pairs allowed while an import is being removed, each with who removes it; keep it empty

@@ -13,6 +13,7 @@ from torchfleet import Trainer
 from torchfleet.callbacks import (
     Callback,
     EarlyStopping,
+    EarlyStoppingReason,
     LearningRateMonitor,
     ModelCheckpoint,
     ProgressBar,
@@ -119,19 +120,22 @@ def test_early_stopping_after_patience(tmp_path):
     trainer = _fit(ScriptedVal([1.0, 0.5, 0.6, 0.55, 0.4, 0.3]), [es], tmp_path, epochs=6)
     assert trainer.should_stop and es.stopped_epoch == 3 and trainer.current_epoch == 4
     assert es.best_score.item() == pytest.approx(0.5)
-    assert "did not improve" in es.stopping_reason
+    assert es.stopping_reason is EarlyStoppingReason.PATIENCE_EXHAUSTED
+    assert "did not improve" in es.stopping_reason_message
 
 
 def test_early_stopping_thresholds_and_min_delta(tmp_path):
     es = EarlyStopping(monitor="val_loss", stopping_threshold=0.25, patience=100)
     trainer = _fit(ScriptedVal([1.0, 0.5, 0.2, 0.1]), [es], tmp_path, epochs=4)
-    assert es.stopped_epoch == 2 and "threshold" in es.stopping_reason
+    assert es.stopped_epoch == 2 and "threshold" in es.stopping_reason_message
+    assert es.stopping_reason is EarlyStoppingReason.STOPPING_THRESHOLD
     es = EarlyStopping(monitor="val_loss", min_delta=0.1, patience=1)
     _fit(ScriptedVal([1.0, 0.95, 0.5, 0.4]), [es], tmp_path, epochs=4)
     assert es.stopped_epoch == 1  # 0.95 is not 0.1 better than 1.0
     es = EarlyStopping(monitor="val_loss", patience=5)
     _fit(ScriptedVal([1.0, float("nan"), 0.5]), [es], tmp_path, epochs=3)
-    assert es.stopped_epoch == 1 and "not finite" in es.stopping_reason
+    assert es.stopped_epoch == 1 and "not finite" in es.stopping_reason_message
+    assert es.stopping_reason is EarlyStoppingReason.NON_FINITE_METRIC
     del trainer
 
 

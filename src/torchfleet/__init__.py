@@ -14,6 +14,10 @@ __version__ = "0.1.0"
 _LAZY = {
     "Trainer": "torchfleet.trainer.trainer",
     "seed_everything": "torchfleet.seed",
+    "reset_seed": "torchfleet.seed",
+    "isolate_rng": "torchfleet.seed",
+    "worker_init_function": "torchfleet.seed",
+    "Callback": "torchfleet.trainer.callbacks.base",
     "Module": "torchfleet.module",
     "DataModule": "torchfleet.data",
     "Fleet": "torchfleet.fleet",
@@ -23,8 +27,8 @@ _LAZY = {
 }
 
 #: subpackages reachable as attributes after a plain ``import torchfleet`` (``torchfleet.strategies.DDPStrategy``)
-_SUBMODULES = ("accelerators", "callbacks", "checkpoint", "environments", "launchers", "loggers", "precision",
-               "strategies")
+_SUBMODULES = ("accelerators", "callbacks", "checkpoint", "demos", "environments", "launchers", "loggers", "plugins",
+               "precision", "strategies", "utilities")
 
 __all__ = sorted(_LAZY) + ["__version__"]
 
@@ -49,6 +53,7 @@ if TYPE_CHECKING:
     from torchfleet.errors import CheckpointError, ConfigurationError
     from torchfleet.fleet import Fleet
     from torchfleet.module import Module
-    from torchfleet.seed import seed_everything
+    from torchfleet.seed import isolate_rng, reset_seed, seed_everything, worker_init_function
     from torchfleet.settings import TrainingSettings
+    from torchfleet.trainer.callbacks.base import Callback
     from torchfleet.trainer.trainer import Trainer

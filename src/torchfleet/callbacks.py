@@ -3,11 +3,17 @@
 from torchfleet.trainer.callbacks import (
     Callback,
     EarlyStopping,
+    EarlyStoppingReason,
     LearningRateMonitor,
     ModelCheckpoint,
+    ModelSummary,
     ProgressBar,
+    RichModelSummary,
+    RichProgressBar,
     ThroughputMonitor,
     Timer,
+    TQDMProgressBar,
 )
 
-__all__ = ["Callback", "ModelCheckpoint", "EarlyStopping", "ProgressBar", "LearningRateMonitor", "ThroughputMonitor", "Timer"]
+__all__ = ["Callback", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason", "ProgressBar", "TQDMProgressBar",
+           "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor", "ThroughputMonitor", "Timer"]

@@ -9,6 +9,8 @@ from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
 
+from torchfleet.errors import ConfigurationError
+
 
 def next_version(root: str) -> int:
     """The first unused N for ``<root>/version_N``."""
@@ -63,7 +65,7 @@ class Logger(ABC):
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         """Record ``metrics`` at ``step``."""
 
-    def log_hyperparams(self, params: Mapping[str, Any] | Namespace) -> None:
+    def log_hyperparams(self, params: Mapping[str, Any] | Namespace | None = None) -> None:
         """Record the run's hyperparameters."""
 
     def save(self) -> None:
@@ -81,12 +83,16 @@ class Logger(ABC):
     def agree_version(self, strategy: Any) -> None:
         """Make every rank use rank 0's version (and so its folder). Loggers without folders: nothing to agree."""
 
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        """ModelCheckpoint saved a file (called on global rank 0); loggers that upload checkpoints act here."""
+
 
 class FolderLogger(Logger):
     """A logger writing into ``<save_dir>/<name>/version_<n>/`` (n: the first unused, unless given)."""
 
-    def __init__(self, save_dir: str | os.PathLike, name: str = "logs", version: int | str | None = None) -> None:
-        self._save_dir = os.fspath(save_dir)
+    def __init__(self, save_dir: str | os.PathLike | None = None, name: str = "logs", version: int | str | None = None,
+                 *, root_dir: str | os.PathLike | None = None) -> None:
+        self._save_dir = os.fspath(_one_dir(type(self).__name__, save_dir, root_dir))
         self._name = name
         self._version = version
 
@@ -112,3 +118,96 @@ class FolderLogger(Logger):
     def log_dir(self) -> str:
         version = self.version
         return os.path.join(self._save_dir, self._name, version if isinstance(version, str) else f"version_{version}")
+
+
+def _one_dir(logger: str, save_dir: Any, root_dir: Any) -> Any:
+    """``save_dir`` (the Trainer loggers' name) or ``root_dir`` (Fabric's name for the same folder): exactly one."""
+    if (save_dir is None) == (root_dir is None):
+        raise ConfigurationError(
+            f"{logger} needs the folder to write into, given once: pass save_dir=... (or root_dir=..., Fabric's name "
+            f"for it){'' if save_dir is None else ', not both'}."
+        )
+    return save_dir if root_dir is None else root_dir
+
+
+class LoggedCheckpoints:
+    """Which of a ModelCheckpoint's files a logger has uploaded (for ``log_model``), by path and modification time."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, float] = {}
+
+    def new(self, callback: Any) -> list[tuple[str, list[str], float | None]]:
+        """``(path, aliases, score)`` for each checkpoint of ``callback`` not uploaded yet in its current version.
+
+        Aliases: "latest" for the newest file, "best" for the best model's. Paths that no longer exist
+        (replaced top-k files) are left out.
+        """
+        found: dict[str, float | None] = {}
+        for path, score in getattr(callback, "best_k_models", {}).items():
+            found[path] = float(score)
+        for attr in ("best_model_path", "last_model_path"):
+            path = getattr(callback, attr, "")
+            if path:
+                found.setdefault(path, None)
+        present = {p: os.path.getmtime(p) for p in found if os.path.exists(p)}
+        latest = max(present, key=lambda p: present[p]) if present else None
+        out = []
+        for path, mtime in sorted(present.items(), key=lambda kv: kv[1]):
+            if self._seen.get(path) == mtime:
+                continue
+            self._seen[path] = mtime
+            aliases = [a for a, p in (("latest", latest), ("best", getattr(callback, "best_model_path", ""))) if p == path]
+            out.append((path, aliases, found[path]))
+        return out
+
+
+class DummyExperiment:
+    """What a rank-zero logger's ``experiment`` is on other ranks: every method call does nothing."""
+
+    def nop(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __getattr__(self, _: str) -> Any:
+        return self.nop
+
+    def __getitem__(self, _: Any) -> DummyExperiment:
+        return self
+
+
+def on_rank_zero() -> bool:
+    from torchfleet.utilities import rank_zero_only
+
+    return rank_zero_only.rank == 0
+
+
+class UploadsCheckpoints(Logger):
+    """A logger that can upload ModelCheckpoint's files (``log_model``): False (none), True (once training has
+    ended; at once with ``save_top_k=-1``, as Lightning), or "all" (each file as it is saved)."""
+
+    def _init_uploads(self, log_model: bool | str) -> None:
+        if log_model not in (True, False, "all"):
+            raise ConfigurationError(
+                f"{type(self).__name__}(log_model={log_model!r}) is not valid: give False, True (checkpoints after "
+                "training) or 'all' (each checkpoint as it is saved)."
+            )
+        self._log_model = log_model
+        self._checkpoint_callback: Any = None
+        self._logged = LoggedCheckpoints()
+
+    def _upload_checkpoint(self, path: str, aliases: list[str], score: float | None, callback: Any) -> None:
+        raise NotImplementedError
+
+    def _upload_new(self, callback: Any) -> None:
+        for path, aliases, score in self._logged.new(callback):
+            self._upload_checkpoint(path, aliases, score, callback)
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        if self._log_model == "all" or (self._log_model is True and getattr(checkpoint_callback, "save_top_k", 1) == -1):
+            self._upload_new(checkpoint_callback)
+        elif self._log_model is True:
+            self._checkpoint_callback = checkpoint_callback
+
+    def _upload_remembered(self) -> None:
+        """At the end of training (``finalize``): upload what ``log_model=True`` held back."""
+        if self._checkpoint_callback is not None and on_rank_zero():
+            self._upload_new(self._checkpoint_callback)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import warnings
 from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
@@ -11,66 +12,111 @@ from typing import Any
 from torchfleet.loggers.base import FolderLogger, plain_params
 
 
-class CSVLogger(FolderLogger):
-    """Writes ``<save_dir>/<name>/version_<n>/metrics.csv`` and ``hparams.yaml``.
+class CSVWriter:
+    """What ``CSVLogger.experiment`` returns: the writer of one version folder's ``metrics.csv`` and ``hparams.yaml``.
 
-    Rows are buffered and written every ``flush_logs_every_n_steps`` steps and at the end, so a
-    logged step costs a dict update. New metric names add columns (the file is rewritten then).
+    Values logged at one step share a row; new metric names add columns (the file is rewritten then).
+    A folder that already holds a ``metrics.csv`` (an explicit ``version=`` used before) is reported, and
+    that file is replaced by this run's at the first save.
     """
 
-    def __init__(self, save_dir: str | os.PathLike, name: str = "logs", version: int | str | None = None,
-                 flush_logs_every_n_steps: int = 100) -> None:
-        super().__init__(save_dir, name, version)
-        self.flush_every = flush_logs_every_n_steps
+    NAME_METRICS_FILE = "metrics.csv"
+    NAME_HPARAMS_FILE = "hparams.yaml"
+
+    def __init__(self, log_dir: str) -> None:
+        self.log_dir = log_dir
+        self.metrics_file_path = os.path.join(log_dir, self.NAME_METRICS_FILE)
+        self.hparams: dict[str, Any] = {}
         self._rows: dict[int, dict[str, Any]] = {}
         self._written: list[dict[str, Any]] = []
         self._columns: list[str] = []
         self._file_columns: list[str] = []
-        self._pending = 0
+        if os.path.isfile(self.metrics_file_path):
+            warnings.warn(
+                f"The log folder {log_dir} already holds a {self.NAME_METRICS_FILE} from an earlier run; this run's "
+                "metrics replace it. Pass another version=, or none for the next unused one, to keep both.",
+                stacklevel=3,
+            )
+        os.makedirs(log_dir, exist_ok=True)
 
     @property
-    def metrics_file(self) -> str:
-        return os.path.join(self.log_dir, "metrics.csv")
+    def metrics(self) -> list[dict[str, Any]]:
+        """The rows not yet written to the file, in step order."""
+        return [self._rows[k] for k in sorted(self._rows)]
 
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        key = step if step is not None else (max(self._rows) + 1 if self._rows else 0)
+    def log_metrics(self, metrics_dict: Mapping[str, Any], step: int | None = None) -> None:
+        key = step if step is not None else (max(self._rows) + 1 if self._rows else len(self._written))
         row = self._rows.setdefault(key, {"step": key})
-        row.update(metrics)
-        self._pending += 1
-        if self._pending >= self.flush_every:
-            self.save()
+        row.update({k: v.item() if hasattr(v, "item") else v for k, v in metrics_dict.items()})
 
-    def log_hyperparams(self, params: Mapping[str, Any] | Namespace) -> None:
+    def log_hparams(self, params: Mapping[str, Any]) -> None:
+        """Add ``params`` to the run's hyperparameters and write them all to hparams.yaml."""
         import yaml
 
-        os.makedirs(self.log_dir, exist_ok=True)
-        with open(os.path.join(self.log_dir, "hparams.yaml"), "w") as f:
-            yaml.safe_dump(plain_params(params), f, sort_keys=False)
+        self.hparams.update(params)
+        with open(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), "w") as f:
+            yaml.safe_dump(plain_params(self.hparams), f, sort_keys=False)
 
     def save(self) -> None:
         if not self._rows:
             return
-        rows = [self._rows[k] for k in sorted(self._rows)]
+        rows = self.metrics
         for row in rows:
             for key in row:
                 if key not in self._columns:
                     self._columns.append(key)
         os.makedirs(self.log_dir, exist_ok=True)
-        path = self.metrics_file
-        if self._columns != self._file_columns or not os.path.exists(path):
-            # new columns: rewrite the whole file with the wider header
-            with open(path, "w", newline="") as f:
+        if self._columns != self._file_columns or not os.path.exists(self.metrics_file_path):
+            # new columns (or this run's first save): write the whole file with the wider header
+            with open(self.metrics_file_path, "w", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=self._columns)
                 writer.writeheader()
                 writer.writerows(self._written + rows)
             self._file_columns = list(self._columns)
         else:
-            with open(path, "a", newline="") as f:
+            with open(self.metrics_file_path, "a", newline="") as f:
                 csv.DictWriter(f, fieldnames=self._columns).writerows(rows)
         self._written.extend(rows)
         self._rows.clear()
+
+
+class CSVLogger(FolderLogger):
+    """Writes ``<save_dir>/<name>/version_<n>/metrics.csv`` and ``hparams.yaml`` (``root_dir=`` names save_dir too).
+
+    Rows are buffered and written every ``flush_logs_every_n_steps`` steps and at the end, so a
+    logged step costs a dict update. ``experiment`` is the ``CSVWriter``.
+    """
+
+    def __init__(self, save_dir: str | os.PathLike | None = None, name: str = "logs", version: int | str | None = None,
+                 flush_logs_every_n_steps: int = 100, *, root_dir: str | os.PathLike | None = None) -> None:
+        super().__init__(save_dir, name, version, root_dir=root_dir)
+        self.flush_every = flush_logs_every_n_steps
+        self._writer: CSVWriter | None = None
         self._pending = 0
 
     @property
-    def experiment(self) -> Any:
-        return self
+    def experiment(self) -> CSVWriter:
+        if self._writer is None:
+            self._writer = CSVWriter(self.log_dir)
+        return self._writer
+
+    @property
+    def metrics_file_path(self) -> str:
+        return os.path.join(self.log_dir, CSVWriter.NAME_METRICS_FILE)
+
+    metrics_file = metrics_file_path
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.experiment.log_metrics(metrics, step)
+        self._pending += 1
+        if self._pending >= self.flush_every:
+            self.save()
+
+    def log_hyperparams(self, params: Mapping[str, Any] | Namespace | None = None) -> None:
+        """Record ``params`` (none: write the ones recorded so far) in hparams.yaml."""
+        self.experiment.log_hparams(plain_params(params))
+
+    def save(self) -> None:
+        if self._writer is not None:
+            self._writer.save()
+        self._pending = 0

@@ -14,8 +14,8 @@ from torchfleet.loggers.base import FolderLogger, plain_params
 class TensorBoardLogger(FolderLogger):
     """Writes TensorBoard event files to ``<save_dir>/<name>/version_<n>/``."""
 
-    def __init__(self, save_dir: str | os.PathLike, name: str = "logs", version: int | str | None = None,
-                 **writer_kwargs: Any) -> None:
+    def __init__(self, save_dir: str | os.PathLike | None = None, name: str = "logs", version: int | str | None = None,
+                 *, root_dir: str | os.PathLike | None = None, **writer_kwargs: Any) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter  # noqa: F401
         except ImportError as exc:
@@ -23,7 +23,7 @@ class TensorBoardLogger(FolderLogger):
                 "TensorBoardLogger needs the tensorboard package, which is not installed. Install it with "
                 "`pip install torchfleet[tensorboard]` (or `pip install tensorboard`), or use CSVLogger."
             ) from exc
-        super().__init__(save_dir, name, version)
+        super().__init__(save_dir, name, version, root_dir=root_dir)
         self._writer_kwargs = writer_kwargs
         self._writer: Any = None
 
@@ -41,7 +41,7 @@ class TensorBoardLogger(FolderLogger):
         for key, value in metrics.items():
             writer.add_scalar(key, value, global_step=step)
 
-    def log_hyperparams(self, params: Mapping[str, Any] | Namespace) -> None:
+    def log_hyperparams(self, params: Mapping[str, Any] | Namespace | None = None) -> None:
         import yaml
 
         clean = plain_params(params)

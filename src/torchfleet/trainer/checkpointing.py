@@ -5,55 +5,16 @@ from __future__ import annotations
 import glob
 import logging
 import os
-import random
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from torchfleet.checkpoint.format import FORMAT_KEY, FORMAT_VERSION, check_checkpoint
 from torchfleet.errors import CheckpointError
+from torchfleet.seed import capture_rng, restore_rng  # noqa: F401  (restore_rng: fit_loop imports it from here)
 
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
 
 log = logging.getLogger("torchfleet")
-
-
-def capture_rng() -> dict[str, Any]:
-    """The state of every random generator a training step may draw from, as tensors and plain Python values.
-
-    Plain values keep checkpoints loadable with ``torch.load(path, weights_only=True)``: NumPy's own state
-    holds an ndarray, which that loader refuses.
-    """
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    try:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
-        state["numpy"] = (str(kind), keys.tolist(), int(pos), int(has_gauss), float(cached_gaussian))
-    except ImportError:
-        pass
-    # is_initialized(), not is_available(): asking the latter starts the CUDA driver in a CPU run
-    if torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    """Put back what ``capture_rng`` returned (also the ndarray form of NumPy's state in older checkpoints)."""
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    if "numpy" in state:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached_gaussian = state["numpy"]
-        np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached_gaussian))
-    if "cuda" in state and torch.cuda.is_initialized():
-        # only where this run uses CUDA (a GPU checkpoint may resume on the CPU), and only for the devices
-        # this machine has (it may have been written on one with more)
-        for index, device_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(device_state, index)
 
 
 def dump_checkpoint(trainer: Trainer, weights_only: bool = False) -> dict[str, Any]:

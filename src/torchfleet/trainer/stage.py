@@ -18,6 +18,7 @@ import torch
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
 from torchfleet.module import Module
 from torchfleet.samplers import without_shuffle
+from torchfleet.seed import add_worker_init_fn
 from torchfleet.settings import loader_batch_size
 from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore
 from torchfleet.trainer.eval_loop import EvalLoop
@@ -190,22 +191,17 @@ def _setup_model(trainer: Trainer, model: Any, with_optimizers: bool, micro_batc
 
 
 def _log_summary(trainer: Trainer, model: Any) -> None:
-    if not (trainer.enable_model_summary and trainer.is_global_zero):
-        return
-    total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    rows = [(name, type(child).__name__, sum(p.numel() for p in child.parameters())) for name, child in model.named_children()]
-    width = max([len(r[0]) for r in rows] + [4])
-    lines = [f"  {'Name':<{width}}  {'Type':<24} {'Params':>12}"]
-    lines += [f"  {n:<{width}}  {t:<24} {p:>12,}" for n, t, p in rows]
-    lines.append(f"  {trainable:,} trainable, {total - trainable:,} frozen, {total:,} total parameters")
-    log.info("%s on %s, %s, precision %s:\n%s", type(model).__name__, trainer.strategy.root_device,
-             type(trainer.strategy).__name__, trainer.precision, "\n".join(lines))
+    from torchfleet.trainer.callbacks.model_summary import ModelSummary
+
+    # a ModelSummary among the callbacks logs its own table when fit starts
+    if trainer.enable_model_summary and not any(isinstance(c, ModelSummary) for c in trainer.callbacks):
+        ModelSummary(max_depth=1).on_fit_start(trainer, model)
 
 
 def _for_strategy(trainer: Trainer, loader: Any, stage: str) -> Any:
     # use_distributed_sampler=False: the user shards the data themselves (their own sampler)
-    return trainer.strategy.process_dataloader(loader, stage) if trainer.use_distributed_sampler else loader
+    loader = trainer.strategy.process_dataloader(loader, stage) if trainer.use_distributed_sampler else loader
+    return add_worker_init_fn(loader, trainer.global_rank)  # seed_everything(workers=True)
 
 
 # ---------------------------------------------------------------------------- fit

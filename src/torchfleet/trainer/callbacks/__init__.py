@@ -2,10 +2,13 @@
 
 from torchfleet.trainer.callbacks.base import Callback
 from torchfleet.trainer.callbacks.checkpoint import ModelCheckpoint
-from torchfleet.trainer.callbacks.early_stopping import EarlyStopping
+from torchfleet.trainer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 from torchfleet.trainer.callbacks.lr_monitor import LearningRateMonitor
-from torchfleet.trainer.callbacks.progress import ProgressBar
+from torchfleet.trainer.callbacks.model_summary import ModelSummary, RichModelSummary
+from torchfleet.trainer.callbacks.progress import ProgressBar, TQDMProgressBar
+from torchfleet.trainer.callbacks.rich_progress import RichProgressBar
 from torchfleet.trainer.callbacks.throughput import ThroughputMonitor
 from torchfleet.trainer.callbacks.timer import Timer
 
-__all__ = ["Callback", "ModelCheckpoint", "EarlyStopping", "ProgressBar", "LearningRateMonitor", "ThroughputMonitor", "Timer"]
+__all__ = ["Callback", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason", "ProgressBar", "TQDMProgressBar",
+           "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor", "ThroughputMonitor", "Timer"]

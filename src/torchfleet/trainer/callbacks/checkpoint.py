@@ -48,6 +48,7 @@ class ModelCheckpoint(Callback):
         every_n_epochs: int | None = None,
         save_on_train_epoch_end: bool | None = None,
         enable_version_counter: bool = True,
+        save_on_exception: bool = False,
     ) -> None:
         if mode not in ("min", "max"):
             raise ConfigurationError(f"ModelCheckpoint(mode={mode!r}) is not valid: use 'min' or 'max'.")
@@ -74,6 +75,7 @@ class ModelCheckpoint(Callback):
         self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if chosen else 1)
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self.enable_version_counter = enable_version_counter
+        self.save_on_exception = save_on_exception
         self.best_k_models: dict[str, float] = {}
         self.best_model_path = ""
         self.best_model_score: torch.Tensor | None = None
@@ -148,6 +150,30 @@ class ModelCheckpoint(Callback):
         # a run that stops between periodic saves still leaves its last state behind
         if self.save_last and not self._skip(trainer) and trainer.global_step > 0:
             self._save_last(trainer)
+            self._notify_loggers(trainer)
+
+    def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
+        """With ``save_on_exception=True``: when training raises, save the state it reached (the file the template
+        names, and last.ckpt with ``save_last``), atomically as every save; the Trainer then re-raises."""
+        if not self.save_on_exception or trainer.stage != "fit" or trainer.sanity_checking or self._skip(trainer):
+            return
+        if trainer.world_size > 1:
+            # saving is collective (a barrier, sharded writes): a rank that raised alone would wait for the
+            # others, which are in another collective, until the timeout
+            log.warning("ModelCheckpoint(save_on_exception=True) saves nothing in a %d-process run: the %s may "
+                        "have been raised on this rank alone, and a collective save would then hang.",
+                        trainer.world_size, type(exception).__name__)
+            return
+        assert self.dirpath is not None
+        path = self._unique(trainer, os.path.join(self.dirpath, self.format_checkpoint_name(self._metrics(trainer))),
+                            None)
+        self._write(trainer, path)
+        self._last_global_step_saved = trainer.global_step
+        if self.save_last:
+            self._save_last(trainer)
+        self._notify_loggers(trainer)
+        log.warning("%s raised at step %d (%s); saved the training state to %s", type(exception).__name__,
+                    trainer.global_step, exception, path)
 
     def _skip(self, trainer: Any) -> bool:
         # as Lightning: nothing is saved under fast_dev_run, nor twice at one step
@@ -213,7 +239,7 @@ class ModelCheckpoint(Callback):
                 # nothing is ranked, so best_k_models stays empty
                 previous = self.best_model_path
                 path = self._unique(trainer, os.path.join(self.dirpath, self.format_checkpoint_name(metrics)), previous)
-                trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+                self._write(trainer, path)
                 self.best_model_path = self.last_saved = path
                 if self.save_top_k == 1 and previous and previous != path:
                     trainer.strategy.remove_checkpoint(previous)
@@ -222,6 +248,16 @@ class ModelCheckpoint(Callback):
         self._last_global_step_saved = trainer.global_step
         if self.save_last:
             self._save_last(trainer)
+        self._notify_loggers(trainer)
+
+    def _write(self, trainer: Any, path: str) -> None:
+        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+
+    def _notify_loggers(self, trainer: Any) -> None:
+        # loggers that upload checkpoints (log_model=...) read best_model_path etc., so after the bookkeeping
+        if trainer.is_global_zero:
+            for lg in trainer.loggers:
+                lg.after_save_checkpoint(self)
 
     def _score(self, trainer: Any, metrics: dict[str, Any]) -> float:
         # rank 0's value decides for everyone (also for a value only rank 0 logs: rank_zero_only=True)
@@ -254,7 +290,7 @@ class ModelCheckpoint(Callback):
         if worst is not None:
             self.best_k_models.pop(worst, None)
         path = self._unique(trainer, os.path.join(self.dirpath, self.format_checkpoint_name(metrics)), worst)
-        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+        self._write(trainer, path)
         self.best_k_models[path] = score
         self.current_score = torch.tensor(score)
         if worst and worst != path:
@@ -269,7 +305,7 @@ class ModelCheckpoint(Callback):
     def _save_last(self, trainer: Any) -> None:
         assert self.dirpath is not None
         path = os.path.join(self.dirpath, self.CHECKPOINT_NAME_LAST + self.FILE_EXTENSION)
-        trainer.save_checkpoint(path, weights_only=self.save_weights_only)
+        self._write(trainer, path)
         self.last_model_path = path
         self._last_global_step_saved = trainer.global_step
 

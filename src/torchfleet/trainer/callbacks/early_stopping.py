@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 from typing import Any
@@ -14,8 +15,22 @@ from torchfleet.trainer.callbacks.base import Callback
 log = logging.getLogger("torchfleet")
 
 
+class EarlyStoppingReason(enum.Enum):
+    """Why EarlyStopping stopped the run (``early_stopping.stopping_reason``); Lightning's names and values."""
+
+    NOT_STOPPED = 0
+    STOPPING_THRESHOLD = 1
+    DIVERGENCE_THRESHOLD = 2
+    PATIENCE_EXHAUSTED = 3
+    NON_FINITE_METRIC = 4
+
+
 class EarlyStopping(Callback):
-    """Stop training after ``patience`` checks without an improvement of at least ``min_delta`` in ``monitor``."""
+    """Stop training after ``patience`` checks without an improvement of at least ``min_delta`` in ``monitor``.
+
+    After a stop, ``stopping_reason`` (an ``EarlyStoppingReason``) says why and ``stopping_reason_message``
+    says it in words.
+    """
 
     def __init__(
         self,
@@ -40,7 +55,8 @@ class EarlyStopping(Callback):
         self.wait_count = 0
         self.stopped_epoch = 0
         self.best_score = torch.tensor(math.inf if mode == "min" else -math.inf)
-        self.stopping_reason: str | None = None
+        self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
+        self.stopping_reason_message: str | None = None
 
     @property
     def state_key(self) -> str:
@@ -48,12 +64,15 @@ class EarlyStopping(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         return {"wait_count": self.wait_count, "stopped_epoch": self.stopped_epoch, "best_score": self.best_score,
-                "patience": self.patience}
+                "patience": self.patience, "stopping_reason": self.stopping_reason.value,
+                "stopping_reason_message": self.stopping_reason_message}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.wait_count = state_dict["wait_count"]
         self.stopped_epoch = state_dict["stopped_epoch"]
         self.best_score = state_dict["best_score"]
+        self.stopping_reason = EarlyStoppingReason(state_dict.get("stopping_reason", 0))
+        self.stopping_reason_message = state_dict.get("stopping_reason_message")
 
     def _on_train_end_check(self, trainer: Any) -> bool:
         if self.check_on_train_epoch_end is not None:
@@ -87,32 +106,34 @@ class EarlyStopping(Callback):
                 )
             return
         current = torch.as_tensor(value).float()
-        stop, reason = self._evaluate(current)
-        stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if stop:
+        reason, message = self._evaluate(current)
+        # every rank saw rank 0's value, so every rank takes the same decision
+        if reason is not EarlyStoppingReason.NOT_STOPPED:
             trainer.should_stop = True
             self.stopped_epoch = trainer.current_epoch
-            self.stopping_reason = reason
-            if trainer.is_global_zero and reason:
-                log.info("EarlyStopping: %s", reason)
+            self.stopping_reason, self.stopping_reason_message = reason, message
+            if trainer.is_global_zero:
+                log.info("EarlyStopping: %s", message)
 
-    def _evaluate(self, current: torch.Tensor) -> tuple[bool, str | None]:
+    def _evaluate(self, current: torch.Tensor) -> tuple[EarlyStoppingReason, str | None]:
         if self.check_finite and not torch.isfinite(current):
-            return True, f"{self.monitor} = {float(current)} is not finite; stopping."
+            return EarlyStoppingReason.NON_FINITE_METRIC, f"{self.monitor} = {float(current)} is not finite; stopping."
         if self.stopping_threshold is not None and (
             current < self.stopping_threshold if self.mode == "min" else current > self.stopping_threshold
         ):
-            return True, f"{self.monitor} = {float(current):.6g} reached the stopping threshold {self.stopping_threshold}."
+            return EarlyStoppingReason.STOPPING_THRESHOLD, (
+                f"{self.monitor} = {float(current):.6g} reached the stopping threshold {self.stopping_threshold}.")
         if self.divergence_threshold is not None and (
             current > self.divergence_threshold if self.mode == "min" else current < self.divergence_threshold
         ):
-            return True, f"{self.monitor} = {float(current):.6g} crossed the divergence threshold {self.divergence_threshold}."
+            return EarlyStoppingReason.DIVERGENCE_THRESHOLD, (
+                f"{self.monitor} = {float(current):.6g} crossed the divergence threshold {self.divergence_threshold}.")
         if self._improved(current):
             self.best_score = current
             self.wait_count = 0
-            return False, None
+            return EarlyStoppingReason.NOT_STOPPED, None
         self.wait_count += 1
         if self.wait_count >= self.patience:
-            return True, (f"{self.monitor} did not improve for {self.wait_count} checks; best "
-                          f"{float(self.best_score):.6g}.")
-        return False, None
+            return EarlyStoppingReason.PATIENCE_EXHAUSTED, (
+                f"{self.monitor} did not improve for {self.wait_count} checks; best {float(self.best_score):.6g}.")
+        return EarlyStoppingReason.NOT_STOPPED, None

@@ -1,0 +1,100 @@
+"""Helpers ported Lightning code imports: ``rank_zero_only`` and the rank-zero logging functions.
+
+``from torchfleet.utilities import rank_zero_only, rank_zero_info, rank_zero_warn, rank_zero_debug``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+log = logging.getLogger("torchfleet")
+
+T = TypeVar("T")
+
+# where launchers other than ours put the global rank before the process group exists
+_RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "JSM_NAMESPACE_RANK")
+
+
+def _detect_rank() -> int:
+    """This process's global rank: the process group's, else the launcher's environment, else 0."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    for name in _RANK_VARIABLES:
+        value = os.environ.get(name)
+        if value is not None and value.isdigit():
+            return int(value)
+    # torchfleet's script launcher exports LOCAL_RANK and NODE_RANK (not RANK): exact on node 0; on other nodes
+    # never 0, and exact once the process group is joined
+    local, node = os.environ.get("LOCAL_RANK", "0"), os.environ.get("NODE_RANK", "0")
+    if local.isdigit() and node.isdigit():
+        return int(local) + int(node)
+    return 0
+
+
+class _RankZeroOnly:
+    """``@rank_zero_only`` runs the function on global rank 0 only (elsewhere it returns ``default``, None).
+
+    ``rank_zero_only.rank`` is this process's global rank, read when asked (from the process group once it
+    exists); assigning it fixes the value, as Lightning allows.
+    """
+
+    def __init__(self) -> None:
+        self._rank: int | None = None
+
+    @property
+    def rank(self) -> int:
+        return self._rank if self._rank is not None else _detect_rank()
+
+    @rank.setter
+    def rank(self, value: int | None) -> None:
+        self._rank = value
+
+    def __call__(self, fn: Callable[..., T], default: Any = None) -> Callable[..., T | Any]:
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs) if self.rank == 0 else default
+
+        return wrapped
+
+
+rank_zero_only = _RankZeroOnly()
+
+
+def rank_prefixed_message(message: str, rank: int | None = None) -> str:
+    """``message`` with ``[rank: N] `` before it in a multi-process run (world size from the environment or group)."""
+    import torch.distributed as dist
+
+    many = (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1) or \
+        int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+    if rank is None and not many:
+        return message
+    return f"[rank: {rank_zero_only.rank if rank is None else rank}] {message}"
+
+
+def rank_zero_info(message: Any, *args: Any, stacklevel: int = 2, **kwargs: Any) -> None:
+    """Log ``message`` at INFO on the "torchfleet" logger, on global rank 0 only."""
+    if rank_zero_only.rank == 0:
+        log.info(message, *args, stacklevel=stacklevel, **kwargs)
+
+
+def rank_zero_debug(message: Any, *args: Any, stacklevel: int = 2, **kwargs: Any) -> None:
+    """Log ``message`` at DEBUG on the "torchfleet" logger, on global rank 0 only."""
+    if rank_zero_only.rank == 0:
+        log.debug(message, *args, stacklevel=stacklevel, **kwargs)
+
+
+def rank_zero_warn(message: str | Warning, category: type[Warning] = UserWarning, stacklevel: int = 2,
+                   **kwargs: Any) -> None:
+    """``warnings.warn(message)`` on global rank 0 only."""
+    if rank_zero_only.rank == 0:
+        warnings.warn(message, category, stacklevel=stacklevel + 1, **kwargs)
+
+
+__all__ = ["rank_zero_only", "rank_zero_info", "rank_zero_warn", "rank_zero_debug", "rank_prefixed_message"]
