@@ -19,6 +19,7 @@ from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore
 from torchfleet.trainer.eval_loop import EvalLoop
 from torchfleet.trainer.fit_loop import FitLoop
 from torchfleet.trainer.optim import parse_optimizers, validate_schedulers
+from torchfleet.trainer.profiling import attach as attach_profiler
 from torchfleet.trainer.replica_logging import REPLICA_LOGGING
 
 if TYPE_CHECKING:
@@ -97,6 +98,7 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
     for cb in trainer.callbacks:
         cb.setup(trainer, model, stage)
     model.setup(stage)
+    end_profiling = attach_profiler(trainer, stage)
     try:
         if stage == "fit":
             return _fit(trainer, model, train_dl, eval_dl, ckpt_path)
@@ -121,6 +123,8 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
         trainer._current_fx("")
         model._results = None
         trainer.state.stage = None
+        if end_profiling is not None:
+            end_profiling()
 
 
 def _merge_callbacks(trainer: Trainer, extra: Any) -> None:

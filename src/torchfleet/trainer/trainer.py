@@ -93,6 +93,7 @@ class Trainer:
         use_distributed_sampler: bool = True,
         default_root_dir: str | os.PathLike | None = None,
         inference_mode: bool = True,
+        profiler: Any = None,
     ) -> None:
         from torchfleet.connector import resolve
 
@@ -146,6 +147,10 @@ class Trainer:
         self.enable_checkpointing = True if enable_checkpointing is None else enable_checkpointing
         self.enable_model_summary = True if enable_model_summary is None else enable_model_summary
 
+        from torchfleet.profilers import resolve as resolve_profiler
+
+        #: times the hooks and steps of each stage (``profiler="simple" | "advanced" | "pytorch"``); see profilers/
+        self.profiler = resolve_profiler(profiler)
         self.loggers = self._build_loggers(logger)
         self.callbacks = self._build_callbacks(callbacks, max_time)
 
