@@ -332,10 +332,32 @@ def _run_stage(stage: str, argv: list[str]) -> int:
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes
     objects = instantiate(cfg)
     trainer, model, data = objects.trainer, objects.model, objects.get("data")
-    getattr(trainer, stage)(model, datamodule=data, ckpt_path=cfg.ckpt_path)
+    ckpt_path = _checkpoint_to_load(trainer, stage, cfg.ckpt_path)
+    getattr(trainer, stage)(model, datamodule=data, ckpt_path=ckpt_path)
     if stage == "fit" and trainer.is_global_zero:
         _report(trainer)
     return 0
+
+
+def _checkpoint_to_load(trainer: Any, stage: str, ckpt_path: str | None) -> str | None:
+    """Resolve --ckpt_path (a path, 'last', 'best') and say which file is loaded; a resumed fit logs on in the
+    version folder of the run it resumes (logs/version_0 again, not a new version_1)."""
+    if ckpt_path is None:
+        return None
+    from torchfleet.trainer.checkpointing import resolve_ckpt_path
+
+    path = resolve_ckpt_path(trainer, ckpt_path, stage)
+    if path is None:  # 'last' found nothing: resolve_ckpt_path warned, the run starts fresh
+        return None
+    resumed_in = []
+    if stage == "fit":
+        for lg in trainer.loggers:
+            if getattr(lg, "use_version_of", None) is not None and lg.use_version_of(path):
+                resumed_in.append(lg.log_dir)
+    if trainer.is_global_zero:
+        what = "Resuming from" if stage == "fit" else "Loading weights from"
+        print(f"{what} {path}" + (f"; logging on in {', '.join(resumed_in)}" if resumed_in else ""), flush=True)
+    return path
 
 
 def _report(trainer: Any) -> None:

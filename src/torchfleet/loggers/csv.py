@@ -71,6 +71,18 @@ class CSVLogger(FolderLogger):
         self._rows.clear()
         self._pending = 0
 
+    def use_version_of(self, path: str | os.PathLike) -> bool:
+        """As FolderLogger's; the rows already in that folder's metrics.csv are kept, new ones appended."""
+        if not super().use_version_of(path):
+            return False
+        if os.path.isfile(self.metrics_file) and not self._written:
+            with open(self.metrics_file, newline="") as f:
+                reader = csv.DictReader(f)
+                self._written = [{k: v for k, v in row.items() if v != ""} for row in reader]
+                self._columns = list(reader.fieldnames or [])
+                self._file_columns = list(self._columns)
+        return True
+
     @property
     def experiment(self) -> Any:
         return self

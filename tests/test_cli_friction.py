@@ -1,0 +1,83 @@
+"""The torchfleet command for a new user: resuming with --ckpt_path=last, --help texts, the strategies table."""
+
+from __future__ import annotations
+
+import csv
+import os
+
+import pytest
+
+from torchfleet.cli import main
+from torchfleet.loggers import CSVLogger
+
+EXAMPLE_SMALL = ["--data.num_train=512", "--data.num_val=128", "--model.d_model=32", "--model.dim_feedforward=64",
+                 "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+                 "--trainer.num_sanity_val_steps=0", "--trainer.log_every_n_steps=1"]
+STEPS_PER_EPOCH = 512 // 128  # AdditionData's default batch_size is 128
+
+
+def test_resume_last_with_more_epochs_continues_in_the_same_version(tmp_path, capsys):
+    root = f"--trainer.default_root_dir={tmp_path}"
+    assert main(["fit", "--trainer.max_epochs=1", root, *EXAMPLE_SMALL]) == 0
+    version = tmp_path / "logs" / "version_0"
+    (first_ckpt,) = (version / "checkpoints").glob("*.ckpt")
+    capsys.readouterr()
+    # max_epochs grows: the OneCycleLR restored from the checkpoint was planned for one epoch only
+    assert main(["fit", "--trainer.max_epochs=2", "--ckpt_path=last", root, *EXAMPLE_SMALL]) == 0
+    out = capsys.readouterr().out
+    assert f"Resuming from {first_ckpt}; logging on in {version}" in out
+    assert f"Finished: epoch 2, step {2 * STEPS_PER_EPOCH}" in out
+    assert sorted(os.listdir(tmp_path / "logs")) == ["version_0"]
+    with open(version / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    steps = sorted({int(r["step"]) for r in rows if r.get("train_loss")})
+    assert steps == list(range(1, 2 * STEPS_PER_EPOCH + 1))  # the first run's rows are still there
+    assert {r["epoch"] for r in rows if r.get("val_acc")} == {"0", "1"}
+
+
+@pytest.mark.parametrize(("first_epochs", "resumed_epochs", "expected_total"), [
+    (2, 2, 2 * STEPS_PER_EPOCH),  # the same plan (resumed after epoch 0): the restored schedule runs on
+    (1, 3, 2 * STEPS_PER_EPOCH),  # more epochs: a new cycle over the 2 epochs still to run
+])
+def test_example_schedule_on_resume(tmp_path, first_epochs, resumed_epochs, expected_total):
+    from torchfleet import Trainer
+    from torchfleet.callbacks import ModelCheckpoint
+    from torchfleet.examples.addition import AdditionData, AdditionTransformer
+
+    def run(epochs, ckpt_path=None):
+        model = AdditionTransformer(d_model=32, dim_feedforward=64)
+        trainer = Trainer(accelerator="cpu", max_epochs=epochs, default_root_dir=tmp_path, logger=False,
+                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                          callbacks=[ModelCheckpoint(dirpath=tmp_path, save_top_k=-1)])
+        trainer.fit(model, datamodule=AdditionData(num_train=512, num_val=128), ckpt_path=ckpt_path)
+        return trainer
+
+    run(first_epochs)
+    trainer = run(resumed_epochs, str(tmp_path / f"epoch=0-step={STEPS_PER_EPOCH}.ckpt"))
+    sched = trainer.lr_scheduler_configs[0].scheduler
+    assert trainer.global_step == resumed_epochs * STEPS_PER_EPOCH
+    assert sched.total_steps == expected_total and sched.last_epoch == expected_total  # every planned step ran
+
+
+def test_ckpt_path_last_without_checkpoint_starts_fresh(tmp_path, capsys):
+    assert main(["fit", "--trainer.max_epochs=1", "--trainer.max_steps=1", "--ckpt_path=last",
+                 f"--trainer.default_root_dir={tmp_path}", *EXAMPLE_SMALL]) == 0
+    assert "Resuming" not in capsys.readouterr().out
+
+
+def test_use_version_of(tmp_path):
+    ckpt = tmp_path / "logs" / "version_3" / "checkpoints" / "last.ckpt"
+    lg = CSVLogger(tmp_path)
+    assert lg.use_version_of(ckpt) and lg.version == 3
+    named = CSVLogger(tmp_path)
+    assert named.use_version_of(tmp_path / "logs" / "mine" / "x.ckpt") and named.log_dir.endswith(os.path.join("logs", "mine"))
+    # a version given to the constructor, or a checkpoint outside the logger's folder: unchanged
+    assert not CSVLogger(tmp_path, version=7).use_version_of(ckpt)
+    outside = CSVLogger(tmp_path / "elsewhere")
+    assert not outside.use_version_of(ckpt) and outside.version == 0
+    assert not CSVLogger(tmp_path).use_version_of(tmp_path / "logs" / "x.ckpt")
+
+
+@pytest.fixture(autouse=True)
+def _cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
