@@ -78,6 +78,56 @@ def test_use_version_of(tmp_path):
     assert not CSVLogger(tmp_path).use_version_of(tmp_path / "logs" / "x.ckpt")
 
 
+def test_fit_help_lists_the_example_options_and_describes_every_trainer_option(capsys):
+    import inspect
+
+    from docstring_parser import parse
+
+    from torchfleet import Trainer
+    from torchfleet.examples.addition import AdditionData, AdditionTransformer
+
+    assert main(["fit", "--help"]) == 0
+    out = capsys.readouterr().out
+    flat = " ".join(out.split())
+    assert "type: Any" not in out and "Optional[Any]" not in out
+    documented = {p.arg_name: p.description for p in parse(Trainer.__doc__).params}
+    for kind, cls in (("trainer", Trainer), ("model", AdditionTransformer), ("data", AdditionData)):
+        docs = {p.arg_name: p.description for p in parse(cls.__doc__).params}
+        for name in list(inspect.signature(cls.__init__).parameters)[1:]:
+            assert f"--{kind}.{name}" in out, name
+            assert docs.get(name), f"{cls.__name__}'s docstring does not describe {name}"
+            assert " ".join(docs[name].split()[:4]) in flat, name  # the description is in the help
+    assert set(documented) == set(list(inspect.signature(Trainer.__init__).parameters)[1:])
+
+
+def test_strategies_marks_what_cannot_run_here(monkeypatch, capsys):
+    import sys
+
+    import torch
+
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # as where deepspeed is not installed
+    assert main(["strategies"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    notes = {line.split("]")[0] + "]": line for line in lines if line.startswith("[")}
+    rows = {line.split()[0]: line.split() for line in lines[1:] if not line.startswith("[")}
+    for name, row in rows.items():
+        if name.startswith("deepspeed"):
+            assert row[2] == "no" and "deepspeed is not installed (pip install deepspeed)" in notes[row[3]]
+        elif name == "dp":
+            if torch.cuda.is_available():
+                assert row[2] == "yes"
+            else:  # torch.nn.DataParallel needs CUDA devices: the connector refuses dp on the CPU
+                assert row[2] == "no" and "needs CUDA GPUs" in notes[row[3]] and "use ddp" in notes[row[3]]
+        else:
+            assert row[2] == "yes", name
+    from torchfleet import Trainer
+    from torchfleet.errors import ConfigurationError
+
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigurationError, match="dp' needs CUDA devices"):
+            Trainer(accelerator="cpu", strategy="dp")
+
+
 @pytest.fixture(autouse=True)
 def _cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -76,7 +76,16 @@ def decode(tokens: Tensor, digits: int) -> str:
 
 
 class AdditionData(DataModule):
-    """Train and validation additions; the two sets share no (a, b) pair."""
+    """Train and validation additions; the two sets share no (a, b) pair.
+
+    Args:
+        digits: digits of each number added (1-9); give the model the same value.
+        num_train: training examples.
+        num_val: validation examples (questions never seen in training).
+        batch_size: training batch size (validation uses batches of 1000).
+        seed: seed of the generated examples.
+        num_workers: DataLoader worker processes.
+    """
 
     def __init__(self, digits: int = 3, num_train: int = 128_000, num_val: int = 2_000, batch_size: int = 128,
                  seed: int = 0, num_workers: int = 0) -> None:
@@ -106,7 +115,18 @@ class AdditionData(DataModule):
 
 
 class AdditionTransformer(Module):
-    """A causal transformer over digit tokens that predicts the digits of the sum."""
+    """A causal transformer over digit tokens that predicts the digits of the sum.
+
+    Args:
+        digits: digits of each number added (1-9); give the data the same value.
+        d_model: width of the token embeddings and of each layer.
+        nhead: attention heads per layer (must divide d_model).
+        num_layers: transformer layers.
+        dim_feedforward: hidden width of each layer's feed-forward block.
+        lr: peak learning rate of the one-cycle schedule (AdamW).
+        weight_decay: AdamW's weight decay.
+        warmup_fraction: share of the steps spent warming the learning rate up.
+    """
 
     def __init__(self, digits: int = 3, d_model: int = 64, nhead: int = 4, num_layers: int = 2,
                  dim_feedforward: int = 256, lr: float = 3e-3, weight_decay: float = 0.01,
