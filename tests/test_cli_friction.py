@@ -131,3 +131,58 @@ def test_strategies_marks_what_cannot_run_here(monkeypatch, capsys):
 @pytest.fixture(autouse=True)
 def _cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+
+
+def _rows(n_epochs: int = 5, steps_per_epoch: int = 20, acc_scale: float = 1.0, loss_shift: float = 0.0):
+    rows = [{"step": str(s), "epoch": str((s - 1) // steps_per_epoch), "train_loss": str(3 * 0.9**s + loss_shift)}
+            for s in range(1, n_epochs * steps_per_epoch + 1)]
+    rows += [{"step": str((e + 1) * steps_per_epoch), "epoch": str(e), "val_loss": str(2 * 0.7**e),
+              "val_acc": str(acc_scale * min(1.0, 0.25 * e))} for e in range(n_epochs)]
+    return rows, ["step", "train_loss", "epoch", "val_loss", "val_acc"]
+
+
+def test_loss_figure_axes(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
+
+    from torchfleet.cli import _loss_figure, _plot
+
+    rows, columns = _rows()
+    fig = _loss_figure(rows, columns)
+    fig.canvas.draw()
+    train_ax, val_ax, acc_ax = fig.axes  # the twin (accuracy) axis comes last
+    assert train_ax.get_yscale() == "log"
+    # the loss falls from 2.7 to 1e-4: every value lies inside the log axis
+    low, high = train_ax.get_ylim()
+    assert low <= 3 * 0.9**100 and high >= 3 * 0.9
+    ticks = [t for t in val_ax.get_xticks() if val_ax.get_xlim()[0] <= t <= val_ax.get_xlim()[1]]
+    assert ticks == [0, 1, 2, 3, 4]  # whole epochs only
+    assert acc_ax.get_ylim() == (0.0, 1.0) and isinstance(acc_ax.yaxis.get_major_formatter(), PercentFormatter)
+    # the legends name every curve and lie outside the panels' data areas
+    renderer = fig.canvas.get_renderer()
+    assert [t.get_text() for t in train_ax.get_legend().get_texts()] == ["train_loss"]
+    assert [t.get_text() for t in val_ax.get_legend().get_texts()] == ["val_loss", "val_acc"]
+    for ax in (train_ax, val_ax):
+        legend_box, panel = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+        assert legend_box.y1 <= panel.y0  # entirely below the panel
+    plt.close(fig)
+    # the PNG holds the legends too (saved with a tight bounding box)
+    (tmp_path / "metrics.csv").write_text(
+        ",".join(columns) + "\n" + "\n".join(",".join(r.get(c, "") for c in columns) for r in rows) + "\n")
+    assert _plot(str(tmp_path)) and (tmp_path / "loss_curve.png").stat().st_size > 5000
+
+
+def test_loss_figure_falls_back_to_linear_axes():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from torchfleet.cli import _loss_figure
+
+    # a loss that goes negative (a log-likelihood, say) cannot be drawn on a log axis; a metric above 1
+    # (a perplexity) is not an accuracy
+    fig = _loss_figure(*_rows(loss_shift=-1.0, acc_scale=50.0))
+    train_ax, _, other_ax = fig.axes
+    assert train_ax.get_yscale() == "linear"
+    assert other_ax.get_ylim()[1] > 1.0
+    plt.close(fig)

@@ -350,46 +350,80 @@ def _plot(log_dir: str) -> str | None:
         reader = csv.DictReader(f)
         columns = list(reader.fieldnames or [])
         rows = list(reader)
+    fig = _loss_figure(rows, columns)
+    if fig is None:
+        return None
+    path = os.path.join(log_dir, "loss_curve.png")
+    # bbox_inches="tight" keeps the legends below the panels inside the image
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _legend_below(ax: Any, handles: list[Any]) -> None:
+    # under the panel, outside the data: a legend inside may cover the curves (twin axes make "best" blind
+    # to the other axis's lines)
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=min(len(handles), 3),
+              frameon=False)
+
+
+def _loss_figure(rows: list[dict[str, str]], columns: list[str]) -> Any:
+    """The figure of metrics.csv's rows: training losses by step (log scale when positive); validation
+    losses by epoch (integer ticks) with accuracy-like metrics (all in [0, 1]) on a 0-100 % axis."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import LogFormatter, MaxNLocator, PercentFormatter
+
     train_keys = [k for k in columns if "loss" in k and not k.startswith(("val", "test", "predict"))]
     val_keys = [k for k in columns if k.startswith("val")]
     if not train_keys and not val_keys:
         return None
     panels = int(bool(train_keys)) + int(bool(val_keys))
-    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.5), squeeze=False)
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.8), squeeze=False)
     ax_iter = iter(axes[0])
     if train_keys:
         ax = next(ax_iter)
+        values = []
         for key in train_keys:
             points = [(int(float(r["step"])), float(r[key])) for r in rows if r.get(key)]
             if points:
                 ax.plot(*zip(*points), label=key)
-        ax.set(xlabel="step", ylabel="loss", title="training")
-        ax.legend()
+                values += [v for _, v in points]
+        if values and min(values) > 0:
+            ax.set_yscale("log")  # a loss falls by orders of magnitude: the late steps stay readable
+            # plain numbers (0.5, 2), not 5x10^-1; minor ticks labelled only where a decade has few ticks
+            ax.yaxis.set_major_formatter(LogFormatter())
+            ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+        ax.set(xlabel="step", ylabel="loss" + (" (log scale)" if ax.get_yscale() == "log" else ""), title="training")
+        _legend_below(ax, ax.get_legend_handles_labels()[0])
     if val_keys:
         ax = next(ax_iter)
         losses = [k for k in val_keys if "loss" in k]
         others = [k for k in val_keys if k not in losses]
         # accuracy-like metrics live on [0, 1]; a second y axis keeps a large loss from flattening them
         ax_right = ax.twinx() if losses and others else ax
+        other_values: list[float] = []
         for n, key in enumerate(losses + others):
             target = ax if key in losses else ax_right
             points = _last_per_epoch(rows, key)
             if points:
                 # explicit colours: a twin axis would restart the colour cycle
                 target.plot(*zip(*points), "o-" if key in losses else "s--", label=key, color=f"C{n}")
+                if key in others:
+                    other_values += [v for _, v in points]
         if losses:
             ax.set_ylabel(", ".join(losses))
         if others:
             ax_right.set_ylabel(", ".join(others))
+            if other_values and 0.0 <= min(other_values) and max(other_values) <= 1.0:
+                ax_right.set_ylim(0.0, 1.0)
+                ax_right.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
         ax.set(xlabel="epoch", title="validation")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         handles = [h for a in dict.fromkeys([ax, ax_right]) for h in a.get_legend_handles_labels()[0]]
         if handles:
-            ax.legend(handles=handles)
+            _legend_below(ax, handles)
     fig.tight_layout()
-    path = os.path.join(log_dir, "loss_curve.png")
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _run_stage(stage: str, argv: list[str], model_class: type | None = None, datamodule_class: type | None = None,
