@@ -98,8 +98,9 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
     for cb in trainer.callbacks:
         cb.setup(trainer, model, stage)
     model.setup(stage)
-    end_profiling = attach_profiler(trainer, stage)
+    end_profiling = None
     try:
+        end_profiling = attach_profiler(trainer, stage)
         if stage == "fit":
             return _fit(trainer, model, train_dl, eval_dl, ckpt_path)
         if stage == "predict":
