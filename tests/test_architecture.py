@@ -22,6 +22,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "environments": _PARTS_MAY_NOT | {"launchers", "accelerators"},
     "checkpoint": _PARTS_MAY_NOT | {"launchers"},
     "loggers": _PARTS_MAY_NOT,
+    "profilers": _PARTS_MAY_NOT,
     "launchers": _PARTS_MAY_NOT,
     "precision": _PARTS_MAY_NOT,
     "strategies": {"connector", "module"} | _CLIENTS,

@@ -89,12 +89,13 @@ def one_paragraph_error(capsys) -> str:
 def test_strategies_table_in_a_subprocess():
     out = subprocess.run([sys.executable, "-m", "torchfleet", "strategies"], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    lines = out.stdout.splitlines()
-    assert lines[0].split() == ["name", "class", "description"]
-    assert any(line.split()[:2] == ["single_device", "SingleDeviceStrategy"] for line in lines[1:])
-    # aligned: every row's class column starts where the header's does
-    column = lines[0].index("class")
-    assert all(line[column - 2 : column] == "  " and line[column] != " " for line in lines[1:])
+    lines = [line for line in out.stdout.splitlines() if not line.startswith("[")]  # not the notes under it
+    assert lines[0].split() == ["name", "class", "usable", "description"]
+    assert any(line.split()[:3] == ["single_device", "SingleDeviceStrategy", "yes"] for line in lines[1:])
+    # aligned: every row's class and usable columns start where the header's do
+    for name in ("class", "usable"):
+        column = lines[0].index(name)
+        assert all(line[column - 2 : column] == "  " and line[column] != " " for line in lines[1:])
 
 
 def test_accelerators_and_version(capsys):

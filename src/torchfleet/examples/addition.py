@@ -13,6 +13,7 @@ The model and the data each take ``digits``; give both the same value (the model
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -22,6 +23,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from torchfleet import DataModule, Module
 from torchfleet.errors import ConfigurationError
+
+log = logging.getLogger("torchfleet")
 
 PLUS, EQUALS = 10, 11
 VOCAB = 12  # digits 0-9, '+', '='
@@ -73,7 +76,16 @@ def decode(tokens: Tensor, digits: int) -> str:
 
 
 class AdditionData(DataModule):
-    """Train and validation additions; the two sets share no (a, b) pair."""
+    """Train and validation additions; the two sets share no (a, b) pair.
+
+    Args:
+        digits: digits of each number added (1-9); give the model the same value.
+        num_train: training examples.
+        num_val: validation examples (questions never seen in training).
+        batch_size: training batch size (validation uses batches of 1000).
+        seed: seed of the generated examples.
+        num_workers: DataLoader worker processes.
+    """
 
     def __init__(self, digits: int = 3, num_train: int = 128_000, num_val: int = 2_000, batch_size: int = 128,
                  seed: int = 0, num_workers: int = 0) -> None:
@@ -103,7 +115,18 @@ class AdditionData(DataModule):
 
 
 class AdditionTransformer(Module):
-    """A causal transformer over digit tokens that predicts the digits of the sum."""
+    """A causal transformer over digit tokens that predicts the digits of the sum.
+
+    Args:
+        digits: digits of each number added (1-9); give the data the same value.
+        d_model: width of the token embeddings and of each layer.
+        nhead: attention heads per layer (must divide d_model).
+        num_layers: transformer layers.
+        dim_feedforward: hidden width of each layer's feed-forward block.
+        lr: peak learning rate of the one-cycle schedule (AdamW).
+        weight_decay: AdamW's weight decay.
+        warmup_fraction: share of the steps spent warming the learning rate up.
+    """
 
     def __init__(self, digits: int = 3, d_model: int = 64, nhead: int = 4, num_layers: int = 2,
                  dim_feedforward: int = 256, lr: float = 3e-3, weight_decay: float = 0.01,
@@ -170,14 +193,34 @@ class AdditionTransformer(Module):
             tokens = torch.cat([tokens, nxt], dim=1)
         return tokens
 
+    def _one_cycle(self, opt: torch.optim.Optimizer, steps: int) -> torch.optim.lr_scheduler.OneCycleLR:
+        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=self.hparams.lr, total_steps=max(1, steps),
+                                                   pct_start=self.hparams.warmup_fraction)
+
     def configure_optimizers(self) -> Any:
         opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
         total = self.trainer.estimated_stepping_batches
         if math.isinf(total):
             return opt
-        sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=self.hparams.lr, total_steps=int(total),
-                                                    pct_start=self.hparams.warmup_fraction)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": self._one_cycle(opt, int(total)), "interval": "step"}}
+
+    def on_train_start(self) -> None:
+        # A resumed run gets the schedule of the run it resumes, planned for that run's steps. When this fit
+        # runs longer (a larger max_epochs), OneCycleLR would fail past its last step ("Tried to step N times"):
+        # start a new cycle over the steps still to run (a warm restart from the trained weights).
+        trainer = self.trainer
+        total = trainer.estimated_stepping_batches
+        configs = trainer.lr_scheduler_configs
+        if math.isinf(total) or not configs or not isinstance(configs[0].scheduler, torch.optim.lr_scheduler.OneCycleLR):
+            return
+        sched = configs[0].scheduler
+        remaining = int(total) - trainer.global_step
+        if sched.last_epoch + remaining <= sched.total_steps:
+            return
+        configs[0].scheduler = self._one_cycle(sched.optimizer, remaining)
+        log.info("The resumed OneCycleLR schedule ends at step %d, but this fit runs to step %d: a new one-cycle "
+                 "schedule covers the remaining %d steps.", trainer.global_step + sched.total_steps - sched.last_epoch,
+                 int(total), remaining)
 
 
 def default_trainer_kwargs() -> dict[str, Any]:

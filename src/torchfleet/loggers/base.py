@@ -95,6 +95,7 @@ class FolderLogger(Logger):
         self._save_dir = os.fspath(_one_dir(type(self).__name__, save_dir, root_dir))
         self._name = name
         self._version = version
+        self._version_given = version is not None
 
     @property
     def name(self) -> str:
@@ -109,6 +110,21 @@ class FolderLogger(Logger):
     def agree_version(self, strategy: Any) -> None:
         # "the first unused version" differs between ranks once rank 0 has created its folder
         self._version = strategy.broadcast(self.version if strategy.is_global_zero else None)
+
+    def use_version_of(self, path: str | os.PathLike) -> bool:
+        """Continue in the version folder that holds ``path`` (a checkpoint under ``<save_dir>/<name>/<version>/``).
+
+        Returns whether it did: not when ``path`` lies elsewhere or the constructor was given a version.
+        """
+        if self._version_given:
+            return False
+        rel = os.path.relpath(os.path.abspath(path), os.path.abspath(os.path.join(self._save_dir, self._name)))
+        folder = rel.split(os.sep)[0]
+        if folder in (os.curdir, os.pardir) or folder == rel:
+            return False
+        match = re.fullmatch(r"version_(\d+)", folder)
+        self._version = int(match.group(1)) if match else folder
+        return True
 
     @property
     def save_dir(self) -> str:

@@ -17,13 +17,14 @@ class CSVWriter:
 
     Values logged at one step share a row; new metric names add columns (the file is rewritten then).
     A folder that already holds a ``metrics.csv`` (an explicit ``version=`` used before) is reported, and
-    that file is replaced by this run's at the first save.
+    that file is replaced by this run's at the first save, unless ``append``: a resumed run (``--ckpt_path=last``)
+    keeps the rows already there and adds its own.
     """
 
     NAME_METRICS_FILE = "metrics.csv"
     NAME_HPARAMS_FILE = "hparams.yaml"
 
-    def __init__(self, log_dir: str) -> None:
+    def __init__(self, log_dir: str, append: bool = False) -> None:
         self.log_dir = log_dir
         self.metrics_file_path = os.path.join(log_dir, self.NAME_METRICS_FILE)
         self.hparams: dict[str, Any] = {}
@@ -31,7 +32,13 @@ class CSVWriter:
         self._written: list[dict[str, Any]] = []
         self._columns: list[str] = []
         self._file_columns: list[str] = []
-        if os.path.isfile(self.metrics_file_path):
+        if os.path.isfile(self.metrics_file_path) and append:
+            with open(self.metrics_file_path, newline="") as f:
+                reader = csv.DictReader(f)
+                self._written = [{k: v for k, v in row.items() if v != ""} for row in reader]
+                self._columns = list(reader.fieldnames or [])
+                self._file_columns = list(self._columns)
+        elif os.path.isfile(self.metrics_file_path):
             warnings.warn(
                 f"The log folder {log_dir} already holds a {self.NAME_METRICS_FILE} from an earlier run; this run's "
                 "metrics replace it. Pass another version=, or none for the next unused one, to keep both.",
@@ -93,6 +100,14 @@ class CSVLogger(FolderLogger):
         self.flush_every = flush_logs_every_n_steps
         self._writer: CSVWriter | None = None
         self._pending = 0
+
+    def use_version_of(self, path: str | os.PathLike) -> bool:
+        """As FolderLogger's; the rows already in that folder's metrics.csv are kept, new ones appended."""
+        if not super().use_version_of(path):
+            return False
+        if self._writer is None or not (self._writer._rows or self._writer._written):
+            self._writer = CSVWriter(self.log_dir, append=True)
+        return True
 
     @property
     def experiment(self) -> CSVWriter:

@@ -162,9 +162,17 @@ class Strategy(ABC):
 
     # ------------------------------------------------------------------ setup
     def setup_environment(self) -> None:
-        """Prepare this process: select its device (and, in parallel strategies, join the process group)."""
+        """Prepare this process: select its device (and, in parallel strategies, join the process group).
+
+        Every launch path (our launchers, torchrun, SLURM, ddp_spawn/fork, one process) passes here in each
+        rank: on the CPU it gives the process its share of the cores (``set_threads_per_process``).
+        """
         if self.accelerator is not None:
             self.accelerator.setup_device(self.root_device)
+        if self.root_device.type == "cpu":
+            from torchfleet.accelerators.cpu import set_threads_per_process
+
+            set_threads_per_process(self.num_processes, self.local_rank)
 
     #: how the caller trains (accumulation, clipping, micro-batch size): see ``configure_training``
     training_settings: TrainingSettings = TrainingSettings()

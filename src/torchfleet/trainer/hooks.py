@@ -22,6 +22,8 @@ class HookDispatcher:
         self._cb: dict[str, list[Callable[..., Any]]] = {}
         self._cb_monitoring: dict[str, list[Callable[..., Any]]] = {}
         self._mod: dict[str, Callable[..., Any] | None] = {}
+        #: (owner, hook name, bound method) -> what to call instead; set by a profiler for a stage (profiling.py)
+        self.wrap: Callable[[Any, str, Callable[..., Any]], Callable[..., Any]] | None = None
 
     def build(self, callbacks: list[Any], module: Any) -> None:
         from torchfleet.module import Module
@@ -44,7 +46,8 @@ class HookDispatcher:
             plain, monitoring = [], []
             for c in self.callbacks:
                 if getattr(type(c), name, base) is not base:
-                    (monitoring if isinstance(c, self._monitoring) else plain).append(getattr(c, name))
+                    fn = getattr(c, name) if self.wrap is None else self.wrap(c, name, getattr(c, name))
+                    (monitoring if isinstance(c, self._monitoring) else plain).append(fn)
             self._cb[name] = found = plain + monitoring
             self._cb_monitoring[name] = monitoring
         return found
@@ -60,7 +63,8 @@ class HookDispatcher:
         if name not in self._mod:
             base = getattr(self._module_base, name, None)
             impl = getattr(type(self.module), name, None)
-            self._mod[name] = getattr(self.module, name) if impl is not None and impl is not base else None
+            fn = getattr(self.module, name) if impl is not None and impl is not base else None
+            self._mod[name] = fn if fn is None or self.wrap is None else self.wrap(self.module, name, fn)
         return self._mod[name]
 
     def call(self, name: str, trainer: Any, *args: Any) -> None:

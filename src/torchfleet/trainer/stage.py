@@ -24,6 +24,7 @@ from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore
 from torchfleet.trainer.eval_loop import EvalLoop
 from torchfleet.trainer.fit_loop import FitLoop
 from torchfleet.trainer.optim import parse_optimizers, validate_schedulers
+from torchfleet.trainer.profiling import attach as attach_profiler
 from torchfleet.trainer.replica_logging import REPLICA_LOGGING
 
 if TYPE_CHECKING:
@@ -106,7 +107,9 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
     model.setup(stage)
     failed = False
     configure_model_once(trainer, model, lambda: strategy.module_init_context(empty_init=True))
+    end_profiling = None
     try:
+        end_profiling = attach_profiler(trainer, stage)
         if stage == "fit":
             return _fit(trainer, model, train_dl, eval_dl, ckpt_path)
         if stage == "predict":
@@ -131,6 +134,8 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
         trainer._current_fx("")
         model._results = None
         trainer.state.end_stage(failed)
+        if end_profiling is not None:
+            end_profiling()
 
 
 def configure_model_once(trainer: Trainer, model: Any, context: Any) -> None:

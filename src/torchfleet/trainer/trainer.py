@@ -87,6 +87,49 @@ class Trainer:
 
     The model code never changes between one CPU, one GPU, N processes or N machines: only
     ``strategy=``, ``accelerator=``, ``devices=``, ``num_nodes=`` and ``precision=`` do.
+
+    Args:
+        accelerator: "cpu", "cuda", "gpu", "mps" or "auto" (a GPU when present, else the CPU), or an Accelerator.
+        strategy: how the work is spread: "auto", "single_device", "ddp", "ddp_spawn", "ddp_fork", "fsdp",
+            "deepspeed", ... (`torchfleet strategies` lists them and which can run here), or a Strategy object.
+        devices: devices per machine: an int (on the CPU, that many processes), a list of GPU indices, "0,1",
+            -1 for every GPU, or "auto".
+        num_nodes: how many machines take part.
+        precision: "32-true" (default), "64-true", "16-mixed", "bf16-mixed", "16-true" or "bf16-true".
+        plugins: extra parts: a ClusterEnvironment, a CheckpointIO (e.g. AsyncCheckpointIO), a Precision.
+        logger: a Logger, a list of them, False for none; default: a CSVLogger in ``default_root_dir/logs``.
+        callbacks: Callback objects (ModelCheckpoint, EarlyStopping, LearningRateMonitor, ...).
+        fast_dev_run: True (1) or n: run n training and evaluation batches once to check the code, logging nothing.
+        max_epochs: stop after this many epochs (default 1000 when neither max_steps nor max_time is given).
+        min_epochs: train at least this many epochs, even if a callback asks to stop.
+        max_steps: stop after this many optimizer steps (-1: no limit).
+        min_steps: take at least this many optimizer steps, even if a callback asks to stop.
+        max_time: stop after this much time: "DD:HH:MM:SS", a dict (days=, hours=, ...) or a timedelta.
+        limit_train_batches: training batches per epoch: an int, or a float fraction of the dataloader.
+        limit_val_batches: validation batches each time: an int, or a float fraction (0 disables validation).
+        limit_test_batches: test batches: an int, or a float fraction.
+        limit_predict_batches: predict batches: an int, or a float fraction.
+        overfit_batches: train, validate and test on this many batches of the training data (an int, or a float
+            fraction), unshuffled, to check that the model can fit them; 0 (default) is off.
+        val_check_interval: validate after this fraction of each epoch (float), every n training batches (int), or
+            every so much time ("DD:HH:MM:SS", a timedelta or a dict such as {"minutes": 30}).
+        check_val_every_n_epoch: validate every n epochs; None counts val_check_interval batches across epochs.
+        num_sanity_val_steps: validation batches run before training to catch bugs early (default 2, -1: all).
+        log_every_n_steps: send the logged training values to the loggers every n optimizer steps (default 50).
+        enable_checkpointing: add a ModelCheckpoint when callbacks has none (default True).
+        enable_progress_bar: show a progress bar (default True).
+        enable_model_summary: log the model's layers and parameter counts at fit start (default True).
+        accumulate_grad_batches: sum gradients over n batches before each optimizer step.
+        gradient_clip_val: clip gradients to this value (by norm unless gradient_clip_algorithm says "value").
+        gradient_clip_algorithm: "norm" (default) or "value".
+        deterministic: True: use deterministic algorithms only; "warn": warn where one is not; None: torch's default.
+        benchmark: set torch.backends.cudnn.benchmark (None: leave it, unless deterministic turns it off).
+        use_distributed_sampler: give each process its share of the data (a DistributedSampler) automatically.
+        default_root_dir: the folder for logs and checkpoints when loggers and callbacks name none (default: cwd).
+        inference_mode: evaluate under torch.inference_mode (True) or torch.no_grad (False).
+        sync_batchnorm: turn BatchNorm layers into synchronised ones, so statistics cover every process's batch.
+        profiler: time every hook and step: "simple", "advanced" (cProfile), "pytorch" (torch.profiler), or a
+            Profiler object; each rank writes a report in the log folder.
     """
 
     def __init__(
@@ -127,6 +170,7 @@ class Trainer:
         default_root_dir: str | os.PathLike | None = None,
         inference_mode: bool = True,
         sync_batchnorm: bool = False,
+        profiler: Any = None,
     ) -> None:
         from torchfleet.connector import resolve
 
@@ -205,6 +249,10 @@ class Trainer:
         self.enable_checkpointing = True if enable_checkpointing is None else enable_checkpointing
         self.enable_model_summary = True if enable_model_summary is None else enable_model_summary
 
+        from torchfleet.profilers import resolve as resolve_profiler
+
+        #: times the hooks and steps of each stage (``profiler="simple" | "advanced" | "pytorch"``); see profilers/
+        self.profiler = resolve_profiler(profiler)
         self.loggers = self._build_loggers(logger)
         self.callbacks = self._build_callbacks(callbacks, max_time)
 
