@@ -572,3 +572,43 @@ def test_to_device():
     moved = fleet.to_device({"x": torch.ones(2), "y": [torch.zeros(1)]})
     assert moved["x"].is_meta and moved["y"][0].is_meta
     assert fleet.to_device(nn.Linear(2, 2)).weight.is_meta
+
+
+class _WithLossMethod(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.net(x)
+
+    def loss_step(self, x, y):
+        return nn.functional.mse_loss(self.net(x), y)
+
+
+def test_one_device_calls_any_method_directly_marked_or_not():
+    fleet = Fleet(accelerator="cpu", devices=1)
+    model = fleet.setup(_WithLossMethod())
+    original = model.module
+    x, y = torch.randn(4, 3), torch.randn(4, 1)
+    # nothing to route on one device: the bound method itself, no wrapper per call, before and after marking
+    assert model.loss_step == original.loss_step and model.net is original.net
+    model.mark_forward_method("loss_step")
+    model.mark_forward_method(model.loss_step)
+    assert model.loss_step == original.loss_step
+    assert torch.equal(model.loss_step(x, y), nn.functional.mse_loss(original.net(x), y))
+    assert torch.equal(model.net(x), original.net(x))
+
+
+def test_mark_forward_method_refuses_what_is_not_a_method_of_the_module():
+    model = Fleet(accelerator="cpu", devices=1).setup(_WithLossMethod())
+    with pytest.raises(ConfigurationError, match=r"has no method 'los_step'"):
+        model.mark_forward_method("los_step")
+    with pytest.raises(ConfigurationError, match=r"has no method 'parameters'"):
+        model.mark_forward_method("parameters")  # nn.Module's own: computes nothing
+    with pytest.raises(ConfigurationError, match=r"model\(\.\.\.\)\) runs forward"):
+        model.mark_forward_method("forward")
+    with pytest.raises(ConfigurationError, match=r"takes the name of a method"):
+        model.mark_forward_method(_WithLossMethod().loss_step)  # another instance's method
+    with pytest.raises(ConfigurationError, match=r"takes the name of a method"):
+        model.mark_forward_method(3)

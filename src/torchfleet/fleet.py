@@ -187,7 +187,7 @@ class Fleet:
         self._set_up_modules.add(module)
         # backward() without model= uses the module when there is exactly one
         self._backward_module = wrapped if self._backward_module is _NOT_SET_UP else None
-        fleet_module = FleetModule(wrapped, module, strategy.forward_context)
+        fleet_module = FleetModule(wrapped, module, strategy.forward_context, strategy)
         if not optimizers:
             return fleet_module
         return (fleet_module, *[FleetOptimizer(o, strategy.optimizer_step) for o in opts])

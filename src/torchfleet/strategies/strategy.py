@@ -44,6 +44,13 @@ if TYPE_CHECKING:
     from torchfleet.settings import ReplicaHooks
 
 
+#: ``Strategy.outside_forward`` values. "allowed": calling the module's parameters outside the wrapper's forward is the
+#: same as inside (one device). "without_grad": fine without gradients, but gradients computed there are not
+#: synchronised between processes (ddp, dp, ZeRO 1-2). "never": the parameters exist whole only inside forward
+#: (fsdp, ZeRO-3).
+OUTSIDE_FORWARD = ("allowed", "without_grad", "never")
+
+
 class Strategy(ABC):
     """How a model is placed, wrapped, stepped, synchronised and checkpointed.
 
@@ -241,6 +248,19 @@ class Strategy(ABC):
         """The callable that runs the user module's ``name`` hook ("training_step", ...) through the wrapper.
 
         Wrappers that synchronise in forward (DDP) override this so the step runs inside their forward.
+        """
+        return getattr(self.unwrap(module), name)
+
+    #: What running the user's module outside the wrapper's forward does (see ``OUTSIDE_FORWARD``): here nothing
+    #: differs, so Fleet lets any method of the module and any submodule be called directly.
+    outside_forward: str = "allowed"
+
+    def forward_method(self, module: nn.Module, name: str) -> Callable[..., Any]:
+        """A callable that runs the user module's method ``name`` the way the wrapper runs ``forward``.
+
+        Fleet's ``mark_forward_method`` calls it once per method: under DDP the method then runs
+        inside DDP's forward (so its gradients are synchronised), under fully_shard inside the
+        parameter gathering. One device: the method itself.
         """
         return getattr(self.unwrap(module), name)
 
