@@ -75,6 +75,7 @@ class Fleet:
         self.callbacks: list[Any] = _as_list(callbacks)
         self._loggers: list[Any] = _as_list(loggers)
         self._environment_ready = False
+        self._launched = False
         self._set_up_modules: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         self._backward_module: Any = _NOT_SET_UP
 
@@ -138,8 +139,28 @@ class Fleet:
     # --------------------------------------------------------------- launch
     def _ensure_environment(self) -> None:
         if not self._environment_ready:
+            if not self._launched and self._ranks_not_started():
+                strategy = self._strategy
+                raise ConfigurationError(
+                    f"fleet.setup() was called before fleet.launch(), but {type(strategy).__name__} runs "
+                    f"{strategy.world_size} processes and only launch() starts them: this process would wait for the "
+                    "others forever. Call fleet.launch() right after Fleet(...) (or fleet.launch(train) with "
+                    "def train(fleet): ...), or start the script with torchrun or `torchfleet run`, which start "
+                    "every process themselves."
+                )
             self._strategy.setup_environment()
             self._environment_ready = True
+
+    def _ranks_not_started(self) -> bool:
+        """Whether the strategy's other processes exist only once launch() starts them."""
+        launcher = self._strategy.launcher
+        if launcher is None:
+            return False
+        if launcher.runs_in_children:  # spawn/fork: the ranks are new processes
+            return True
+        env = getattr(self._strategy, "cluster_environment", None)
+        # torchrun, SLURM, mpirun, `torchfleet run` or our own re-run child: every process already runs
+        return env is not None and not env.creates_processes_externally and self._strategy.num_processes > 1
 
     def launch(self, fn: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
         """Start the processes the strategy needs and run ``fn(fleet, *args, **kwargs)`` in each; returns its result.
@@ -161,6 +182,7 @@ class Fleet:
         return self._run_in_rank(fn, *args, **kwargs)
 
     def _run_in_rank(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self._launched = True
         self._ensure_environment()
         return fn(self, *args, **kwargs)
 
@@ -344,6 +366,22 @@ class Fleet:
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process gets here."""
         self._strategy.barrier(name)
+
+    @contextlib.contextmanager
+    def rank_zero_first(self, local: bool = False) -> Iterator[None]:
+        """Run the block in rank 0 first; the other processes enter it once rank 0 has left it.
+
+        For work one process does for all (download a data set, build a cache) that the others then
+        read. ``local=True``: local rank 0 of each node goes first (a node-local disk). The others
+        wait without a timeout, as a download may outlast the collectives' timeout.
+        """
+        rank = self.local_rank if local else self.global_rank
+        with self._strategy.unbounded_barrier() as wait:
+            if rank > 0:
+                wait()
+            yield
+            if rank == 0:
+                wait()
 
     # ------------------------------------------------------------- checkpoints
     def save(self, path: str | os.PathLike, state: Mapping[str, Any]) -> None:

@@ -355,6 +355,15 @@ class Strategy(ABC):
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process reaches this point. One process: returns at once."""
 
+    @contextlib.contextmanager
+    def unbounded_barrier(self) -> Iterator[Callable[[], None]]:
+        """A barrier without the collectives' timeout, for waits of unknown length (rank 0 downloading a data set).
+
+        Every process enters the block; inside, calling the yielded function waits until every process
+        has called it. One process: it returns at once.
+        """
+        yield _no_wait
+
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """Agree on a flag across processes: True if ``all`` (or, with all=False, any) of them said True."""
         return bool(decision)
@@ -428,6 +437,10 @@ class Strategy(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(accelerator={self.accelerator!r}, precision={self._precision!r})"
+
+
+def _no_wait() -> None:
+    return None
 
 
 def _precision_alias(precision: Precision | None, precision_plugin: Precision | None) -> Precision | None:
