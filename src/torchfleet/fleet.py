@@ -34,6 +34,30 @@ if TYPE_CHECKING:
 # Fleet._backward_module before any setup() (None means "several modules: the caller names one").
 _NOT_SET_UP = object()
 
+#: What ``torchfleet run`` passes to every process it starts, read by ``Fleet()`` for the arguments left at their
+#: defaults: argument -> (environment variable, the argument's default).
+RUN_ENV: dict[str, tuple[str, Any]] = {
+    "accelerator": ("TF_FLEET_ACCELERATOR", "auto"),
+    "strategy": ("TF_FLEET_STRATEGY", "auto"),
+    "devices": ("TF_FLEET_DEVICES", "auto"),
+    "num_nodes": ("TF_FLEET_NUM_NODES", 1),
+    "precision": ("TF_FLEET_PRECISION", None),
+}
+
+
+def _from_run_env(name: str, given: Any) -> Any:
+    """``given``, or the value ``torchfleet run`` set for ``name`` when ``given`` is the default."""
+    var, default = RUN_ENV[name]
+    value = os.environ.get(var)
+    if value is None:
+        return given
+    if given != default and str(given) != value:
+        raise ConfigurationError(
+            f"Fleet({name}={given!r}) disagrees with --{name.replace('_', '-')} {value} given to `torchfleet run` "
+            f"({var}={value}). Give the value in one place: drop it from Fleet(...), or from the command line."
+        )
+    return int(value) if name == "num_nodes" else value
+
 
 def _as_list(value: Any) -> list[Any]:
     if value is None:
@@ -63,6 +87,9 @@ class Fleet:
     ) -> None:
         from torchfleet.connector import resolve
 
+        accelerator, strategy, devices = (_from_run_env(n, v) for n, v in
+                                          (("accelerator", accelerator), ("strategy", strategy), ("devices", devices)))
+        num_nodes, precision = _from_run_env("num_nodes", num_nodes), _from_run_env("precision", precision)
         self._strategy = resolve(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
                                  num_nodes=num_nodes, plugins=plugins)
         if training is not None and not isinstance(training, TrainingSettings):

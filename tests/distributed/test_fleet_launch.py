@@ -49,3 +49,32 @@ def test_setup_without_launch_works_in_processes_torchrun_started(tmp_path):
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(errors)[-6000:]
     check_ran_as_two_ddp_ranks(read_ranks(tmp_path))
+
+
+def run_command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torchfleet", "run", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=child_env())
+
+
+def test_torchfleet_run_starts_the_ranks_and_fleet_reads_its_options(tmp_path):
+    proc = run_command(SCRIPT, "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu",
+                       "--precision", "bf16-mixed", "cli", str(tmp_path), "extra", "--", "--devices", "3")
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    ranks = read_ranks(tmp_path)
+    check_ran_as_two_ddp_ranks(ranks)  # Fleet() with no arguments: ddp over 2 CPU processes
+    assert [r["precision"] for r in ranks] == ["bf16-mixed", "bf16-mixed"]
+    # unknown arguments and everything after `--` reach the script, in order
+    assert [r["argv"] for r in ranks] == [["extra", "--devices", "3"]] * 2
+
+
+def test_torchfleet_run_reports_the_rank_that_failed_and_stops_the_others(tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import time\nimport torchfleet as tf\n"
+        "fleet = tf.Fleet()\nfleet.launch()\n"
+        "if fleet.global_rank == 1:\n    raise RuntimeError('rank one gives up')\n"
+        "time.sleep(600)\n"
+    )
+    proc = run_command(str(script), "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu", timeout=60)
+    assert proc.returncode != 0
+    assert "Rank 1 failed" in proc.stderr and "rank one gives up" in proc.stderr
