@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from torchfleet.checkpoint.state import stateful_kind
+from torchfleet.compiled import compile_again, split_compiled
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.fleet_wrappers import FleetDataLoader, FleetModule, FleetOptimizer, _original, _unwrap
 from torchfleet.settings import TrainingSettings
@@ -219,6 +220,8 @@ class Fleet:
 
         Returns the wrapped module, or ``(module, *optimizers)`` when optimizers are given.
         """
+        # torch.compile(model): the strategy sets up the model inside, and its wrapper is compiled again below
+        module, compile_settings = split_compiled(module)
         self._check_module(module)
         self._check_optimizers(optimizers, module)
         self._ensure_environment()
@@ -236,7 +239,9 @@ class Fleet:
         self._set_up_modules.add(module)
         # backward() without model= uses the module when there is exactly one
         self._backward_module = wrapped if self._backward_module is _NOT_SET_UP else None
-        fleet_module = FleetModule(wrapped, module, strategy.forward_context, strategy)
+        # compiled outermost, over DDP / the fully_shard'ed module (torch's order); the strategy keeps the wrapper
+        call = wrapped if compile_settings is None else compile_again(wrapped, compile_settings)
+        fleet_module = FleetModule(wrapped, module, strategy.forward_context, strategy, call=call)
         if not optimizers:
             return fleet_module
         return (fleet_module, *[FleetOptimizer(o, strategy.optimizer_step) for o in opts])

@@ -144,14 +144,16 @@ class FleetModule(nn.Module):
     """
 
     def __init__(
-        self, wrapped: nn.Module, original: nn.Module, forward_context: Callable[[], Any], strategy: Any = None
+        self, wrapped: nn.Module, original: nn.Module, forward_context: Callable[[], Any], strategy: Any = None,
+        call: Callable[..., Any] | None = None,
     ) -> None:
         super().__init__()
         self._forward_module = wrapped
         self._original_module = original
-        # plain attributes (not submodule lookups through nn.Module.__getattr__), read on every call
+        # plain attributes (not submodule lookups through nn.Module.__getattr__), read on every call;
+        # `call` is what a call runs when it is not the wrapper itself (the wrapper compiled by torch.compile)
         object.__setattr__(self, "_forward_context", forward_context)
-        object.__setattr__(self, "_target", wrapped)
+        object.__setattr__(self, "_target", wrapped if call is None else call)
         object.__setattr__(self, "_original", original)
         object.__setattr__(self, "_strategy", strategy)
         outside = getattr(strategy, "outside_forward", "allowed")
