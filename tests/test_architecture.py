@@ -32,6 +32,7 @@ FORBIDDEN: dict[str, set[str]] = {
     # leaves: seed uses utilities (the rank), utilities uses nothing of torchfleet
     "seed": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers"},
     "utilities": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers", "seed"},
+    "compiled": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers", "seed"},
     "plugins": {"connector", "module", "launchers"} | _CLIENTS,
     "demos": {"trainer", "fleet", "fleet_wrappers", "cli", "strategies", "connector"},
 }

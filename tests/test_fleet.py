@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import csv
+import os
 
 import pytest
 import torch
@@ -572,3 +574,98 @@ def test_to_device():
     moved = fleet.to_device({"x": torch.ones(2), "y": [torch.zeros(1)]})
     assert moved["x"].is_meta and moved["y"][0].is_meta
     assert fleet.to_device(nn.Linear(2, 2)).weight.is_meta
+
+
+class _WithLossMethod(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.net(x)
+
+    def loss_step(self, x, y):
+        return nn.functional.mse_loss(self.net(x), y)
+
+
+def test_one_device_calls_any_method_directly_marked_or_not():
+    fleet = Fleet(accelerator="cpu", devices=1)
+    model = fleet.setup(_WithLossMethod())
+    original = model.module
+    x, y = torch.randn(4, 3), torch.randn(4, 1)
+    # nothing to route on one device: the bound method itself, no wrapper per call, before and after marking
+    assert model.loss_step == original.loss_step and model.net is original.net
+    model.mark_forward_method("loss_step")
+    model.mark_forward_method(model.loss_step)
+    assert model.loss_step == original.loss_step
+    assert torch.equal(model.loss_step(x, y), nn.functional.mse_loss(original.net(x), y))
+    assert torch.equal(model.net(x), original.net(x))
+
+
+def test_mark_forward_method_refuses_what_is_not_a_method_of_the_module():
+    model = Fleet(accelerator="cpu", devices=1).setup(_WithLossMethod())
+    with pytest.raises(ConfigurationError, match=r"has no method 'los_step'"):
+        model.mark_forward_method("los_step")
+    with pytest.raises(ConfigurationError, match=r"has no method 'parameters'"):
+        model.mark_forward_method("parameters")  # nn.Module's own: computes nothing
+    with pytest.raises(ConfigurationError, match=r"model\(\.\.\.\)\) runs forward"):
+        model.mark_forward_method("forward")
+    with pytest.raises(ConfigurationError, match=r"takes the name of a method"):
+        model.mark_forward_method(_WithLossMethod().loss_step)  # another instance's method
+    with pytest.raises(ConfigurationError, match=r"takes the name of a method"):
+        model.mark_forward_method(3)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_setup_before_launch_is_refused_at_once(monkeypatch, strategy):
+    for var in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)  # not a process some launcher started
+    fleet = Fleet(strategy=strategy, accelerator="cpu", devices=2)
+    # without the check, setup() waits in init_process_group for a rank 1 that nobody starts
+    with pytest.raises(ConfigurationError, match=r"before fleet\.launch\(\).*runs 2 processes.*torchfleet run"):
+        fleet.setup(nn.Linear(2, 1))
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+
+
+def test_rank_zero_first_on_one_process_runs_the_block_once():
+    fleet = Fleet(accelerator="cpu", devices=1)
+    ran = []
+    with fleet.rank_zero_first():
+        ran.append(fleet.global_rank)
+    with fleet.rank_zero_first(local=True):
+        ran.append(fleet.local_rank)
+    assert ran == [0, 0]
+
+
+def test_module_logger_and_self_log_reach_the_fleet_loggers(tmp_path):
+    from torchfleet.loggers import CSVLogger
+
+    class Logs(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            loss = self.layer(batch).pow(2).mean()
+            self.log("loss", loss)
+            self.log("not_logged", 1.0, logger=False)
+            return loss
+
+    first, second = CSVLogger(str(tmp_path), name="a"), CSVLogger(str(tmp_path), name="b")
+    fleet = Fleet(accelerator="cpu", devices=1, loggers=[first, second])
+    module = Logs()
+    assert module.logger is None and module.loggers == []  # set up by no Trainer or Fleet yet
+    model = fleet.setup(module)
+    assert module.logger is first and module.loggers == [first, second]
+    assert model.logger is first  # through the set-up module too
+    loss = model.training_step(torch.ones(3, 2), 0)
+    fleet.log("step_value", 2.0, step=5)
+    for lg in (first, second):
+        lg.save()
+        with open(os.path.join(lg.log_dir, "metrics.csv")) as f:
+            rows = list(csv.DictReader(f))
+        assert float(rows[0]["loss"]) == pytest.approx(loss.item())
+        assert "not_logged" not in rows[0]
+        assert [float(r["step_value"]) for r in rows if r.get("step_value")] == [2.0]

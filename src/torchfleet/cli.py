@@ -31,6 +31,7 @@ commands:
   strategies    list the registered strategies (name, class, description)
   accelerators  list the registered accelerators
   consolidate   write a checkpoint of any strategy (fsdp/deepspeed shards too) as one torch.load-able file
+  run           start the processes of a Fleet script: torchfleet run train.py --devices 2 --strategy ddp
 
 options:
   -h, --help     show this message
@@ -635,6 +636,10 @@ def main(argv: list[str] | None = None) -> int:
             return _list_registry(command)
         if command == "consolidate":
             return _consolidate(rest)
+        if command == "run":
+            from torchfleet.cli_run import run
+
+            return run(rest)
         if command in STAGES:
             return _run_stage(command, rest)
     except TorchfleetError as exc:
@@ -643,7 +648,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from torchfleet.errors import closest
 
-    near = closest(command, [*STAGES, "strategies", "accelerators", "consolidate"])
+    near = closest(command, [*STAGES, "strategies", "accelerators", "consolidate", "run"])
     hint = f" Did you mean {near[0]!r}?" if near else ""
     print(f"torchfleet: unknown command {command!r}.{hint}\n\n{_HELP}", file=sys.stderr, end="")
     return 2

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from torchfleet.checkpoint.state import stateful_kind
+from torchfleet.compiled import compile_again, split_compiled
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.fleet_wrappers import FleetDataLoader, FleetModule, FleetOptimizer, _original, _unwrap
 from torchfleet.settings import TrainingSettings
@@ -33,6 +34,30 @@ if TYPE_CHECKING:
 
 # Fleet._backward_module before any setup() (None means "several modules: the caller names one").
 _NOT_SET_UP = object()
+
+#: What ``torchfleet run`` passes to every process it starts, read by ``Fleet()`` for the arguments left at their
+#: defaults: argument -> (environment variable, the argument's default).
+RUN_ENV: dict[str, tuple[str, Any]] = {
+    "accelerator": ("TF_FLEET_ACCELERATOR", "auto"),
+    "strategy": ("TF_FLEET_STRATEGY", "auto"),
+    "devices": ("TF_FLEET_DEVICES", "auto"),
+    "num_nodes": ("TF_FLEET_NUM_NODES", 1),
+    "precision": ("TF_FLEET_PRECISION", None),
+}
+
+
+def _from_run_env(name: str, given: Any) -> Any:
+    """``given``, or the value ``torchfleet run`` set for ``name`` when ``given`` is the default."""
+    var, default = RUN_ENV[name]
+    value = os.environ.get(var)
+    if value is None:
+        return given
+    if given != default and str(given) != value:
+        raise ConfigurationError(
+            f"Fleet({name}={given!r}) disagrees with --{name.replace('_', '-')} {value} given to `torchfleet run` "
+            f"({var}={value}). Give the value in one place: drop it from Fleet(...), or from the command line."
+        )
+    return int(value) if name == "num_nodes" else value
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -63,6 +88,9 @@ class Fleet:
     ) -> None:
         from torchfleet.connector import resolve
 
+        accelerator, strategy, devices = (_from_run_env(n, v) for n, v in
+                                          (("accelerator", accelerator), ("strategy", strategy), ("devices", devices)))
+        num_nodes, precision = _from_run_env("num_nodes", num_nodes), _from_run_env("precision", precision)
         self._strategy = resolve(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
                                  num_nodes=num_nodes, plugins=plugins)
         if training is not None and not isinstance(training, TrainingSettings):
@@ -75,6 +103,7 @@ class Fleet:
         self.callbacks: list[Any] = _as_list(callbacks)
         self._loggers: list[Any] = _as_list(loggers)
         self._environment_ready = False
+        self._launched = False
         self._set_up_modules: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         self._backward_module: Any = _NOT_SET_UP
 
@@ -138,8 +167,28 @@ class Fleet:
     # --------------------------------------------------------------- launch
     def _ensure_environment(self) -> None:
         if not self._environment_ready:
+            if not self._launched and self._ranks_not_started():
+                strategy = self._strategy
+                raise ConfigurationError(
+                    f"fleet.setup() was called before fleet.launch(), but {type(strategy).__name__} runs "
+                    f"{strategy.world_size} processes and only launch() starts them: this process would wait for the "
+                    "others forever. Call fleet.launch() right after Fleet(...) (or fleet.launch(train) with "
+                    "def train(fleet): ...), or start the script with torchrun or `torchfleet run`, which start "
+                    "every process themselves."
+                )
             self._strategy.setup_environment()
             self._environment_ready = True
+
+    def _ranks_not_started(self) -> bool:
+        """Whether the strategy's other processes exist only once launch() starts them."""
+        launcher = self._strategy.launcher
+        if launcher is None:
+            return False
+        if launcher.runs_in_children:  # spawn/fork: the ranks are new processes
+            return True
+        env = getattr(self._strategy, "cluster_environment", None)
+        # torchrun, SLURM, mpirun, `torchfleet run` or our own re-run child: every process already runs
+        return env is not None and not env.creates_processes_externally and self._strategy.num_processes > 1
 
     def launch(self, fn: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
         """Start the processes the strategy needs and run ``fn(fleet, *args, **kwargs)`` in each; returns its result.
@@ -161,6 +210,7 @@ class Fleet:
         return self._run_in_rank(fn, *args, **kwargs)
 
     def _run_in_rank(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self._launched = True
         self._ensure_environment()
         return fn(self, *args, **kwargs)
 
@@ -170,6 +220,8 @@ class Fleet:
 
         Returns the wrapped module, or ``(module, *optimizers)`` when optimizers are given.
         """
+        # torch.compile(model): the strategy sets up the model inside, and its wrapper is compiled again below
+        module, compile_settings = split_compiled(module)
         self._check_module(module)
         self._check_optimizers(optimizers, module)
         self._ensure_environment()
@@ -187,7 +239,9 @@ class Fleet:
         self._set_up_modules.add(module)
         # backward() without model= uses the module when there is exactly one
         self._backward_module = wrapped if self._backward_module is _NOT_SET_UP else None
-        fleet_module = FleetModule(wrapped, module, strategy.forward_context)
+        # compiled outermost, over DDP / the fully_shard'ed module (torch's order); the strategy keeps the wrapper
+        call = wrapped if compile_settings is None else compile_again(wrapped, compile_settings)
+        fleet_module = FleetModule(wrapped, module, strategy.forward_context, strategy, call=call)
         if not optimizers:
             return fleet_module
         return (fleet_module, *[FleetOptimizer(o, strategy.optimizer_step) for o in opts])
@@ -344,6 +398,22 @@ class Fleet:
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process gets here."""
         self._strategy.barrier(name)
+
+    @contextlib.contextmanager
+    def rank_zero_first(self, local: bool = False) -> Iterator[None]:
+        """Run the block in rank 0 first; the other processes enter it once rank 0 has left it.
+
+        For work one process does for all (download a data set, build a cache) that the others then
+        read. ``local=True``: local rank 0 of each node goes first (a node-local disk). The others
+        wait without a timeout, as a download may outlast the collectives' timeout.
+        """
+        rank = self.local_rank if local else self.global_rank
+        with self._strategy.unbounded_barrier() as wait:
+            if rank > 0:
+                wait()
+            yield
+            if rank == 0:
+                wait()
 
     # ------------------------------------------------------------- checkpoints
     def save(self, path: str | os.PathLike, state: Mapping[str, Any]) -> None:

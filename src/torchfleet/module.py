@@ -281,11 +281,15 @@ class Module(nn.Module, HyperparametersMixin):
 
     @property
     def logger(self) -> Any:
-        return self._trainer.logger if self._trainer is not None else None
+        """The first logger of the Trainer (or of the Fleet that set this module up); None without one."""
+        owner = self._trainer if self._trainer is not None else self._fleet
+        return owner.logger if owner is not None else None
 
     @property
     def loggers(self) -> list[Any]:
-        return self._trainer.loggers if self._trainer is not None else []
+        """Every logger of the Trainer (or of the Fleet that set this module up)."""
+        owner = self._trainer if self._trainer is not None else self._fleet
+        return owner.loggers if owner is not None else []
 
     def optimizers(self, use_pl_optimizer: bool = True) -> Optimizer | list[Optimizer]:
         """The optimizers from configure_optimizers (one object when there is one)."""
@@ -328,7 +332,9 @@ class Module(nn.Module, HyperparametersMixin):
         results = self._results
         if results is None:
             if self._trainer is None:
-                return  # called outside a Trainer (e.g. in a Fleet loop or a unit test): nothing records it
+                if self._fleet is not None and logger:  # in a Fleet loop: straight to the Fleet's loggers
+                    self._fleet.log(name, value)
+                return  # outside a Trainer and a Fleet (a unit test): nothing records it
             raise ConfigurationError(
                 f"self.log({name!r}, ...) was called from {self._current_fx or 'a hook'} where the Trainer records "
                 "nothing. Log from training_step, validation_step, test_step or the batch/epoch hooks."

@@ -8,6 +8,7 @@ from typing import Any
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from torchfleet.compiled import plain_state_dict, uncompiled
 from torchfleet.errors import CheckpointError
 
 #: what ``stateful_kind`` answers for the values a strategy saves as state dicts and loads in place
@@ -37,7 +38,7 @@ def map_stateful(state: Mapping[str, Any], module_fn: Callable[[nn.Module], Any]
     for key, value in state.items():
         kind = stateful_kind(value)
         if kind == MODULE:
-            out[key] = module_fn(value)
+            out[key] = module_fn(uncompiled(value))  # a torch.compile'd module saves under its own names
         elif kind == OPTIMIZER:
             out[key] = optimizer_fn(value)
         elif kind == OPTIMIZERS:
@@ -62,7 +63,12 @@ def stateful_entries(checkpoint: Mapping[str, Any], state: Mapping[str, Any], pa
                 f"The checkpoint {path} has no entry {key!r} to load into the {type(target).__name__}. "
                 f"Its entries are: {', '.join(map(repr, checkpoint))}."
             )
-        yield key, target, kind, checkpoint[key]
+        saved = checkpoint[key]
+        if kind == MODULE:
+            # into the module inside a torch.compile wrapper; names saved from one lose their `_orig_mod.`
+            target = uncompiled(target)
+            saved = plain_state_dict(target, saved) if isinstance(saved, Mapping) else saved
+        yield key, target, kind, saved
 
 
 def paired_optimizer_states(key: str, target: Any, saved: Any, path: Any = None) -> list[tuple[Optimizer, Any]]:
@@ -104,7 +110,12 @@ def state_dict_mismatch(module: nn.Module, state: Mapping[str, Any], strict: boo
 
 
 def load_state_dict_checked(module: nn.Module, state: Mapping[str, Any], strict: bool = True) -> None:
-    """``module.load_state_dict(state)``, raising CheckpointError that names the first mismatching keys."""
+    """``module.load_state_dict(state)``, raising CheckpointError that names the first mismatching keys.
+
+    Names saved from a ``torch.compile``'d module (``_orig_mod.``) load into the plain module.
+    """
+    module = uncompiled(module)
+    state = plain_state_dict(module, state)
     problem = state_dict_mismatch(module, state, strict=strict)
     if problem:
         raise CheckpointError(

@@ -250,6 +250,15 @@ class DDPStrategy(ParallelStrategy):
             return functools.partial(module, **{_HOOK_KWARG: name})
         return getattr(self.unwrap(module), name)
 
+    #: DDP synchronises only the gradients of computations that ran inside its forward
+    outside_forward = "without_grad"
+
+    def forward_method(self, module: nn.Module, name: str) -> Callable[..., Any]:
+        """``name`` run inside DDP's forward (through the hook dispatcher), as ``training_step`` is."""
+        if module is self.unwrap(module):
+            return getattr(module, name)
+        return functools.partial(module, **{_HOOK_KWARG: name})
+
     @contextlib.contextmanager
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
         """Skip DDP's gradient all-reduce for forward+backward passes inside the block (gradient accumulation)."""

@@ -319,6 +319,17 @@ class DeepSpeedStrategy(DDPStrategy):
             return functools.partial(module, **{_HOOK_KWARG: name})
         return getattr(self.unwrap(module), name)
 
+    @property
+    def outside_forward(self) -> str:  # type: ignore[override]
+        """ZeRO-3 partitions parameters (fetched in forward); below, gradients are reduced only for forward's work."""
+        return "never" if self.zero_stage == 3 else "without_grad"
+
+    def forward_method(self, module: nn.Module, name: str) -> Callable[..., Any]:
+        """``name`` run inside the engine's forward (through the hook dispatcher)."""
+        if module is self._engine and self._engine is not None:
+            return functools.partial(module, **{_HOOK_KWARG: name})
+        return getattr(self.unwrap(module), name)
+
     # ----------------------------------------------------------------- training
     def forward_context(self) -> contextlib.AbstractContextManager:
         """DeepSpeed runs 16-bit training with 16-bit parameters itself: no autocast on top."""

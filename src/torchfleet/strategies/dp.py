@@ -164,6 +164,16 @@ class DataParallelStrategy(Strategy):
             return getattr(user, name)
         return _HookParallel(user, name, module, self.replica_hooks)
 
+    #: DataParallel computes on the other devices only inside its forward; gradients computed outside stay partial
+    outside_forward = "without_grad"
+
+    def forward_method(self, module: nn.Module, name: str) -> Callable[..., Any]:
+        """``name`` run on every replica, through DataParallel's scatter and gather (as the steps are)."""
+        user = self.unwrap(module)
+        if not isinstance(module, nn.DataParallel) or not module.device_ids:
+            return getattr(user, name)
+        return _HookParallel(user, name, module, self.replica_hooks)
+
 
 # ---------------------------------------------------------------- the hook on every replica
 class _HookRedirect(nn.Module):

@@ -358,6 +358,18 @@ class FSDPStrategy(DDPStrategy):
         """The modules this strategy has sharded (and that still exist)."""
         return [m for m in (r() for r in self._modules) if m is not None]
 
+    #: the parameters are DTensor shards outside forward: nothing can compute with them there
+    outside_forward = "never"
+
+    def forward_method(self, module: nn.Module, name: str) -> Callable[..., Any]:
+        """``name`` with fully_shard's forward hooks around it (gather before, reshard after): torch's
+        ``register_fsdp_forward_method``, applied once per method."""
+        from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+
+        if isinstance(module, FSDPModule) and name not in vars(module):  # registering puts the method in vars
+            register_fsdp_forward_method(module, name)
+        return getattr(module, name)
+
     @contextlib.contextmanager
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
         """Keep gradients unsharded and unreduced in the block (gradient accumulation); the next synced backward reduces."""

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -17,6 +20,9 @@ if TYPE_CHECKING:
     from torchfleet.checkpoint.io import CheckpointIO
     from torchfleet.environments.base import ClusterEnvironment
     from torchfleet.precision import Precision
+
+#: how long ``unbounded_barrier`` waits: about 27 years
+_UNBOUNDED = timedelta(days=10_000)
 
 
 class ParallelStrategy(Strategy, ABC):
@@ -200,6 +206,21 @@ class ParallelStrategy(Strategy, ABC):
         import torch.distributed as dist
 
         dist.barrier()
+
+    @contextlib.contextmanager
+    def unbounded_barrier(self) -> Iterator[Callable[[], None]]:
+        """A barrier on a gloo group of its own whose timeout is practically unbounded (created by every process at
+        the start of the block, so the waiting processes wait in the barrier, not in the group's rendezvous)."""
+        if self.world_size == 1 or not self.distributed_ready:
+            yield lambda: None
+            return
+        import torch.distributed as dist
+
+        group = dist.new_group(backend="gloo", timeout=_UNBOUNDED)
+        try:
+            yield lambda: dist.barrier(group=group)
+        finally:
+            dist.destroy_process_group(group)
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         if self.world_size == 1 or not self.distributed_ready:

@@ -44,6 +44,13 @@ if TYPE_CHECKING:
     from torchfleet.settings import ReplicaHooks
 
 
+#: ``Strategy.outside_forward`` values. "allowed": calling the module's parameters outside the wrapper's forward is the
+#: same as inside (one device). "without_grad": fine without gradients, but gradients computed there are not
+#: synchronised between processes (ddp, dp, ZeRO 1-2). "never": the parameters exist whole only inside forward
+#: (fsdp, ZeRO-3).
+OUTSIDE_FORWARD = ("allowed", "without_grad", "never")
+
+
 class Strategy(ABC):
     """How a model is placed, wrapped, stepped, synchronised and checkpointed.
 
@@ -252,6 +259,19 @@ class Strategy(ABC):
         """
         return getattr(self.unwrap(module), name)
 
+    #: What running the user's module outside the wrapper's forward does (see ``OUTSIDE_FORWARD``): here nothing
+    #: differs, so Fleet lets any method of the module and any submodule be called directly.
+    outside_forward: str = "allowed"
+
+    def forward_method(self, module: nn.Module, name: str) -> Callable[..., Any]:
+        """A callable that runs the user module's method ``name`` the way the wrapper runs ``forward``.
+
+        Fleet's ``mark_forward_method`` calls it once per method: under DDP the method then runs
+        inside DDP's forward (so its gradients are synchronised), under fully_shard inside the
+        parameter gathering. One device: the method itself.
+        """
+        return getattr(self.unwrap(module), name)
+
     def process_dataloader(self, dataloader: Any, stage: str) -> Any:
         """Adapt a dataloader for this strategy (distributed strategies inject a sampler). Default: unchanged."""
         return dataloader
@@ -343,6 +363,15 @@ class Strategy(ABC):
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process reaches this point. One process: returns at once."""
 
+    @contextlib.contextmanager
+    def unbounded_barrier(self) -> Iterator[Callable[[], None]]:
+        """A barrier without the collectives' timeout, for waits of unknown length (rank 0 downloading a data set).
+
+        Every process enters the block; inside, calling the yielded function waits until every process
+        has called it. One process: it returns at once.
+        """
+        yield _no_wait
+
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """Agree on a flag across processes: True if ``all`` (or, with all=False, any) of them said True."""
         return bool(decision)
@@ -416,6 +445,10 @@ class Strategy(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(accelerator={self.accelerator!r}, precision={self._precision!r})"
+
+
+def _no_wait() -> None:
+    return None
 
 
 def _precision_alias(precision: Precision | None, precision_plugin: Precision | None) -> Precision | None:

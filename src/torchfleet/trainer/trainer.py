@@ -587,6 +587,9 @@ class Trainer:
                     f"Pass it: trainer.{stage}(model, ...)."
                 )
             model = self.module
+        from torchfleet.compiled import compile_methods_in_place
+
+        model = compile_methods_in_place(model)  # torch.compile(model): the model inside, its steps compiled
         if not isinstance(model, Module):
             raise ConfigurationError(
                 f"trainer.{stage}() needs a torchfleet.Module, got {type(model).__name__}. Subclass "

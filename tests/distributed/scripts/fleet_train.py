@@ -21,8 +21,9 @@ def plain_net() -> nn.Module:
     return nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
 
 
-def train(fleet, out: str) -> dict:
-    model = plain_net()
+def fit(fleet, model: nn.Module) -> tuple:
+    """Set ``model`` up and train it: SGD with momentum, 8 samples per rank, EPOCHS epochs; returns the set-up
+    model and optimizer."""
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     model, opt = fleet.setup(model, opt)
     loader = fleet.setup_dataloaders(DataLoader(make_data(), batch_size=8))
@@ -32,6 +33,11 @@ def train(fleet, out: str) -> dict:
             opt.zero_grad()
             fleet.backward(nn.functional.mse_loss(model(x), y))
             opt.step()
+    return model, opt
+
+
+def train(fleet, out: str) -> dict:
+    model, _ = fit(fleet, plain_net())
     rank = torch.tensor([float(fleet.global_rank)])
     result = {
         "weights": {k: v.detach().clone() for k, v in model.state_dict().items()},

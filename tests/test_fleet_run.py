@@ -1,0 +1,44 @@
+"""``torchfleet run`` argument checks and ``Fleet()`` reading the values it passes (no process is started here).
+
+The launches themselves (2 processes) are in tests/distributed/test_fleet_launch.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from torchfleet import Fleet
+from torchfleet.cli import main
+from torchfleet.errors import ConfigurationError
+
+
+def test_fleet_takes_the_run_command_values_for_arguments_it_is_not_given(monkeypatch):
+    monkeypatch.setenv("TF_FLEET_STRATEGY", "single_device")
+    monkeypatch.setenv("TF_FLEET_ACCELERATOR", "cpu")
+    monkeypatch.setenv("TF_FLEET_PRECISION", "bf16-mixed")
+    fleet = Fleet()
+    assert type(fleet.strategy).__name__ == "SingleDeviceStrategy"
+    assert fleet.device.type == "cpu" and fleet.strategy.precision.name == "bf16-mixed"
+    # the same value in both places is fine; a different one is refused
+    assert Fleet(accelerator="cpu").device.type == "cpu"
+    with pytest.raises(ConfigurationError, match=r"Fleet\(precision='64-true'\) disagrees with --precision bf16"):
+        Fleet(precision="64-true")
+
+
+def test_run_refuses_bad_arguments_before_starting_anything(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text("raise SystemExit('must not run')\n")
+    cases = [
+        (["missing.py"], "the script 'missing.py' does not exist"),
+        ([str(script), "--strategy", "ddp_spawn", "--accelerator", "cpu", "--devices", "2"],
+         "starts its processes itself"),
+        ([str(script), "--strategy", "ddq", "--accelerator", "cpu"], "ddq"),
+        ([str(script), "--accelerator", "cpu", "--devices", "1", "--num-nodes", "2", "--strategy", "ddp"],
+         "needs --main-port"),
+        ([str(script), "--accelerator", "cpu", "--num-nodes", "2", "--node-rank", "2", "--main-port", "29999",
+          "--strategy", "ddp"], "--node-rank 2 is not valid with --num-nodes 2"),
+    ]
+    for argv, message in cases:
+        assert main(["run", *argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("torchfleet run: error:") and message in err, (argv, err)
