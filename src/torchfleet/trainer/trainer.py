@@ -126,6 +126,7 @@ class Trainer:
         use_distributed_sampler: bool = True,
         default_root_dir: str | os.PathLike | None = None,
         inference_mode: bool = True,
+        auto_resume: bool = True,
     ) -> None:
         from torchfleet.connector import resolve
 
@@ -197,6 +198,11 @@ class Trainer:
             torch.backends.cudnn.benchmark = self.benchmark
         self.use_distributed_sampler = use_distributed_sampler
         self.inference_mode = inference_mode
+        if not isinstance(auto_resume, bool):
+            raise ConfigurationError(f"auto_resume={auto_resume!r} is not valid: give True (a restarted run resumes "
+                                     "from its newest checkpoint) or False.")
+        #: a restarted run (TORCHELASTIC_RESTART_COUNT or SLURM_RESTART_COUNT > 0) resumes from its newest checkpoint
+        self.auto_resume = auto_resume
         self.default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
         self.enable_progress_bar = True if enable_progress_bar is None else enable_progress_bar
         self.enable_checkpointing = True if enable_checkpointing is None else enable_checkpointing
