@@ -267,3 +267,32 @@ def test_requeue_command_and_switch(tmp_path, slurm_job, monkeypatch):
 def test_bad_slurm_requeue_arguments_are_refused(bad):
     with pytest.raises(ConfigurationError, match="is not valid"):
         SLURMEnvironment(**bad)
+
+
+# ------------------------------------------------------------------------------------------------ Fleet
+def test_fleet_preemption_requested_in_one_process():
+    from torch import nn
+
+    from torchfleet import Fleet
+
+    def loop(fleet):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        model, opt = fleet.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        assert signal.getsignal(signal.SIGTERM) is before  # nothing installed until the loop asks
+        seen = []
+        for step in range(1, 6):
+            fleet.backward(model(torch.ones(2, 4)).sum())
+            opt.step()
+            seen.append(fleet.preemption_requested)
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGUSR1)
+                os.kill(os.getpid(), signal.SIGUSR1)  # twice: the same request
+        return seen
+
+    before = signal.getsignal(signal.SIGTERM)
+    seen = Fleet(accelerator="cpu", devices=1).launch(loop)
+    # the signal came after step 2's optimizer.step; step 3's step records it
+    assert seen == [False, False, True, True, True]
+    assert signal.getsignal(signal.SIGTERM) is before  # given back when the launched function returned
+    assert issubclass(Preempted, SystemExit) and Preempted("x").code == EXIT_CODE

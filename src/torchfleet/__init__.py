@@ -20,6 +20,7 @@ _LAZY = {
     "ConfigurationError": "torchfleet.errors",
     "CheckpointError": "torchfleet.errors",
     "TrainingSettings": "torchfleet.settings",
+    "Preempted": "torchfleet.preemption",
 }
 
 #: subpackages reachable as attributes after a plain ``import torchfleet`` (``torchfleet.strategies.DDPStrategy``)
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from torchfleet.errors import CheckpointError, ConfigurationError
     from torchfleet.fleet import Fleet
     from torchfleet.module import Module
+    from torchfleet.preemption import Preempted
     from torchfleet.seed import seed_everything
     from torchfleet.settings import TrainingSettings
     from torchfleet.trainer.trainer import Trainer

@@ -43,6 +43,9 @@ class Preempted(SystemExit):
     signal's name, ``checkpoint`` the path of the checkpoint written (None where none was).
     """
 
+    #: the process exit code (``torchfleet.preemption.EXIT_CODE``)
+    exit_code = EXIT_CODE
+
     def __init__(self, message: str, signal_name: str | None = None, checkpoint: str | None = None) -> None:
         super().__init__(EXIT_CODE)
         self.message = message
@@ -200,3 +203,43 @@ class StopAgreement:
         if self._work is not None:
             self._work = None
             _GROUPS.clear()
+
+
+class PreemptionWatch:
+    """A custom loop's view of preemption (``Fleet.preemption_requested``), started the first time it is asked.
+
+    Until then nothing is installed: a Fleet that never asks keeps the default SIGTERM behaviour (the
+    process ends). Once started, the signal flag is installed and every ``optimizer.step()`` polls the
+    agreement, so all ranks see the request after the same step.
+    """
+
+    __slots__ = ("agreement", "signum", "_flag")
+
+    def __init__(self) -> None:
+        self.agreement: StopAgreement | None = None
+        #: the agreed signal number once the ranks agreed to stop, else None
+        self.signum: int | None = None
+        self._flag: SignalFlag | None = None
+
+    def start(self, world_size: int) -> None:
+        if self.agreement is None:
+            self._flag = SignalFlag()
+            self._flag.install()
+            self.agreement = StopAgreement(self._flag, world_size)
+
+    def poll(self) -> None:
+        """After an optimizer step, on every rank (the agreement is a collective once the run has several)."""
+        if self.signum is None and self.agreement is not None:
+            self.signum = self.agreement.poll()
+
+    def close(self, completed: bool) -> None:
+        """The loop ended: settle the reduction in flight (only when every rank got here), give the handlers back."""
+        agreement, self.agreement = self.agreement, None
+        if agreement is not None:
+            if completed and self.signum is None:
+                agreement.finish()
+            elif not completed:
+                agreement.abandon()
+        if self._flag is not None:
+            self._flag.restore()
+            self._flag = None

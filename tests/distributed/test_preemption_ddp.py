@@ -83,3 +83,19 @@ def test_ddp_spawn_launching_process_forwards_the_signal(tmp_path, reference):
     _preempt_then_restart(tmp_path, {"strategy": "ddp_spawn", "signal_rank": 1, "signal_target": "parent",
                                      "signal": "SIGUSR1"}, reference, step=5)
 
+
+
+def test_fleet_loop_sees_the_request_on_every_rank_after_the_same_step(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "scripts", "fleet_preempt.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    for var in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
+        env.pop(var, None)
+    proc = subprocess.run([sys.executable, script, "1", str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=ROOT)
+    assert proc.returncode == EXIT_CODE, proc.stderr
+    assert "failed" not in proc.stderr, proc.stderr
+    # only rank 1 was signalled, after step 3's optimizer.step (where the ranks' flags are exchanged): step 4 sends
+    # its flag, step 5 reads it, and both ranks stop there
+    assert (tmp_path / "rank-0.txt").read_text() == (tmp_path / "rank-1.txt").read_text() == "5"
+    assert torch.load(tmp_path / "preempted.ckpt", weights_only=True)["step"] == 5
