@@ -1,8 +1,9 @@
 """A Trainer run that one rank (or the launching process) sends a real preemption signal to, driven by JSON.
 
-Options: strategy, devices, root (default_root_dir), out (rank 0 saves the final weights there when fit
+Options: strategy (ddp, ddp_spawn, fsdp, ...), devices, root (default_root_dir), out (rank 0 saves the final weights there when fit
 returns), signal_rank (-1: none), signal_step, signal ("SIGTERM" | "SIGUSR1"), signal_target ("self" |
-"parent": the launching process of ddp_spawn/ddp_fork), epochs. The restart count comes from the
+"parent": the launching process of ddp_spawn/ddp_fork), epochs, die_in_save_rank (that rank exits with
+code 3 in the middle of the preemption save). The restart count comes from the
 environment (SLURM_RESTART_COUNT), as on a cluster.
 """
 
@@ -18,6 +19,17 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchfleet as tf
+
+
+class DieInSave(tf.callbacks.Callback):
+    """One rank dies for real while the ranks write the preemption checkpoint."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def on_save_checkpoint(self, trainer, module, checkpoint):
+        if trainer.global_rank == self.rank:
+            os._exit(3)
 
 
 class Net(tf.Module):
@@ -53,10 +65,13 @@ def main(cfg: dict) -> None:
         strategy=cfg.get("strategy", "ddp"), accelerator="cpu", devices=cfg.get("devices", 2),
         max_epochs=cfg.get("epochs", 2), default_root_dir=cfg["root"], logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        callbacks=[DieInSave(cfg["die_in_save_rank"])] if "die_in_save_rank" in cfg else None,
     )
     trainer.fit(model, DataLoader(data, batch_size=8, shuffle=True))
+    # fsdp keeps its shards after fit: every rank takes part in gathering the whole tensors
+    weights = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in model.state_dict().items()}
     if trainer.is_global_zero:
-        torch.save({"weights": model.state_dict(), "global_step": trainer.global_step,
+        torch.save({"weights": weights, "global_step": trainer.global_step,
                     "resumed_from": trainer.ckpt_path}, cfg["out"])
 
 
