@@ -139,6 +139,25 @@ def test_signal_saves_one_checkpoint_and_a_restart_resumes_exactly(tmp_path, res
     _assert_same(model, reference)
 
 
+def test_a_signal_inside_an_accumulation_window_stops_after_its_optimizer_step(tmp_path, restart):
+    class SignalAtBatch(SendSignal):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            self.steps_run += 1
+            if self.steps_run == 5:  # the first micro-batch of the third window of 2
+                self._send()
+
+    reference, _ = _fit(tmp_path / "reference", accumulate_grad_batches=2)
+    sender = SignalAtBatch("never")
+    with pytest.raises(Preempted) as info:
+        _fit(tmp_path, [sender], accumulate_grad_batches=2)
+    assert sender.steps_run == 6  # the window was completed and stepped, not cut
+    assert torch.load(info.value.checkpoint, weights_only=True)["global_step"] == 3
+    restart(1)
+    model, trainer = _fit(tmp_path, seed=123, accumulate_grad_batches=2)
+    assert trainer.global_step == TOTAL_STEPS // 2
+    _assert_same(model, reference)
+
+
 def test_without_a_signal_nothing_changes_and_handlers_are_restored(tmp_path, reference):
     before = signal.getsignal(signal.SIGTERM)
     model, trainer = _fit(tmp_path)
