@@ -1,6 +1,9 @@
 """Preemption across 2 real processes (gloo): a real signal to one rank stops every rank after the same step,
 one checkpoint is saved, the run exits with code 75, and a restart (SLURM_RESTART_COUNT=1) resumes to
-exactly the weights of an uninterrupted run of the same launch (torch.equal)."""
+exactly the weights of an uninterrupted ddp run (torch.equal; fsdp within float rounding).
+
+Strategies: ddp (signal to rank 0, to rank 1), ddp_spawn (SIGUSR1 to the launching process), fsdp (a DCP
+directory), deepspeed ZeRO-2 (its own directory), and a Fleet loop."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import pytest
 import torch
 
 from tests.distributed.test_ddp import ROOT
+from torchfleet.checkpoint.deepspeed import deepspeed_available
 from torchfleet.preemption import EXIT_CODE
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -107,6 +111,15 @@ def test_fsdp_saves_a_sharded_checkpoint_and_resumes(tmp_path, reference):
     # the checkpoint is a DCP directory; fsdp's reductions differ from DDP's by float rounding only (a wrong RNG
     # or data position after the resume would differ by far more, through the dropout)
     _preempt_then_restart(tmp_path, {"strategy": "fsdp", "signal_rank": 1}, reference, step=4, atol=1e-5,
+                          sharded=True)
+
+
+@pytest.mark.skipif(not deepspeed_available(), reason="deepspeed is not installed (the 'deepspeed' extra)")
+def test_deepspeed_saves_its_checkpoint_directory_and_resumes_exactly(tmp_path, reference, monkeypatch):
+    # ZeRO-2 on CPU steps exactly as DDP here (measured: bitwise), so the ddp reference holds
+    if not os.environ.get("TORCH_EXTENSIONS_DIR"):
+        monkeypatch.setenv("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/torchfleet/torch_extensions"))
+    _preempt_then_restart(tmp_path, {"strategy": "deepspeed_stage_2", "signal_rank": 1}, reference, step=4,
                           sharded=True)
 
 
