@@ -144,7 +144,7 @@ _GROUPS: dict[int, Any] = {}
 def _agreement_group() -> Any:
     import torch.distributed as dist
 
-    world = dist.distributed_c10d._get_default_group()
+    world = dist.group.WORLD
     group = _GROUPS.get(id(world))
     if group is None:
         group = world if dist.get_backend(world) == "gloo" else dist.new_group(backend="gloo")

@@ -153,7 +153,7 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: Any, stage: str) -> str | Non
     if ckpt_path == "last":
         found = trainer.strategy.broadcast(find_last_checkpoint(trainer) if trainer.is_global_zero else None)
         if found is not None and trainer.is_global_zero:
-            log.info("ckpt_path='last': resuming from %s.", found)
+            log.info("ckpt_path='last' is %s.", found)
         if found is None:
             log.warning(
                 "ckpt_path='last' found no checkpoint under %s; %s starts from the model as it is.",
