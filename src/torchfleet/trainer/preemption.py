@@ -85,8 +85,8 @@ class FitPreemption:
         if trainer.is_global_zero:
             requeued = _cluster_environment(trainer).on_preempted()
         message = (f"{name} asked this run to stop: the checkpoint {path} was saved at step {trainer.global_step}"
-                   f"{after}. {requeued + ' ' if requeued else ''}Run the same command again to resume from it "
-                   f"(ckpt_path=\"last\", or automatically on a restart). Exit code {EXIT_CODE}.")
+                   f"{after}. {requeued + ' ' if requeued else ''}fit(ckpt_path=\"last\") resumes from it; a restarted "
+                   f"job (SLURM_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT > 0) does so by itself. Exit code {EXIT_CODE}.")
         if trainer.is_global_zero:
             log.warning("torchfleet: %s", message)
         raise Preempted(message, name, path)
