@@ -24,6 +24,7 @@ _LAZY = {
     "ConfigurationError": "torchfleet.errors",
     "CheckpointError": "torchfleet.errors",
     "TrainingSettings": "torchfleet.settings",
+    "Preempted": "torchfleet.preemption",
 }
 
 #: subpackages reachable as attributes after a plain ``import torchfleet`` (``torchfleet.strategies.DDPStrategy``)
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from torchfleet.errors import CheckpointError, ConfigurationError
     from torchfleet.fleet import Fleet
     from torchfleet.module import Module
+    from torchfleet.preemption import Preempted
     from torchfleet.seed import isolate_rng, reset_seed, seed_everything, worker_init_function
     from torchfleet.settings import TrainingSettings
     from torchfleet.trainer.callbacks.base import Callback

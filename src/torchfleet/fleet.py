@@ -26,6 +26,7 @@ from torchfleet.checkpoint.state import stateful_kind
 from torchfleet.compiled import compile_again, split_compiled
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.fleet_wrappers import FleetDataLoader, FleetModule, FleetOptimizer, _original, _unwrap
+from torchfleet.preemption import PreemptionWatch
 from torchfleet.settings import TrainingSettings
 
 if TYPE_CHECKING:
@@ -106,6 +107,8 @@ class Fleet:
         self._launched = False
         self._set_up_modules: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         self._backward_module: Any = _NOT_SET_UP
+        #: SIGTERM/SIGUSR1, agreed across ranks after optimizer steps, once the loop reads preemption_requested
+        self._preemption = PreemptionWatch()
 
     def __getstate__(self) -> dict[str, Any]:
         # ddp_spawn pickles the Fleet into every rank; what was set up here stays here (a WeakSet cannot travel)
@@ -212,7 +215,27 @@ class Fleet:
     def _run_in_rank(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         self._launched = True
         self._ensure_environment()
-        return fn(self, *args, **kwargs)
+        completed = False
+        try:
+            out = fn(self, *args, **kwargs)
+            completed = True
+            return out
+        finally:
+            self._preemption.close(completed)
+
+    @property
+    def preemption_requested(self) -> bool:
+        """Whether a SIGTERM/SIGUSR1 asked the run to stop: the same on every rank, after the same optimizer step.
+
+        The first read installs the signal handlers (until then SIGTERM ends the process as usual); after
+        that every ``optimizer.step()`` of an optimizer from ``setup`` checks, cheaply. Read it on every
+        rank (once per iteration); when True, save with ``fleet.save`` and ``raise torchfleet.Preempted(...)``,
+        which exits with code 75 (``torchfleet.preemption.EXIT_CODE``).
+        """
+        watch = self._preemption
+        if watch.agreement is None:
+            watch.start(self._strategy.world_size)
+        return watch.signum is not None
 
     # ---------------------------------------------------------------- setup
     def setup(self, module: nn.Module, *optimizers: Optimizer, move_to_device: bool = True) -> Any:
@@ -244,7 +267,7 @@ class Fleet:
         fleet_module = FleetModule(wrapped, module, strategy.forward_context, strategy, call=call)
         if not optimizers:
             return fleet_module
-        return (fleet_module, *[FleetOptimizer(o, strategy.optimizer_step) for o in opts])
+        return (fleet_module, *[FleetOptimizer(o, strategy.optimizer_step, self._preemption) for o in opts])
 
     def setup_module(self, module: nn.Module, move_to_device: bool = True) -> FleetModule:
         """Prepare a module alone (its optimizers can follow with ``setup_optimizers``)."""
@@ -256,7 +279,8 @@ class Fleet:
             raise ConfigurationError("fleet.setup_optimizers() was called with no optimizer; pass at least one.")
         self._check_optimizers(optimizers, None)
         strategy = self._strategy
-        wrapped = [FleetOptimizer(strategy.setup_optimizer(o), strategy.optimizer_step) for o in optimizers]
+        wrapped = [FleetOptimizer(strategy.setup_optimizer(o), strategy.optimizer_step, self._preemption)
+                   for o in optimizers]
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
     def _check_module(self, module: Any) -> None:

@@ -296,15 +296,21 @@ class FleetOptimizer(OptimizerWrapper):
     so learning-rate schedulers and other code that checks the type accept it.
     """
 
-    def __init__(self, optimizer: Optimizer, step: Callable[..., Any]) -> None:
+    def __init__(self, optimizer: Optimizer, step: Callable[..., Any], preemption: Any = None) -> None:
         super().__init__(optimizer)
         self.__dict__["_step"] = step
+        #: the Fleet's PreemptionWatch: polled after each step once the loop asked for it
+        self.__dict__["_preemption"] = preemption
         # bound straight to the optimizer: one call fewer per step
         self.__dict__["zero_grad"] = optimizer.zero_grad
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Step through the strategy (``closure`` computes loss and gradients first when given)."""
-        return self._step(self._optimizer, closure)
+        out = self._step(self._optimizer, closure)
+        watch = self._preemption
+        if watch is not None and watch.agreement is not None:
+            watch.poll()
+        return out
 
 
 class FleetDataLoader:

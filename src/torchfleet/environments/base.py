@@ -58,5 +58,13 @@ class ClusterEnvironment(ABC):
     def teardown(self) -> None:
         """Undo environment changes made for the run."""
 
+    def on_preempted(self) -> str | None:
+        """Called in global rank 0 once a preemption checkpoint is on disk, just before the run exits.
+
+        An environment whose scheduler can run the job again asks for that here (SLURM: ``scontrol
+        requeue``). Returns a sentence for the exit message, or None. Never raises.
+        """
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

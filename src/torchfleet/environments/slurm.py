@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import subprocess
+from collections.abc import Sequence
 
 from torchfleet.environments._common import (
     LaunchedEnvironment,
@@ -14,6 +17,10 @@ from torchfleet.environments._common import (
 )
 from torchfleet.errors import ConfigurationError
 
+log = logging.getLogger("torchfleet")
+
+#: how long the requeue command may take before it is given up on (SLURM kills the job soon after the signal)
+REQUEUE_TIMEOUT_S = 30.0
 #: job names of an interactive allocation, where the shell (not srun) runs the script
 INTERACTIVE_JOB_NAMES = ("bash", "interactive")
 
@@ -95,6 +102,61 @@ class SLURMEnvironment(LaunchedEnvironment):
     """
 
     WORLD_SIZE, RANK, LOCAL_RANK = ("SLURM_NTASKS",), ("SLURM_PROCID",), ("SLURM_LOCALID",)
+
+    def __init__(self, auto_requeue: bool = True, requeue_command: Sequence[str] | None = None) -> None:
+        """``auto_requeue``: after a preemption checkpoint is saved, global rank 0 runs ``requeue_command``
+        (default ``["scontrol", "requeue", "<SLURM_JOB_ID>"]``; ``{job_id}`` in an item is replaced by the
+        job id) so that SLURM runs the job again, and the restarted job resumes from that checkpoint."""
+        if not isinstance(auto_requeue, bool):
+            raise ConfigurationError(f"SLURMEnvironment(auto_requeue={auto_requeue!r}) is not valid: give True or False.")
+        if requeue_command is not None and (
+            isinstance(requeue_command, str) or not requeue_command
+            or not all(isinstance(part, str) for part in requeue_command)
+        ):
+            raise ConfigurationError(
+                f"SLURMEnvironment(requeue_command={requeue_command!r}) is not valid: give the command as a non-empty "
+                "list of strings, e.g. [\"scontrol\", \"requeue\", \"{job_id}\"] ({job_id} is replaced by "
+                "SLURM_JOB_ID), or None for that default."
+            )
+        self.auto_requeue = auto_requeue
+        self.requeue_command = list(requeue_command) if requeue_command is not None else None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(auto_requeue={self.auto_requeue})"
+
+    def job_id(self) -> str | None:
+        """SLURM_ARRAY_JOB_ID_SLURM_ARRAY_TASK_ID for an array task, else SLURM_JOB_ID (None outside a job)."""
+        array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+        if array_job and task:
+            return f"{array_job}_{task}"
+        return os.environ.get("SLURM_JOB_ID") or None
+
+    def on_preempted(self) -> str | None:
+        """Requeue the job (``auto_requeue``): a failure is a warning, never an error."""
+        if not self.auto_requeue:
+            return None
+        job = self.job_id()
+        if job is None:
+            log.warning("torchfleet: cannot requeue the SLURM job: SLURM_JOB_ID is not set.")
+            return None
+        template = self.requeue_command or ["scontrol", "requeue", "{job_id}"]
+        command = [part.replace("{job_id}", job) for part in template]
+        shown = " ".join(command)
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=REQUEUE_TIMEOUT_S)
+        except FileNotFoundError:
+            log.warning("torchfleet: could not requeue the SLURM job: %r was not found on PATH. Requeue it yourself "
+                        "(%s), or pass SLURMEnvironment(auto_requeue=False).", command[0], shown)
+            return None
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("torchfleet: could not requeue the SLURM job: `%s` failed (%s). Requeue it yourself.", shown, exc)
+            return None
+        if proc.returncode != 0:
+            detail = (proc.stderr or proc.stdout).strip()
+            log.warning("torchfleet: could not requeue the SLURM job: `%s` exited with code %d%s. Requeue it yourself "
+                        "(the job needs #SBATCH --requeue).", shown, proc.returncode, f": {detail}" if detail else "")
+            return None
+        return f"SLURM job {job} requeued (`{shown}`)."
 
     @property
     def main_address(self) -> str:

@@ -8,11 +8,14 @@ tensors crossing the boundary go through shared memory.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +28,11 @@ from torchfleet.launchers.supervise import (
     ERROR_DIR_VAR,
     LAUNCHER_PID_VAR,
     Supervisor,
+    mark_launched_child,
     watch_parent,
     write_error,
 )
+from torchfleet.preemption import SIGNALS, Preempted
 
 if TYPE_CHECKING:
     from torchfleet.environments.base import ClusterEnvironment
@@ -37,6 +42,8 @@ log = logging.getLogger(__name__)
 START_METHODS = ("spawn", "fork", "forkserver")
 _RESULT_FILE = "result.pt"
 _PAYLOAD_FILE = "payload.pkl"
+#: rank 0's Preempted (message, signal, checkpoint), for the launching process to raise
+_PREEMPTED_FILE = "preempted.json"
 
 
 class _PayloadFile:
@@ -101,22 +108,29 @@ class ProcessLauncher(Launcher):
                 f.write(payload)
             payload = _PayloadFile(path)
         ctx = mp.get_context(self.start_method)
+        # a spawned rank starts with fresh generators: give it this process's (seed_everything's), as a fork has
+        rng = _rng_states() if self.start_method != "fork" else None
         procs = []
         try:
             for local_rank in range(self.num_processes):
                 proc = ctx.Process(
                     target=_child_main,
-                    args=(local_rank, variables, work, os.getpid(), payload),
+                    args=(local_rank, variables, work, os.getpid(), payload, rng),
                     name=f"torchfleet-rank-{local_rank}",
                 )
                 proc.start()
                 procs.append(proc)
             self._supervisor = Supervisor(procs, list(range(len(procs))), work, env.node_rank(), self.num_processes)
+            forwarding = _forward_signals(procs)
             try:
                 self._supervisor.wait()
             except BaseException:
                 self._supervisor.stop()
                 raise
+            finally:
+                forwarding()
+            if self._supervisor.preempted():
+                raise _preempted(work)
             result_path = os.path.join(work, _RESULT_FILE)
             if env.node_rank() != 0 or not os.path.exists(result_path):
                 return None
@@ -221,7 +235,71 @@ def _name_of(obj: Any, default: str) -> str:
     return type(obj).__name__.lower() if type(obj).__name__ in ("Trainer", "Fleet") else default
 
 
-def _child_main(local_rank: int, variables: dict[str, str], work: str, parent_pid: int, payload: Any) -> None:
+def _forward_signals(procs: list[Any]) -> Callable[[], None]:
+    """While the launching process waits: pass SIGTERM/SIGUSR1 on to the ranks (they save and stop together).
+
+    Returns the function that puts the previous handlers back. Only in the main thread (elsewhere nothing).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def forward(signum: int, frame: Any) -> None:
+        for p in procs:
+            if p.exitcode is None and p.pid is not None:
+                try:
+                    os.kill(p.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in SIGNALS}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+    return restore
+
+
+def _preempted(work: str) -> Preempted:
+    try:
+        with open(os.path.join(work, _PREEMPTED_FILE)) as f:
+            saved = json.load(f)
+        return Preempted(saved["message"], saved["signal"], saved["checkpoint"])
+    except (OSError, ValueError, KeyError):
+        return Preempted("The ranks were preempted (SIGTERM/SIGUSR1) and stopped after saving a checkpoint.")
+
+
+def _rng_states() -> dict[str, Any]:
+    import random
+
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    try:
+        import numpy as np
+
+        states["numpy"] = np.random.get_state()
+    except ImportError:
+        pass
+    return states
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    import random
+
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["python"])
+    if "numpy" in states:
+        import numpy as np
+
+        np.random.set_state(states["numpy"])
+
+
+def _child_main(local_rank: int, variables: dict[str, str], work: str, parent_pid: int, payload: Any,
+                rng: dict[str, Any] | None = None) -> None:
+    for sig in SIGNALS:  # a forked rank inherits the launching process's forwarding handler
+        signal.signal(sig, signal.SIG_DFL)
+    mark_launched_child(work)
+    if rng is not None:
+        _set_rng_states(rng)
     os.environ.update(variables)
     os.environ["LOCAL_RANK"] = str(local_rank)
     os.environ[ERROR_DIR_VAR] = work
@@ -235,6 +313,11 @@ def _child_main(local_rank: int, variables: dict[str, str], work: str, parent_pi
     try:
         fn, args, kwargs = payload.load() if isinstance(payload, _PayloadFile) else payload
         result = fn(*args, **kwargs)
+    except Preempted as exc:  # not a failure: every rank saved and stops with the preemption exit code
+        if local_rank == 0 and int(variables["NODE_RANK"]) == 0:
+            with open(os.path.join(work, _PREEMPTED_FILE), "w") as f:
+                json.dump({"message": exc.message, "signal": exc.signal, "checkpoint": exc.checkpoint}, f)
+        raise
     except BaseException as exc:
         write_error(work, local_rank, exc)
         raise

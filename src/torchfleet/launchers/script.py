@@ -40,9 +40,11 @@ from torchfleet.launchers.supervise import (
     LAUNCHER_PID_VAR,
     POLL_S,
     Supervisor,
+    mark_launched_child,
     watch_parent,
     write_error,
 )
+from torchfleet.preemption import Preempted
 
 if TYPE_CHECKING:
     from torchfleet.environments.base import ClusterEnvironment
@@ -51,6 +53,8 @@ log = logging.getLogger(__name__)
 
 #: how long the launching process waits for the main thread to stop after a child failed, before it exits hard
 INTERRUPT_GRACE_S = 3.0
+#: how long rank 0, preempted, waits for the other local ranks (which saved with it) to exit by themselves
+PREEMPTED_EXIT_GRACE_S = 30.0
 
 
 def command_to_rerun() -> list[str]:
@@ -186,6 +190,17 @@ def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwarg
     children.in_launch += 1
     try:
         return fn(*args, **kwargs)
+    except Preempted as exc:
+        # every rank saved the checkpoint and stops with the same exit code: they exit by themselves; one that
+        # fails instead (or hangs) is reported and stopped as always
+        sup = children.supervisor
+        failure = sup.wait_for_exit(PREEMPTED_EXIT_GRACE_S)
+        children.main_stopped.set()
+        children.reported = True
+        sup.stop()
+        if failure is not None:
+            raise failure from exc
+        raise
     except BaseException as exc:
         failed_at = time.time()
         sup = children.supervisor
@@ -204,8 +219,11 @@ def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwarg
 
 def _run_as_child(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     _watch_launcher_once()
+    mark_launched_child(os.environ.get(ERROR_DIR_VAR))
     try:
         return fn(*args, **kwargs)
+    except Preempted:
+        raise  # not a failure: this rank saved with the others and exits with the preemption code
     except BaseException as exc:
         write_error(os.environ.get(ERROR_DIR_VAR), int(os.environ.get("LOCAL_RANK", "0")), exc)
         raise

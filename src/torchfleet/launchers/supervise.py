@@ -4,6 +4,11 @@ Shared by the script launcher (children are ``subprocess.Popen``) and the proces
 (children are ``multiprocessing.Process``). Each child writes its traceback to
 ``<error_dir>/rank-<local_rank>.txt`` before it exits with an error, so the launching process
 can name the failing rank and quote its exception, not only its exit code.
+
+A child that exits with ``preemption.EXIT_CODE`` (75) has not failed: it saved the preemption
+checkpoint with the other ranks and stopped, so the others are left to finish their save. Before
+the supervisor stops children on purpose it creates ``<error_dir>/stopping``: a child's preemption
+handler then lets that SIGTERM end it at once instead of treating it as a request to save.
 """
 
 from __future__ import annotations
@@ -17,12 +22,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchfleet.launchers.base import STOP_GRACE_S, ProcessFailedError, describe_exit
+from torchfleet.preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
+from torchfleet.preemption import set_stop_marker
 
 #: environment variables through which a launched child learns where to report and whom to watch
 ERROR_DIR_VAR = "TF_ERROR_DIR"
 LAUNCHER_PID_VAR = "TF_LAUNCHER_PID"
 
 POLL_S = 0.05
+#: the file whose existence tells the children that a SIGTERM comes from their launcher stopping them
+STOP_MARKER = "stopping"
 
 
 def _exitcode(proc: Any) -> int | None:
@@ -33,6 +42,11 @@ def _exitcode(proc: Any) -> int | None:
 
 def error_file(error_dir: str, local_rank: int) -> str:
     return os.path.join(error_dir, f"rank-{local_rank}.txt")
+
+
+def mark_launched_child(error_dir: str | None) -> None:
+    """In a launched child: a SIGTERM after the launcher created its stop marker ends this process at once."""
+    set_stop_marker(os.path.join(error_dir, STOP_MARKER) if error_dir else None)
 
 
 def write_error(error_dir: str | None, local_rank: int, exc: BaseException) -> None:
@@ -88,7 +102,7 @@ class Supervisor:
         """
         if self.failure is None:
             failures = [self.failed(rank, code) for proc, rank in zip(self.procs, self.ranks)
-                        if (code := _exitcode(proc)) is not None and code != 0]
+                        if (code := _exitcode(proc)) is not None and code not in (0, PREEMPTED_EXIT_CODE)]
             if failures:
                 self.failure = min(failures, key=lambda f: f.failed_at)
         return self.failure
@@ -105,9 +119,26 @@ class Supervisor:
     def all_done(self) -> bool:
         return all(_exitcode(p) is not None for p in self.procs)
 
+    def preempted(self) -> bool:
+        """Whether a child exited with the preemption exit code (it saved and stopped on SIGTERM/SIGUSR1)."""
+        return any(_exitcode(p) == PREEMPTED_EXIT_CODE for p in self.procs)
+
+    def wait_for_exit(self, timeout: float) -> ProcessFailedError | None:
+        """After a preemption in this process: let the children exit by themselves (they saved too); a failure, if any."""
+        deadline = time.monotonic() + timeout
+        while not self.all_done() and self.check() is None and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        return self.check()
+
     def stop(self) -> None:
         """SIGTERM every child still running, then SIGKILL the ones that outlive the grace period."""
         alive = [p for p in self.procs if _exitcode(p) is None]
+        if alive:
+            try:
+                with open(os.path.join(self.error_dir, STOP_MARKER), "w"):
+                    pass
+            except OSError:
+                pass
         for p in alive:
             _signal(p, "terminate")
         deadline = time.monotonic() + STOP_GRACE_S

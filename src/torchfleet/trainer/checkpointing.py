@@ -7,8 +7,10 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from torchfleet.checkpoint.distributed import META_NAME
 from torchfleet.checkpoint.format import FORMAT_KEY, FORMAT_VERSION, check_checkpoint
 from torchfleet.errors import CheckpointError
+from torchfleet.preemption import RESTART_VARIABLES, is_restart
 from torchfleet.seed import capture_rng, restore_rng  # noqa: F401  (restore_rng: fit_loop imports it from here)
 
 if TYPE_CHECKING:
@@ -47,27 +49,60 @@ def dump_checkpoint(trainer: Trainer, weights_only: bool = False) -> dict[str, A
     return plain
 
 
-def find_last_checkpoint(trainer: Trainer) -> str | None:
-    """The checkpoint ``ckpt_path="last"`` means: the checkpoint callbacks' last file, else the newest under default_root_dir."""
-    from torchfleet.trainer.callbacks import ModelCheckpoint
+def _complete_checkpoints(folder: str, recursive: bool) -> list[str]:
+    """The finished checkpoints in ``folder``: ``*.ckpt`` files, and directories holding their metadata file.
 
+    A save in progress or cut short leaves only hidden names (``.x.ckpt.tmp-*``, ``.x.ckpt.partial``),
+    which glob does not return; a sharded directory counts once its metadata, written last, is there.
+    """
+    pattern = os.path.join(glob.escape(folder), "**", "*.ckpt") if recursive else os.path.join(glob.escape(folder), "*.ckpt")
+    found = []
+    for path in glob.glob(pattern, recursive=recursive):
+        if os.path.isfile(path) or os.path.isfile(os.path.join(path, META_NAME)):
+            found.append(path)
+    return found
+
+
+def find_last_checkpoint(trainer: Trainer) -> str | None:
+    """The checkpoint ``ckpt_path="last"`` (and a restart) means: the newest complete one, by modification time,
+    in the checkpoint callbacks' folders and anywhere under default_root_dir (``preempted.ckpt``, ``last.ckpt``
+    and ModelCheckpoint's files alike; on a tie ``last.ckpt`` and ``preempted.ckpt`` win)."""
+    candidates = set(_complete_checkpoints(trainer.default_root_dir, recursive=True))
     for cb in trainer.checkpoint_callbacks:
         dirpath = cb.dirpath or os.path.join(trainer.log_dir, "checkpoints")
-        found = ModelCheckpoint.find_last(dirpath)
-        if found:
-            return found
-    candidates = glob.glob(os.path.join(trainer.default_root_dir, "**", "*.ckpt"), recursive=True)
-    candidates = [c for c in candidates if not os.path.basename(c).startswith(".")]
+        if os.path.isdir(dirpath):
+            candidates.update(_complete_checkpoints(dirpath, recursive=False))
     if not candidates:
         return None
-    lasts = [c for c in candidates if os.path.basename(c) == "last.ckpt"]
-    return max(lasts or candidates, key=os.path.getmtime)
+
+    def newest(path: str) -> tuple[float, bool]:
+        try:
+            mtime = os.path.getmtime(path)
+        except OSError:  # removed while we looked (another run's top-k)
+            mtime = -1.0
+        return mtime, os.path.basename(path) in ("last.ckpt", "preempted.ckpt")
+
+    return max(sorted(candidates), key=newest)
 
 
 def resolve_ckpt_path(trainer: Trainer, ckpt_path: Any, stage: str) -> str | None:
-    """Turn ``ckpt_path`` ("best", "last", a path or None) into a file path; CheckpointError for a missing file."""
+    """Turn ``ckpt_path`` ("best", "last", a path or None) into a file path; CheckpointError for a missing file.
+
+    In fit, None on a restarted run (``auto_resume``) means "last". All ranks get global rank 0's choice.
+    """
     if ckpt_path is None:
-        return None
+        if stage != "fit" or not getattr(trainer, "auto_resume", False) or not is_restart():
+            return None
+        found = trainer.strategy.broadcast(find_last_checkpoint(trainer) if trainer.is_global_zero else None)
+        if trainer.is_global_zero:
+            restart = ", ".join(f"{v}={os.environ[v]}" for v in RESTART_VARIABLES if os.environ.get(v))
+            if found is None:
+                log.info("This run is a restart (%s) but no checkpoint was found under %s: fit starts from the "
+                         "beginning.", restart, trainer.default_root_dir)
+            else:
+                log.info("This run is a restart (%s): resuming from %s, the newest complete checkpoint "
+                         "(Trainer(auto_resume=False) turns this off).", restart, found)
+        return found
     if ckpt_path == "best":
         ck = trainer.checkpoint_callback
         if ck is None or not ck.best_model_path:
@@ -77,7 +112,9 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: Any, stage: str) -> str | Non
             )
         return ck.best_model_path
     if ckpt_path == "last":
-        found = find_last_checkpoint(trainer)
+        found = trainer.strategy.broadcast(find_last_checkpoint(trainer) if trainer.is_global_zero else None)
+        if found is not None and trainer.is_global_zero:
+            log.info("ckpt_path='last' is %s.", found)
         if found is None:
             log.warning(
                 "ckpt_path='last' found no checkpoint under %s; %s starts from the model as it is.",

@@ -105,6 +105,8 @@ class FitLoop:
             self._hook_optimizers = {id(o): HookOptimizer(o, self._hooked_step) for o in trainer.optimizers}
             self._optimizer_step = self._optimizer_step_overridden  # type: ignore[method-assign]
         self._batches_before = 0  # training batches of the earlier epochs (check_val_every_n_epoch=None)
+        # SIGTERM/SIGUSR1: polled after every optimizer step (trainer/preemption.py); None outside run_stage
+        self._preemption = getattr(trainer, "_preemption", None)
 
     # -- progress, saved in checkpoints as loops["fit"] ----------------------------------------
     def _set_progress(self, **kw: Any) -> None:
@@ -209,6 +211,8 @@ class FitLoop:
         batch_end_mod = hooks.mod("on_train_batch_end")
         transfer = batch_transfer_fn(trainer, 0)
         progress = state.progress
+        preemption = self._preemption
+        agreement = preemption.agreement or preemption.start_loop() if preemption is not None else None
         trainer._current_fx("training_step")
         window_has_grads = False
         stopped = False
@@ -262,6 +266,9 @@ class FitLoop:
             if trainer.max_steps != -1 and state.global_step >= trainer.max_steps:
                 stopped = True
                 break
+            # after a whole step: the ranks agree on a preemption signal, save here and raise Preempted
+            if agreement is not None and boundary and (signum := agreement.poll()):
+                preemption.stop(signum)
         del iterator
         # A stop before the epoch's last batch: a resumed run continues this epoch from the next batch, with the
         # RNG as it is here, before the end-of-epoch work below (an uninterrupted run would not do it here).

@@ -24,6 +24,7 @@ from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore
 from torchfleet.trainer.eval_loop import EvalLoop
 from torchfleet.trainer.fit_loop import FitLoop
 from torchfleet.trainer.optim import parse_optimizers, validate_schedulers
+from torchfleet.trainer.preemption import FitPreemption
 from torchfleet.trainer.profiling import attach as attach_profiler
 from torchfleet.trainer.replica_logging import REPLICA_LOGGING
 
@@ -77,6 +78,13 @@ def _num_batches(loader: Any, limit: int | float) -> int | float:
 # ---------------------------------------------------------------------------- entry
 def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any, kw: dict) -> Any:
     """Run one of fit/validate/test/predict in this process (called directly or by the launcher in each rank)."""
+    if stage == "fit":  # SIGTERM/SIGUSR1 save a checkpoint and stop (trainer/preemption.py)
+        with FitPreemption(trainer):
+            return _run_stage(trainer, stage, model, train_dl, eval_dl, ckpt_path, kw)
+    return _run_stage(trainer, stage, model, train_dl, eval_dl, ckpt_path, kw)
+
+
+def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any, kw: dict) -> Any:
     strategy = trainer.strategy
     trainer.state.start_stage(stage)
     strategy.setup_environment()

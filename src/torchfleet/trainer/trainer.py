@@ -130,6 +130,8 @@ class Trainer:
         sync_batchnorm: turn BatchNorm layers into synchronised ones, so statistics cover every process's batch.
         profiler: time every hook and step: "simple", "advanced" (cProfile), "pytorch" (torch.profiler), or a
             Profiler object; each rank writes a report in the log folder.
+        auto_resume: when the run is a restart (torchrun's or SLURM's restart count above 0), fit resumes from the
+            newest complete checkpoint under default_root_dir by itself (default True; False starts afresh).
     """
 
     def __init__(
@@ -171,6 +173,7 @@ class Trainer:
         inference_mode: bool = True,
         sync_batchnorm: bool = False,
         profiler: Any = None,
+        auto_resume: bool = True,
     ) -> None:
         from torchfleet.connector import resolve
 
@@ -244,6 +247,11 @@ class Trainer:
         self.inference_mode = inference_mode
         #: BatchNorm layers become SyncBatchNorm under ddp/fsdp (batch statistics over every process's batch)
         self.sync_batchnorm = bool(sync_batchnorm)
+        if not isinstance(auto_resume, bool):
+            raise ConfigurationError(f"auto_resume={auto_resume!r} is not valid: give True (a restarted run resumes "
+                                     "from its newest checkpoint) or False.")
+        #: a restarted run (TORCHELASTIC_RESTART_COUNT or SLURM_RESTART_COUNT > 0) resumes from its newest checkpoint
+        self.auto_resume = auto_resume
         self.default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
         self.enable_progress_bar = True if enable_progress_bar is None else enable_progress_bar
         self.enable_checkpointing = True if enable_checkpointing is None else enable_checkpointing
