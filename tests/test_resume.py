@@ -306,7 +306,7 @@ def test_checkpoints_load_with_weights_only(tmp_path):
         ckpt = torch.load(path, weights_only=True)
         assert {"optimizer_states", "lr_schedulers", "callbacks", "loops", "rng"} <= set(ckpt)
     # NumPy's state, stored as plain values, still puts NumPy's generator back
-    from torchfleet.trainer.checkpointing import restore_rng
+    from torchfleet.seed import restore_rng
 
     ckpt = torch.load(tmp_path / "all.ckpt", weights_only=True)
     restore_rng(ckpt["rng"])
@@ -349,7 +349,7 @@ def test_old_checkpoint_with_numpy_array_state_still_resumes(tmp_path):
 
 def test_cuda_rng_states_of_a_gpu_checkpoint_are_left_alone_in_a_run_without_cuda():
     # a checkpoint written on a machine with 8 GPUs, resumed by a CPU run (here, or on a GPU machine)
-    from torchfleet.trainer.checkpointing import capture_rng, restore_rng
+    from torchfleet.seed import capture_rng, restore_rng
 
     if torch.cuda.is_initialized():
         pytest.skip("an earlier test used CUDA in this process; tests/gpu checks a GPU checkpoint resumed on the CPU")

@@ -11,7 +11,7 @@ from torchfleet.checkpoint.distributed import META_NAME
 from torchfleet.checkpoint.format import FORMAT_KEY, FORMAT_VERSION, check_checkpoint
 from torchfleet.errors import CheckpointError
 from torchfleet.preemption import RESTART_VARIABLES, is_restart
-from torchfleet.seed import capture_rng, restore_rng  # noqa: F401  (restore_rng: fit_loop imports it from here)
+from torchfleet.seed import capture_rng
 
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
-from torchfleet.trainer.checkpointing import capture_rng, restore_rng
+from torchfleet.seed import capture_rng, restore_rng
 from torchfleet.trainer.eval_loop import EvalLoop, publish_epoch
 from torchfleet.trainer.hooks import batch_transfer_fn, trim_step_arguments
 from torchfleet.trainer.logging import Results
