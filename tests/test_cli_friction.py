@@ -186,3 +186,18 @@ def test_loss_figure_falls_back_to_linear_axes():
     assert train_ax.get_yscale() == "linear"
     assert other_ax.get_ylim()[1] > 1.0
     plt.close(fig)
+
+
+def test_a_typo_is_not_pointed_at_dp_on_the_cpu():
+    """dp is torch.nn.DataParallel over CUDA GPUs: a misspelt strategy on the CPU is pointed at ddp, never dp."""
+    from torchfleet import Trainer
+    from torchfleet.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError) as cpu:
+        Trainer(accelerator="cpu", strategy="dpp")
+    suggestion = str(cpu.value).split("Accepted")[0]
+    assert "'ddp'" in suggestion and "'dp'" not in suggestion
+    assert "'dp'" in str(cpu.value).split("Accepted")[1]  # still listed among the names
+    with pytest.raises(ConfigurationError) as cuda:  # the name is checked before the accelerator is looked for
+        Trainer(accelerator="cuda", strategy="dpp")
+    assert "'dp'" in str(cuda.value).split("Accepted")[0]

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from torchfleet.errors import ConfigurationError
+from torchfleet.errors import ConfigurationError, unknown_name
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,17 @@ def _auto_strategy(total: int, per_node: int, num_nodes: int, accelerator: str) 
     return name
 
 
+def _strategies_worth_suggesting(accelerator: Any) -> list[str]:
+    """Strategy names a typo may have meant: dp (torch.nn.DataParallel over CUDA GPUs) only where CUDA can be used."""
+    import torch
+
+    from torchfleet.strategies.dp import DataParallelStrategy
+    from torchfleet.strategies.registry import StrategyRegistry
+
+    cuda = accelerator in ("cuda", "gpu") or (accelerator in ("auto", None) and torch.cuda.is_available())
+    return [e.name for e in StrategyRegistry.entries() if cuda or not issubclass(e.cls, DataParallelStrategy)]
+
+
 def resolve(
     accelerator: Any = "auto",
     devices: Any = "auto",
@@ -131,7 +142,9 @@ def resolve(
     elif isinstance(strategy, str):
         built = None
         if strategy != "auto":
-            StrategyRegistry.entry(strategy)  # unknown names fail here, before devices are looked at
+            if strategy not in StrategyRegistry:  # unknown names fail here, before devices are looked at
+                raise unknown_name("strategy", strategy, StrategyRegistry.available(),
+                                   suggest=_strategies_worth_suggesting(accelerator))
     else:
         raise ConfigurationError(
             f"strategy={strategy!r} is not understood: pass a registered name ('auto', 'single_device', ...; see "

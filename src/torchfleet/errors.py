@@ -30,10 +30,13 @@ def closest(given: str, choices: Iterable[str], n: int = 3) -> list[str]:
     return [lowered[f] for f in found]
 
 
-def unknown_name(kind: str, given: object, choices: Iterable[str], hint: str = "") -> ConfigurationError:
-    """Build the error for an unknown registry name: what was given, the closest names, all names."""
+def unknown_name(kind: str, given: object, choices: Iterable[str], hint: str = "",
+                 suggest: Iterable[str] | None = None) -> ConfigurationError:
+    """Build the error for an unknown registry name: what was given, the closest names, all names.
+
+    ``suggest`` narrows the "Did you mean" candidates (names that cannot run here are not suggested)."""
     choices = sorted(choices)
-    near = closest(str(given), choices)
+    near = closest(str(given), sorted(suggest) if suggest is not None else choices)
     suggestion = f" Did you mean {' or '.join(repr(c) for c in near)}?" if near else ""
     text = (
         f"Unknown {kind} {given!r}.{suggestion} Accepted {kind} names are: "
