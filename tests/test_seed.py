@@ -163,3 +163,23 @@ def test_a_users_worker_init_fn_is_kept():
     loader = DataLoader(_Draws(), batch_size=2, num_workers=2, worker_init_fn=mine)
     Trainer(max_epochs=1, **quiet()).fit(_FromDraws(), loader)
     assert loader.worker_init_fn is mine
+
+
+def _fleet_draws(workers: bool):
+    from torchfleet import Fleet
+
+    torchfleet.seed_everything(5, workers=workers, verbose=False)
+    fleet = Fleet(accelerator="cpu", devices=1)
+    loader = DataLoader(_Draws(), batch_size=2, num_workers=2)
+    return torch.cat(list(fleet.setup_dataloaders(loader))), loader
+
+
+def test_fleet_setup_dataloaders_adds_the_worker_init_function_as_the_trainer_does():
+    rows, loader = _fleet_draws(workers=True)
+    assert loader.worker_init_fn.func is torchfleet.worker_init_function
+    assert loader.worker_init_fn.keywords == {"rank": 0}
+    again, _ = _fleet_draws(workers=True)
+    assert torch.equal(rows, again)
+    plain_rows, plain_loader = _fleet_draws(workers=False)
+    assert plain_loader.worker_init_fn is None
+    assert not torch.equal(rows[:, 1:], plain_rows[:, 1:])

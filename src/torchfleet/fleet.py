@@ -27,6 +27,7 @@ from torchfleet.compiled import compile_again, split_compiled
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.fleet_wrappers import FleetDataLoader, FleetModule, FleetOptimizer, _original, _unwrap
 from torchfleet.preemption import PreemptionWatch
+from torchfleet.seed import add_worker_init_fn
 from torchfleet.settings import TrainingSettings
 
 if TYPE_CHECKING:
@@ -324,7 +325,9 @@ class Fleet:
     ) -> Any:
         """Prepare dataloaders: a distributed sampler where the strategy needs one, batches moved to the device.
 
-        Returns one object per dataloader given (a single object for one).
+        After ``seed_everything(workers=True)`` a loader with workers and no ``worker_init_fn`` of its own gets
+        ``worker_init_function`` for this rank, as in the Trainer. Returns one object per dataloader given (a single
+        object for one).
         """
         if not dataloaders:
             raise ConfigurationError("fleet.setup_dataloaders() was called with no dataloader; pass at least one.")
@@ -333,6 +336,7 @@ class Fleet:
         for loader in dataloaders:
             if use_distributed_sampler:
                 loader = strategy.process_dataloader(loader, "fit")
+            loader = add_worker_init_fn(loader, self.global_rank)  # seed_everything(workers=True)
             out.append(FleetDataLoader(loader, strategy.batch_to_device if move_to_device else None))
         return out[0] if len(out) == 1 else tuple(out)
 
