@@ -669,3 +669,24 @@ def test_module_logger_and_self_log_reach_the_fleet_loggers(tmp_path):
         assert float(rows[0]["loss"]) == pytest.approx(loss.item())
         assert "not_logged" not in rows[0]
         assert [float(r["step_value"]) for r in rows if r.get("step_value")] == [2.0]
+
+
+def test_values_logged_through_fleet_reach_the_file_when_the_script_ends(tmp_path):
+    """A Fleet loop has no end the Fleet sees; CSVLogger buffers 100 steps, so rows are written at exit."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        from torchfleet import Fleet
+        from torchfleet.loggers import CSVLogger
+        fleet = Fleet(accelerator="cpu", devices=1, loggers=CSVLogger(root_dir={str(tmp_path)!r}))
+        for step in range(3):
+            fleet.log("loss", 1.0 / (step + 1), step=step)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert proc.returncode == 0, proc.stderr
+    with open(tmp_path / "logs" / "version_0" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(int(r["step"]), float(r["loss"])) for r in rows] == [(0, 1.0), (1, 0.5), (2, 1.0 / 3)]

@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import contextlib
+import logging
 import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -104,6 +106,8 @@ class Fleet:
         self.training = training if training is not None else TrainingSettings()
         self.callbacks: list[Any] = _as_list(callbacks)
         self._loggers: list[Any] = _as_list(loggers)
+        if self._loggers:  # a loop has no end the Fleet sees: what the loggers buffer is written when Python exits
+            atexit.register(_save_loggers, self._loggers)
         self._environment_ready = False
         self._launched = False
         self._set_up_modules: weakref.WeakSet[nn.Module] = weakref.WeakSet()
@@ -506,6 +510,16 @@ class Fleet:
             method = getattr(cb, hook_name, None)
             if callable(method):
                 method(*args, **kwargs)
+
+
+def _save_loggers(loggers: list[Any]) -> None:
+    """Flush each logger's buffered values (CSVLogger writes its rows every 100 steps otherwise)."""
+    for lg in loggers:
+        try:
+            lg.save()
+        except Exception as exc:  # noqa: BLE001  (at exit: say which logger lost what, then go on with the others)
+            logging.getLogger("torchfleet").warning("%s could not write its buffered values at exit: %s",
+                                                    type(lg).__name__, exc)
 
 
 def _do_nothing(fleet: Fleet) -> None:

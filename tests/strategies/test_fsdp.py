@@ -170,3 +170,22 @@ def test_materialising_a_module_without_reset_parameters_names_it():
         model = nn.Sequential(nn.Linear(3, 3), Scale())
     with pytest.raises(ConfigurationError, match=r"'1' own parameters or buffers that no reset_parameters\(\)"):
         _materialize(model, torch.device("cpu"))
+
+
+def test_manual_optimisation_shards_each_child_with_parameters_and_refuses_root_parameters():
+    """A backward inside training_step reduces gradients only of units called in the step (the GAN under fsdp in
+    tests/distributed/test_porting.py trains as one process); parameters on the root itself are refused."""
+
+    class Gan(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.generator = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
+            self.act = nn.ReLU()  # no parameters: no unit
+            self.discriminator = nn.Linear(2, 1)
+
+    model = Gan()
+    assert FSDPStrategy._manual_units(model, []) == [model.generator, model.discriminator]
+    assert FSDPStrategy._manual_units(model, [model.generator]) == [model.discriminator]  # already a unit
+    model.scale = nn.Parameter(torch.ones(1))
+    with pytest.raises(ConfigurationError, match=r"manual optimisation under fsdp.*\(scale\).*submodule"):
+        FSDPStrategy._manual_units(model, [])

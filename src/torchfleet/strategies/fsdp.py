@@ -314,11 +314,14 @@ class FSDPStrategy(DDPStrategy):
 
     def _wrap_units(self, module: nn.Module) -> list[nn.Module]:
         policy = self._wrap_policy
-        if policy is None:
+        manual = self.training_settings.manual_optimization
+        if policy is None and not manual:
             return []
         # children before parents: fully_shard on a parent must see its children already sharded
-        matched = [m for m in reversed(list(module.modules())) if m is not module and policy(m)]
-        if not matched:
+        matched = [m for m in reversed(list(module.modules())) if m is not module and policy is not None and policy(m)]
+        if manual:
+            matched += self._manual_units(module, matched)
+        elif not matched:
             log.warning(
                 "auto_wrap_policy=%r matched no submodule of %s: the whole model is one FSDP unit, so every parameter "
                 "is gathered at once in forward and backward (peak memory as without sharding). Name the classes of "
@@ -326,6 +329,26 @@ class FSDPStrategy(DDPStrategy):
                 type(module).__name__,
             )
         return matched
+
+    @staticmethod
+    def _manual_units(module: nn.Module, matched: list[nn.Module]) -> list[nn.Module]:
+        """Under manual optimisation each child with parameters is a unit too.
+
+        ``manual_backward`` runs inside ``training_step``, before the root's forward hooks finish, so fully_shard
+        would reduce no gradient of the root's own parameters (silently: the shards would never change). A unit
+        called inside the step gathers its parameters in its own forward and reduce-scatters their gradients in
+        each backward, however many the step runs. Parameters of the root itself cannot be, and are refused.
+        """
+        own = [name for name, _ in module.named_parameters(recurse=False)]
+        if own:
+            raise ConfigurationError(
+                f"{type(module).__name__} uses manual optimisation under fsdp and registers parameters on itself "
+                f"({', '.join(own)}). fsdp can only synchronise gradients of a backward inside training_step for "
+                "parameters of submodules: move them into a submodule (e.g. an nn.Module holding them), or use ddp."
+            )
+        done = {id(m) for m in matched}
+        return [child for child in module.children()
+                if id(child) not in done and any(True for _ in child.parameters())]
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """Point an optimizer built over the module's parameters before sharding at the sharded parameters."""
