@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import struct
+import time
 import warnings
 
 import pytest
@@ -144,6 +145,8 @@ def _wandb_records(path):
     from wandb.proto import wandb_internal_pb2 as pb
 
     data = open(path, "rb").read()
+    if not data:  # not written yet
+        return
     assert data[:4] == b":W&B"
     pos, block, pending = 7, 32768, b""
     while pos + 7 <= len(data):
@@ -179,6 +182,11 @@ def test_wandb_logger_offline(tmp_path, monkeypatch):
     wandb.finish()
 
     (path,) = glob.glob(os.path.join(tmp_path, "wb", "wandb", f"offline-run-*-{run_id}", f"run-{run_id}.wandb"))
+    # wandb.finish() can return before wandb's service process has written the run file (measured: empty
+    # at first, now and then, on a busy machine): wait for the run's closing record
+    deadline = time.monotonic() + 60
+    while "exit" not in [r.WhichOneof("record_type") for r in _wandb_records(path)] and time.monotonic() < deadline:
+        time.sleep(0.2)
     config, rows, artifacts = {}, [], []
     for record in _wandb_records(path):
         kind = record.WhichOneof("record_type")
