@@ -515,8 +515,11 @@ class Fleet:
 def _save_loggers(loggers: list[Any]) -> None:
     """Flush each logger's buffered values (CSVLogger writes its rows every 100 steps otherwise)."""
     for lg in loggers:
+        save = getattr(lg, "save", None)  # a logger of your own may have none
+        if not callable(save):
+            continue
         try:
-            lg.save()
+            save()
         except Exception as exc:  # noqa: BLE001  (at exit: say which logger lost what, then go on with the others)
             logging.getLogger("torchfleet").warning("%s could not write its buffered values at exit: %s",
                                                     type(lg).__name__, exc)
