@@ -94,13 +94,22 @@ def test_a_rank_that_always_fails_fails_the_run_after_max_restarts(tmp_path):
     assert not (tmp_path / "out.pt").exists()
 
 
-def test_fleet_loop_under_ddp_restarts_and_resumes_itself(tmp_path):
-    proc = subprocess.run([sys.executable, os.path.join(SCRIPTS, "fleet_restart.py"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=120, env=child_env(), cwd=ROOT)
+@pytest.mark.parametrize("started_by", ["python", "torchfleet run"])
+def test_fleet_loop_restarts_and_resumes_itself(tmp_path, started_by):
+    script = os.path.join(SCRIPTS, "fleet_restart.py")
+    if started_by == "python":  # Fleet(strategy="ddp", max_restarts=1) re-runs the script
+        command = [script, str(tmp_path)]
+        again = "running the command again on all 2 ranks"
+    else:
+        command = ["-m", "torchfleet", "run", script, "--devices", "2", "--strategy", "ddp", "--accelerator", "cpu",
+                   "--max-restarts", "1", "--", str(tmp_path), "run"]
+        again = "starting all 2 processes again"
+    proc = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=120, env=child_env(),
+                          cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-6000:]
     # rank 1 raised in the loop, outside any launch: it is still named, with its exception
-    assert ("torchfleet: rank 1 failed (exit code 1): ValueError: boom in rank 1 at step 3; running the command "
-            "again on all 2 ranks (restart 1 of 1).") in proc.stderr
+    assert f"torchfleet: rank 1 failed (exit code 1): ValueError: boom in rank 1 at step 3; {again} (restart 1 of 1)." \
+        in proc.stderr, proc.stderr[-6000:]
     # the restarted ranks saw restart_count 1, loaded the checkpoint of step 2 and ran steps 2..5
     for rank in (0, 1):
         assert json.loads((tmp_path / f"rank-{rank}.json").read_text()) == {

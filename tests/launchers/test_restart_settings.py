@@ -91,3 +91,21 @@ def test_the_restart_line_names_the_rank_and_why():
                                 -9)
     assert failure_summary(killed, 0) == "rank 3 failed (killed by SIGKILL)"
     assert failure_summary(RuntimeError("out of memory\nmore"), 4) == "rank 4 raised RuntimeError: out of memory"
+
+
+def test_under_torchfleet_run_the_command_owns_restarts(monkeypatch, caplog, tmp_path):
+    from torchfleet.cli_run import run
+
+    script = tmp_path / "train.py"
+    script.write_text("")
+    with pytest.raises(ConfigurationError, match=re.escape("max_restarts=-1 is not valid")):
+        run([str(script), "--max-restarts", "-1"])
+    with pytest.raises(ConfigurationError, match="each machine would restart its own processes alone"):
+        run([str(script), "--max-restarts", "1", "--num-nodes", "2", "--main-port", "29500"])
+    # in a process `torchfleet run` started, Fleet(max_restarts=...) points to the command's option
+    for key, value in {"TF_RUN_STARTED": "1", "TF_ERROR_DIR": str(tmp_path), "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                       "NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+    with caplog.at_level(logging.WARNING):
+        tf.Fleet(accelerator="cpu", devices=2, strategy="ddp", max_restarts=1)
+    assert "`torchfleet run` started the processes, so it is what restarts them: give it --max-restarts 1" in caplog.text

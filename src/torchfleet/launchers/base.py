@@ -37,6 +37,10 @@ def describe_exit(exitcode: int | None) -> str:
     return f" (exit code {exitcode})"
 
 
+#: set by ``torchfleet run`` in the processes it starts: it, not the script, owns their restarts
+RUN_RESTARTS_VAR = "TF_RUN_STARTED"
+
+
 def check_max_restarts(value: Any) -> int:
     """``value`` if it is a valid ``max_restarts`` (an int >= 0), else a ConfigurationError saying what is accepted."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -87,7 +91,10 @@ def check_restarts_apply(max_restarts: int, env: Any, num_processes: int, num_no
         return
     log = logging.getLogger("torchfleet")
     if env.creates_processes_externally:
-        if not os.environ.get("TF_ERROR_DIR"):  # not a rank our own launcher started: torchrun, srun, mpirun
+        if os.environ.get(RUN_RESTARTS_VAR):
+            log.warning("max_restarts=%d has no effect here: `torchfleet run` started the processes, so it is what "
+                        "restarts them: give it --max-restarts %d.", max_restarts, max_restarts)
+        elif not os.environ.get("TF_ERROR_DIR"):  # not a rank our own launcher started: torchrun, srun, mpirun
             log.warning(
                 "max_restarts=%d has no effect here: %s started the ranks, so it is what restarts them (torchrun "
                 "--max-restarts=N, with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 under gloo; SLURM's requeue). A "

@@ -1,6 +1,7 @@
 """A Fleet loop under ddp with max_restarts=1, resuming itself from its checkpoint as README shows.
 
-Usage: fleet_restart.py ROOT. Rank 1 raises at step 3 on the first start only (a marker file). The loop saves
+Usage: fleet_restart.py ROOT [run]. With "run" the script is started by ``torchfleet run --max-restarts 1``,
+which then owns the restarts (the Fleet gets no max_restarts). Rank 1 raises at step 3 on the first start only (a marker file). The loop saves
 ROOT/ckpt.pt every 2 steps; on a restart (``fleet.restart_count`` > 0) it loads it and goes on from the
 saved step. Each rank writes ROOT/rank-<r>.json: the restart count, the step it started from, the steps run.
 """
@@ -19,9 +20,9 @@ import torchfleet as tf
 STEPS = 6
 
 
-def main(root: str) -> None:
+def main(root: str, under_run: bool) -> None:
     torch.manual_seed(0)
-    fleet = tf.Fleet(accelerator="cpu", devices=2, strategy="ddp", max_restarts=1)
+    fleet = tf.Fleet(accelerator="cpu", devices=2, strategy="ddp", max_restarts=0 if under_run else 1)
     fleet.launch()
     model = nn.Linear(4, 1)
     model, opt = fleet.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
@@ -49,4 +50,4 @@ def main(root: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:] == ["run"])
