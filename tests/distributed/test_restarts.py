@@ -61,10 +61,13 @@ def _fails_once_then_matches(tmp_path, reference: dict, prefix: tuple[str, ...] 
     return proc.stderr
 
 
-def test_ddp_rank_that_raises_once_is_restarted_and_ends_as_an_uninterrupted_run(tmp_path, reference):
-    stderr = _fails_once_then_matches(tmp_path, reference, strategy="ddp", max_restarts=1)
-    assert ("torchfleet: rank 1 failed (exit code 1): ValueError: boom in rank 1 at step 7; running the command "
-            "again on all 2 ranks (restart 1 of 1).") in stderr
+@pytest.mark.parametrize("rank", [1, 0])
+def test_ddp_rank_that_raises_once_is_restarted_and_ends_as_an_uninterrupted_run(tmp_path, reference, rank):
+    # rank 1 is a re-run child; rank 0 is the launching process itself, which runs its command again
+    stderr = _fails_once_then_matches(tmp_path, reference, strategy="ddp", max_restarts=1, fail_rank=rank)
+    failed = "rank 1 failed (exit code 1):" if rank else "rank 0 raised"
+    assert (f"torchfleet: {failed} ValueError: boom in rank {rank} at step 7; running the command again on all 2 "
+            "ranks (restart 1 of 1).") in stderr
 
 
 def test_ddp_spawn_rank_killed_is_restarted_and_ends_as_an_uninterrupted_run(tmp_path, reference):
