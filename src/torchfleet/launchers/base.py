@@ -89,12 +89,17 @@ def check_restarts_apply(max_restarts: int, env: Any, num_processes: int, num_no
 
     if not max_restarts:
         return
+    from torchfleet.launchers.supervise import ERROR_DIR_VAR  # supervise imports this module
+    from torchfleet.utilities import rank_zero_only
+
     log = logging.getLogger("torchfleet")
     if env.creates_processes_externally:
+        if rank_zero_only.rank != 0:  # said once, by global rank 0
+            return
         if os.environ.get(RUN_RESTARTS_VAR):
             log.warning("max_restarts=%d has no effect here: `torchfleet run` started the processes, so it is what "
                         "restarts them: give it --max-restarts %d.", max_restarts, max_restarts)
-        elif not os.environ.get("TF_ERROR_DIR"):  # not a rank our own launcher started: torchrun, srun, mpirun
+        elif not os.environ.get(ERROR_DIR_VAR):  # not a rank our own launcher started: torchrun, srun, mpirun
             log.warning(
                 "max_restarts=%d has no effect here: %s started the ranks, so it is what restarts them (torchrun "
                 "--max-restarts=N, with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 under gloo; SLURM's requeue). A "
