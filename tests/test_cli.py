@@ -278,11 +278,11 @@ def test_class_that_is_not_a_module_and_bad_class_in_config(tmp_path, capsys):
 
 
 def test_unknown_strategy_gives_the_library_error(tmp_path, capsys):
+    from torchfleet import Trainer
     from torchfleet.errors import ConfigurationError
-    from torchfleet.strategies.registry import StrategyRegistry
 
     with pytest.raises(ConfigurationError) as expected:
-        StrategyRegistry.entry("dpp")
+        Trainer(strategy="dpp")  # the CLI's Trainer: accelerator "auto" (dp is suggested only where CUDA is)
     assert main(tiny(tmp_path, "--trainer.strategy=dpp")) == 2
     err = one_paragraph_error(capsys)
     assert err == f"torchfleet fit: error: {' '.join(str(expected.value).split())}"

@@ -85,6 +85,7 @@ def restart(monkeypatch):
 
     monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.delenv("TF_RESTART_COUNT", raising=False)
     return set_restart
 
 

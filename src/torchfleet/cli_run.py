@@ -7,7 +7,8 @@ MASTER_PORT, WORLD_SIZE, NODE_RANK, LOCAL_RANK) and the options as ``TF_FLEET_AC
 ``TF_FLEET_STRATEGY``, ``TF_FLEET_DEVICES``, ``TF_FLEET_NUM_NODES`` and ``TF_FLEET_PRECISION``,
 which ``Fleet()`` reads for the arguments it is not given (``torchfleet.fleet.RUN_ENV``). The
 processes exist before the script runs, so ``fleet.setup`` works with or without ``fleet.launch()``.
-The first process that fails stops the others, and the command exits non-zero naming its rank.
+The first process that fails stops the others, and the command exits non-zero naming its rank; with
+``--max-restarts N`` it starts them all again instead, up to N times (``TF_RESTART_COUNT`` set).
 Several machines: run the command on each with ``--num-nodes``, ``--node-rank``, and the same
 ``--main-address`` (node 0's) and ``--main-port``.
 """
@@ -24,6 +25,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from torchfleet.errors import ConfigurationError
+from torchfleet.launchers.base import RUN_RESTARTS_VAR, ProcessFailedError, check_max_restarts, say_restart
+from torchfleet.preemption import RESTART_COUNT_VAR
 
 _DESCRIPTION = (
     "Start the processes of a script that trains with torchfleet.Fleet: --devices processes on this node, each "
@@ -50,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--main-port", type=int, default=None,
                         help="the port node 0 listens on (default: MASTER_PORT, else a free port; with several "
                              "nodes give it on each)")
+    parser.add_argument("--max-restarts", type=int, default=0,
+                        help="when a process fails, stop them all and start them all again, up to this many times; "
+                             "the script resumes itself (Fleet.restart_count) (default: 0, fail at once)")
     parser.add_argument("--precision", default=None,
                         help="32-true, bf16-mixed, 16-mixed, ... (default: what the script's Fleet says, else 32-true)")
     parser.epilog = ("Arguments the command does not know go to the script; put the script's own arguments after "
@@ -89,10 +95,31 @@ def run(argv: list[str]) -> int:
             f"torchfleet run --node-rank {args.node_rank} is not valid with --num-nodes {args.num_nodes}: give "
             f"0..{args.num_nodes - 1}, a different one on each machine."
         )
+    check_max_restarts(args.max_restarts)
+    if args.max_restarts and args.num_nodes > 1:
+        raise ConfigurationError(
+            f"torchfleet run --max-restarts {args.max_restarts} with --num-nodes {args.num_nodes}: each machine would "
+            "restart its own processes alone. Use torchrun --max-restarts across machines, or a scheduler that "
+            "requeues the job."
+        )
     # resolved with what the processes will see, for the checks of the environment it runs
     with _environment(MASTER_ADDR=address, MASTER_PORT=str(port), NODE_RANK=str(args.node_rank)):
         num_processes = _processes_per_node(settings)
-    return _start(args.script, script_args, settings, num_processes, args.num_nodes, args.node_rank, address, port)
+    restart = 0
+    while True:
+        try:
+            return _start(args.script, script_args, settings, num_processes, args.num_nodes, args.node_rank, address,
+                          port, restart)
+        except ProcessFailedError as failure:
+            if not say_restart(failure, failure.rank, restart, args.max_restarts,
+                               f"starting all {num_processes} processes again"):
+                print(f"torchfleet run: {failure}", file=sys.stderr)
+                return failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+            restart += 1
+            if not (args.main_port or os.environ.get("MASTER_PORT")):
+                from torchfleet.environments import find_free_port
+
+                port = find_free_port()  # the last run's rendezvous port may linger
 
 
 @contextlib.contextmanager
@@ -127,9 +154,10 @@ def _processes_per_node(settings: dict[str, Any]) -> int:
 
 
 def _start(script: str, script_args: list[str], settings: dict[str, Any], num_processes: int, num_nodes: int,
-           node_rank: int, address: str, port: int) -> int:
+           node_rank: int, address: str, port: int, restart: int = 0) -> int:
+    """Start the processes and wait for them: 0, or 130 on Ctrl-C; the first failure is raised (the others stopped)."""
     from torchfleet.fleet import RUN_ENV
-    from torchfleet.launchers.base import ProcessFailedError, rank_env
+    from torchfleet.launchers.base import rank_env
     from torchfleet.launchers.supervise import ERROR_DIR_VAR, LAUNCHER_PID_VAR, Supervisor
 
     error_dir = tempfile.mkdtemp(prefix="torchfleet-run-")
@@ -137,7 +165,9 @@ def _start(script: str, script_args: list[str], settings: dict[str, Any], num_pr
     for name, value in settings.items():
         if value is not None:
             base[RUN_ENV[name][0]] = str(value)
-    base.update({ERROR_DIR_VAR: error_dir, LAUNCHER_PID_VAR: str(os.getpid())})
+    base.update({ERROR_DIR_VAR: error_dir, LAUNCHER_PID_VAR: str(os.getpid()), RUN_RESTARTS_VAR: "1"})
+    if restart:
+        base[RESTART_COUNT_VAR] = str(restart)
     base.pop("RANK", None)  # an exported RANK would make the processes look torchrun-started
     command = [sys.executable, script, *script_args]
     procs = [subprocess.Popen(command, env={**base, **rank_env(address, port, num_processes * num_nodes, node_rank,
@@ -146,9 +176,6 @@ def _start(script: str, script_args: list[str], settings: dict[str, Any], num_pr
     supervisor = Supervisor(procs, list(range(num_processes)), error_dir, node_rank, num_processes)
     try:
         supervisor.wait()
-    except ProcessFailedError as failure:
-        print(f"torchfleet run: {failure}", file=sys.stderr)
-        return failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
     except KeyboardInterrupt:
         supervisor.stop()
         return 130

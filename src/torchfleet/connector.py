@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from torchfleet.errors import ConfigurationError, unknown_name
+from torchfleet.launchers.base import check_max_restarts
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +103,15 @@ def resolve(
     precision: Any = None,
     num_nodes: int = 1,
     plugins: Any = None,
+    max_restarts: int = 0,
 ) -> Any:
     """Build the Strategy that the Trainer/Fleet arguments describe, with all its parts attached.
 
     ``strategy`` is a registered name or a Strategy object; ``accelerator`` a name or an
     Accelerator; ``devices`` as in the devices table of the README; ``precision`` a precision
     string/number or None (32-true unless a Precision plugin is given); ``plugins`` Precision,
-    CheckpointIO or ClusterEnvironment objects, at most one of each kind.
+    CheckpointIO or ClusterEnvironment objects, at most one of each kind. ``max_restarts`` (0: not asked)
+    goes to a strategy that starts processes (ddp, fsdp, deepspeed and their variants).
     """
     from torchfleet.accelerators import AcceleratorRegistry, select_accelerator
     from torchfleet.environments import detect_environment
@@ -117,6 +120,7 @@ def resolve(
     from torchfleet.strategies.strategy import Strategy
 
     num_nodes = _check_num_nodes(num_nodes)
+    check_max_restarts(max_restarts)
     parts = _collect_plugins(plugins)
 
     if precision is not None and "precision" in parts:
@@ -190,4 +194,20 @@ def resolve(
         built.precision = parts["precision"]
     elif not built.has_part("precision"):
         built.precision = precision_for(precision_name or "32-true", built.root_device.type)
+    if max_restarts:
+        _apply_max_restarts(built, max_restarts)
     return built
+
+
+def _apply_max_restarts(strategy: Any, max_restarts: int) -> None:
+    """Give the Trainer's/Fleet's ``max_restarts`` to the strategy, unless it already holds another value."""
+    if not hasattr(type(strategy), "max_restarts"):
+        log.warning("max_restarts=%d has no effect with %s: it runs in this one process, and no launching process "
+                    "watches it and starts it again.", max_restarts, type(strategy).__name__)
+        return
+    if strategy.max_restarts not in (0, max_restarts):
+        raise ConfigurationError(
+            f"max_restarts={max_restarts} disagrees with the strategy object's max_restarts={strategy.max_restarts}. "
+            "Give it once: to the Trainer/Fleet, or to the strategy."
+        )
+    strategy.max_restarts = max_restarts

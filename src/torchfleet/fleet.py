@@ -28,7 +28,7 @@ from torchfleet.checkpoint.state import stateful_kind
 from torchfleet.compiled import compile_again, split_compiled
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.fleet_wrappers import FleetDataLoader, FleetModule, FleetOptimizer, _original, _unwrap
-from torchfleet.preemption import PreemptionWatch
+from torchfleet.preemption import PreemptionWatch, restart_count
 from torchfleet.seed import add_worker_init_fn
 from torchfleet.settings import TrainingSettings
 
@@ -76,6 +76,11 @@ class Fleet:
     ``training``: a TrainingSettings saying how the loop accumulates and clips gradients and its
     per-process batch size, for strategies that build their own configuration from it (DeepSpeed's
     gradient_accumulation_steps, gradient_clipping and train_micro_batch_size_per_gpu).
+
+    ``max_restarts``: when a rank raises or dies, every rank is stopped and started again, up to this
+    many times (default 0: fail at once): ``launch(fn)`` runs ``fn`` again in new ranks (ddp_spawn,
+    ddp_fork), ``ddp`` re-runs the whole script. The loop resumes itself: ``fleet.restart_count`` says
+    which start this is.
     """
 
     def __init__(
@@ -89,6 +94,7 @@ class Fleet:
         callbacks: Any = None,
         loggers: Any = None,
         training: TrainingSettings | None = None,
+        max_restarts: int = 0,
     ) -> None:
         from torchfleet.connector import resolve
 
@@ -96,7 +102,7 @@ class Fleet:
                                           (("accelerator", accelerator), ("strategy", strategy), ("devices", devices)))
         num_nodes, precision = _from_run_env("num_nodes", num_nodes), _from_run_env("precision", precision)
         self._strategy = resolve(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
-                                 num_nodes=num_nodes, plugins=plugins)
+                                 num_nodes=num_nodes, plugins=plugins, max_restarts=max_restarts)
         if training is not None and not isinstance(training, TrainingSettings):
             raise ConfigurationError(
                 f"training={training!r} is not valid: give a torchfleet.TrainingSettings (accumulate_grad_batches, "
@@ -161,6 +167,15 @@ class Fleet:
     def is_global_zero(self) -> bool:
         """Whether this is global rank 0 (the process that writes checkpoints and logs)."""
         return self._strategy.is_global_zero
+
+    @property
+    def restart_count(self) -> int:
+        """How many times this run was started again after a failure: 0 on the first start.
+
+        torchfleet's own count (``max_restarts``), torchrun's (``TORCHELASTIC_RESTART_COUNT``) or SLURM's
+        (``SLURM_RESTART_COUNT``). Above 0, a loop resumes from its newest checkpoint.
+        """
+        return restart_count()
 
     @property
     def loggers(self) -> list[Any]:
@@ -515,8 +530,11 @@ class Fleet:
 def _save_loggers(loggers: list[Any]) -> None:
     """Flush each logger's buffered values (CSVLogger writes its rows every 100 steps otherwise)."""
     for lg in loggers:
+        save = getattr(lg, "save", None)  # a logger of your own may have none
+        if not callable(save):
+            continue
         try:
-            lg.save()
+            save()
         except Exception as exc:  # noqa: BLE001  (at exit: say which logger lost what, then go on with the others)
             logging.getLogger("torchfleet").warning("%s could not write its buffered values at exit: %s",
                                                     type(lg).__name__, exc)

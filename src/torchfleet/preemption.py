@@ -32,8 +32,11 @@ EXIT_CODE = 75
 #: (what SLURM sends ``--signal=USR1@<seconds>`` before the end of a job's time)
 SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
 
-#: environment variables that say this process is a restart of an earlier run
-RESTART_VARIABLES = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
+#: set by torchfleet's own launchers in the ranks they start again after a failure (``max_restarts``)
+RESTART_COUNT_VAR = "TF_RESTART_COUNT"
+
+#: environment variables that say this process is a restart of an earlier run: ours, torchrun's, SLURM's
+RESTART_VARIABLES = (RESTART_COUNT_VAR, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
 
 
 class Preempted(SystemExit):
@@ -67,15 +70,20 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def is_restart() -> bool:
-    """Whether this process is a restart of an earlier run (torchrun's or SLURM's restart count above 0)."""
+def restart_count() -> int:
+    """How many times this run was started again: the largest of torchfleet's, torchrun's and SLURM's counts (0)."""
+    count = 0
     for name in RESTART_VARIABLES:
         try:
-            if int(os.environ.get(name, "0") or "0") > 0:
-                return True
+            count = max(count, int(os.environ.get(name, "0") or "0"))
         except ValueError:
             continue
-    return False
+    return count
+
+
+def is_restart() -> bool:
+    """Whether this process is a restart of an earlier run (torchfleet's, torchrun's or SLURM's count above 0)."""
+    return restart_count() > 0
 
 
 #: set in a launched child: the file its launcher creates before it stops the child on purpose (another

@@ -30,7 +30,7 @@ def run(cfg: dict, restart: bool = False, timeout: float = 120) -> subprocess.Co
     # the repository root (tests.*) before what the caller put on PYTHONPATH (a checkout's src, if any)
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     for var in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK",
-                "SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
+                "SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "TF_RESTART_COUNT"):
         env.pop(var, None)
     if restart:
         env["SLURM_RESTART_COUNT"] = "1"

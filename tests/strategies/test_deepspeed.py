@@ -96,9 +96,9 @@ def test_the_seed_parameter_list_is_the_signature():
             "hysteresis", "min_loss_scale", "partition_activations", "cpu_checkpointing",
             "contiguous_memory_optimization", "synchronize_checkpoint_boundary", "load_full_weights",
             "precision_plugin", "process_group_backend"}
-    # precision= is precision_plugin's torchfleet name; timeout and start_method are DDPStrategy's
+    # precision= is precision_plugin's torchfleet name; timeout, start_method and max_restarts are DDPStrategy's
     assert seed - params == set()
-    assert params - seed == {"precision", "timeout", "start_method"}
+    assert params - seed == {"precision", "timeout", "start_method", "max_restarts"}
 
 
 @needs_deepspeed

@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchfleet.errors import ConfigurationError
-from torchfleet.launchers.base import Launcher, check_port_free, rank_env
+from torchfleet.launchers.base import (
+    Launcher,
+    ProcessFailedError,
+    check_port_free,
+    rank_env,
+    say_restart,
+)
 from torchfleet.launchers.pickling import find_unpicklable
 from torchfleet.launchers.supervise import (
     ERROR_DIR_VAR,
@@ -32,7 +38,7 @@ from torchfleet.launchers.supervise import (
     watch_parent,
     write_error,
 )
-from torchfleet.preemption import SIGNALS, Preempted
+from torchfleet.preemption import RESTART_COUNT_VAR, SIGNALS, Preempted
 
 if TYPE_CHECKING:
     from torchfleet.environments.base import ClusterEnvironment
@@ -92,6 +98,21 @@ class ProcessLauncher(Launcher):
             )
         payload = self._check_can_start(fn, args, kwargs)
         check_port_free(env)
+        restart = 0
+        while True:
+            try:
+                return self._launch_once(payload, restart)
+            except ProcessFailedError as failure:
+                # the new ranks start from what was pickled (spawn) or from this process's unchanged state (fork),
+                # with TF_RESTART_COUNT set: a Trainer's fit resumes from the newest checkpoint (auto_resume)
+                if not say_restart(failure, failure.rank, restart, self.max_restarts,
+                                   f"starting all {self.num_processes} ranks again"):
+                    raise
+                restart += 1
+
+    def _launch_once(self, payload: Any, restart: int) -> Any:
+        """Start the ranks once, wait for them; rank 0's result, or the first failure raised."""
+        env = self.cluster_environment
         import torch.multiprocessing as mp
 
         from torchfleet.environments.local import find_free_port
@@ -99,6 +120,8 @@ class ProcessLauncher(Launcher):
         # a fresh port per launch unless the user fixed one: a second fit must not meet the first's socket
         port = int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else find_free_port()
         variables = rank_env(env.main_address, port, self.num_processes * self.num_nodes, env.node_rank(), 0)
+        if restart:
+            variables[RESTART_COUNT_VAR] = str(restart)
         work = tempfile.mkdtemp(prefix="torchfleet-ranks-")
         if isinstance(payload, bytes):
             # through a file, not the start pipe: a pipe holds 64 KB, so each start would block until that

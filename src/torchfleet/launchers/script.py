@@ -10,6 +10,10 @@ The children live as long as the script: a second Trainer in the same script joi
 process group instead of starting another set of children, because the children run that
 second Trainer too. A watcher thread in the launching process stops every rank within
 seconds when one of them fails, and the launching process exits non-zero naming that rank.
+
+With ``max_restarts`` it instead replaces itself (``os.execve``) with the command it was started
+with, in its original environment plus ``TF_RESTART_COUNT``: the whole script runs again, starts
+the children again, and a Trainer's fit resumes from the newest checkpoint (``auto_resume``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import atexit
 import logging
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -34,17 +39,19 @@ from torchfleet.launchers.base import (
     check_port_free,
     interactive_session,
     rank_env,
+    say_restart,
 )
 from torchfleet.launchers.supervise import (
     ERROR_DIR_VAR,
     LAUNCHER_PID_VAR,
     POLL_S,
     Supervisor,
+    error_file,
     mark_launched_child,
     watch_parent,
     write_error,
 )
-from torchfleet.preemption import Preempted
+from torchfleet.preemption import RESTART_COUNT_VAR, Preempted
 
 if TYPE_CHECKING:
     from torchfleet.environments.base import ClusterEnvironment
@@ -64,17 +71,55 @@ def command_to_rerun() -> list[str]:
 
 
 class _Children:
-    """The children this process started, and the thread that watches them (one set per process)."""
+    """The children this process started, and the thread that watches them (one set per process).
 
-    def __init__(self, supervisor: Supervisor) -> None:
+    ``original_env`` is this process's environment before the launcher exported the rank variables:
+    a restart runs the command again with it (plus the restart count), as the user first ran it.
+    """
+
+    def __init__(self, supervisor: Supervisor, original_env: dict[str, str]) -> None:
         self.supervisor = supervisor
+        self.original_env = original_env
         self.main_stopped = threading.Event()
         self.in_launch = 0
         self.reported = False
         self.interrupted = False  # the KeyboardInterrupt in the main thread came from us, not from Ctrl-C
+        #: the restarts allowed (the latest launch's max_restarts) and how many happened before this start
+        self.max_restarts = 0
+        self.restart = int(os.environ.get(RESTART_COUNT_VAR) or 0)
+        self._decided = False  # the run was found to fail for good: said once
+        self._restart_lock = threading.Lock()  # the main thread and the watcher may both see the failure
+        #: rank 0's uncaught exception and when it was raised (a Fleet loop runs outside any launch)
+        self.main_error: tuple[BaseException, float] | None = None
+        self._previous_excepthook = sys.excepthook
+        sys.excepthook = self._excepthook
         self._thread = threading.Thread(target=self._watch, name="torchfleet-rank-watch", daemon=True)
         self._thread.start()
         atexit.register(self._at_exit)
+
+    def _excepthook(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        self.main_error = (value, time.time())
+        self._previous_excepthook(kind, value, tb)
+
+    def restart_if_left(self, cause: BaseException) -> None:
+        """Stop every child and run the whole command again, when restarts are left (does not return then).
+
+        ``cause`` is the child's ProcessFailedError or rank 0's own exception. Where none is left (or
+        none was asked for) it returns, and the caller fails as without restarts.
+        """
+        sup = self.supervisor
+        self._restart_lock.acquire()  # held until the exec: a second caller waits for it
+        if self._decided or not say_restart(cause, sup.node_rank * sup.num_processes, self.restart,
+                                            self.max_restarts, f"running the command again on all "
+                                            f"{sup.num_processes} ranks"):
+            self._decided = True
+            self._restart_lock.release()
+            return
+        self.main_stopped.set()
+        self.reported = True
+        sup.stop()
+        shutil.rmtree(sup.error_dir, ignore_errors=True)
+        _exec_again(command_to_rerun(), dict(self.original_env, **{RESTART_COUNT_VAR: str(self.restart + 1)}))
 
     def _watch(self) -> None:
         sup = self.supervisor
@@ -96,6 +141,8 @@ class _Children:
             time.sleep(POLL_S)
 
     def _report_and_exit(self, failure: ProcessFailedError | None) -> None:
+        if failure is not None and not self.reported:
+            self.restart_if_left(failure)
         if not self.reported:
             self.reported = True
             sys.stderr.write(f"torchfleet: {failure}\n")
@@ -107,9 +154,18 @@ class _Children:
         # the script finished in rank 0: the children finish theirs; a failure there fails the run
         self.main_stopped.set()
         try:
+            if self.main_error is not None and not self.reported and self.restart < self.max_restarts:
+                self._restart_after_main_error(*self.main_error)
             self._wait_for_children()
         finally:
             shutil.rmtree(self.supervisor.error_dir, ignore_errors=True)
+
+    def _restart_after_main_error(self, error: BaseException, failed_at: float) -> None:
+        """Rank 0 ended with an uncaught exception outside a launch (a Fleet loop): restart, naming the cause."""
+        if isinstance(error, KeyboardInterrupt) and not self.interrupted:
+            return  # Ctrl-C: the user stops the run
+        failure = self.supervisor.wait_for_failure(timeout=1.0)
+        self.restart_if_left(failure if failure is not None and failure.failed_at <= failed_at else error)
 
     def _wait_for_children(self) -> None:
         if self.reported:
@@ -141,6 +197,7 @@ class ScriptLauncher(Launcher):
                 _export_rank_env(env, self.num_processes, self.num_nodes)
         children = _CHILDREN
         if children is not None:
+            children.max_restarts = self.max_restarts
             return _run_watched(children, fn, args, kwargs)
         if os.environ.get(ERROR_DIR_VAR):
             return _run_as_child(fn, args, kwargs)
@@ -156,6 +213,7 @@ class ScriptLauncher(Launcher):
             )
         env = self.cluster_environment
         check_port_free(env)
+        original_env = dict(os.environ)
         os.environ.update(_export_rank_env(env, self.num_processes, self.num_nodes))
         error_dir = tempfile.mkdtemp(prefix="torchfleet-ranks-")
         command = command_to_rerun()
@@ -168,7 +226,7 @@ class ScriptLauncher(Launcher):
             procs.append(subprocess.Popen(command, env=child_env))
             ranks.append(local_rank)
         log.info("Started local ranks 1..%d with: %s", self.num_processes - 1, " ".join(command))
-        _CHILDREN = _Children(Supervisor(procs, ranks, error_dir, env.node_rank(), self.num_processes))
+        _CHILDREN = _Children(Supervisor(procs, ranks, error_dir, env.node_rank(), self.num_processes), original_env)
 
     def kill(self, signum: int = 15) -> None:
         if _CHILDREN is not None:
@@ -210,15 +268,53 @@ def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwarg
         children.reported = True  # the children are stopped on purpose: their exit codes are not news
         sup.stop()
         # a child that failed before this rank did is the cause; one that failed after is an echo of this error
-        if failure is not None and (children.interrupted or failure.failed_at <= failed_at):
+        child_caused = failure is not None and (children.interrupted or failure.failed_at <= failed_at)
+        if not ctrl_c and not _clean_exit(exc):
+            children.restart_if_left(failure if child_caused else exc)  # does not return when restarts are left
+        if child_caused:
             raise failure from exc
         raise
     finally:
         children.in_launch -= 1
 
 
+def _clean_exit(exc: BaseException) -> bool:
+    """``sys.exit()`` / ``sys.exit(0)`` in rank 0: the script chose to end, nothing failed."""
+    return isinstance(exc, SystemExit) and exc.code in (0, None)
+
+
+def _exec_again(command: list[str], env: dict[str, str]) -> None:
+    """Replace this process with ``command`` (rank 0 of the restarted run); its sockets are closed, not inherited.
+
+    The process group's sockets (the rendezvous store listens in rank 0) are C++'s and may be inheritable:
+    left open, the old rendezvous port would stay taken. Other descriptors (a pipe the caller passed) are kept.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    for handler in logging.getLogger().handlers + logging.getLogger("torchfleet").handlers:
+        try:
+            handler.flush()
+        except Exception:  # noqa: BLE001 - a broken handler must not stop the restart
+            pass
+    try:
+        descriptors = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:
+        descriptors = []
+    for fd in descriptors:
+        try:
+            if fd > 2 and stat.S_ISSOCK(os.fstat(fd).st_mode):
+                os.set_inheritable(fd, False)
+        except OSError:
+            continue
+    os.execve(command[0], command, env)
+
+
 def _run_as_child(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     _watch_launcher_once()
+    _report_uncaught_once()
     mark_launched_child(os.environ.get(ERROR_DIR_VAR))
     try:
         return fn(*args, **kwargs)
@@ -230,6 +326,26 @@ def _run_as_child(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
 
 
 _PARENT_WATCH: threading.Thread | None = None
+_EXCEPTHOOK_SET = False
+
+
+def _report_uncaught_once() -> None:
+    """In a re-run child: an exception that ends the script outside a launch (a Fleet loop) is recorded too."""
+    global _EXCEPTHOOK_SET
+    if _EXCEPTHOOK_SET:
+        return
+    _EXCEPTHOOK_SET = True
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        error_dir = os.environ.get(ERROR_DIR_VAR)
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        # an error raised inside a launch was recorded there already
+        if error_dir and not os.path.exists(error_file(error_dir, local_rank)):
+            write_error(error_dir, local_rank, value)
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
 
 
 def _watch_launcher_once() -> None:

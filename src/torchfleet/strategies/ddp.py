@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from torchfleet.errors import ConfigurationError
+from torchfleet.launchers.base import check_max_restarts, check_restarts_apply
 from torchfleet.strategies.parallel import ParallelStrategy
 
 if TYPE_CHECKING:
@@ -63,7 +64,9 @@ class DDPStrategy(ParallelStrategy):
     ``timeout``: how long a collective may wait (a timedelta or seconds). ``start_method``: "popen"
     (default), "spawn", "fork" or "forkserver". ``ddp_comm_hook``/``ddp_comm_state``: a DDP
     communication hook and its state (e.g. ``torch.distributed.algorithms.ddp_comm_hooks``).
-    ``precision_plugin``: Lightning's name for ``precision`` (give one of the two).
+    ``precision_plugin``: Lightning's name for ``precision`` (give one of the two). ``max_restarts``: when a
+    rank fails, every rank is stopped and started again (resuming from the newest checkpoint), up to this
+    many times (default 0: the run fails at once); also ``Trainer(max_restarts=)``.
     Every other keyword (``static_graph``, ``find_unused_parameters``, ``gradient_as_bucket_view``,
     ``bucket_cap_mb``, ``broadcast_buffers``, ...) goes to DistributedDataParallel.
     """
@@ -81,6 +84,7 @@ class DDPStrategy(ParallelStrategy):
         ddp_comm_state: object | None = None,
         ddp_comm_hook: Callable | None = None,
         precision_plugin: Precision | None = None,
+        max_restarts: int = 0,
         **ddp_kwargs: Any,
     ) -> None:
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
@@ -107,6 +111,7 @@ class DDPStrategy(ParallelStrategy):
             )
         self.timeout = timeout
         self.start_method = start_method
+        self._max_restarts = check_max_restarts(max_restarts)
         self._ddp_comm_state = ddp_comm_state
         self._ddp_comm_hook = ddp_comm_hook
         self._ddp_kwargs = ddp_kwargs
@@ -131,8 +136,26 @@ class DDPStrategy(ParallelStrategy):
             from torchfleet.launchers.processes import ProcessLauncher
 
             self._launcher = ProcessLauncher(env, self.num_processes, num_nodes, self.start_method)
+        self._apply_max_restarts()
         if self.num_processes * num_nodes == 1:
             self._warn_single_process()
+
+    @property
+    def max_restarts(self) -> int:
+        """How many times every rank is started again after one fails (resuming from the newest checkpoint)."""
+        return self._max_restarts
+
+    @max_restarts.setter
+    def max_restarts(self, value: int) -> None:
+        self._max_restarts = check_max_restarts(value)
+        self._apply_max_restarts()
+
+    def _apply_max_restarts(self) -> None:
+        launcher = self._launcher
+        if launcher is None:  # not configured yet: configure() applies it
+            return
+        launcher.max_restarts = self._max_restarts
+        check_restarts_apply(self._max_restarts, self.cluster_environment, self.num_processes, self.num_nodes)
 
     def _warn_single_process(self) -> None:
         log.warning(

@@ -128,7 +128,7 @@ class DeepSpeedStrategy(DDPStrategy):
     ``remote_device`` is where ``init_module`` creates a ZeRO stage-3 model (``"cpu"``/``"nvme"``;
     None: the training device). ``logging_level`` sets DeepSpeed's logger. ``load_full_weights`` is
     accepted for compatibility: a single-file checkpoint is always loaded as full weights, also
-    under stage 3. ``timeout`` and ``start_method`` are DDPStrategy's.
+    under stage 3. ``timeout``, ``start_method`` and ``max_restarts`` are DDPStrategy's.
     """
 
     def __init__(
@@ -180,13 +180,14 @@ class DeepSpeedStrategy(DDPStrategy):
         timeout: timedelta | float | None = DEFAULT_TIMEOUT,
         start_method: str = "popen",
         precision_plugin: Precision | None = None,
+        max_restarts: int = 0,
     ) -> None:
         if not deepspeed_available():
             raise not_installed("A DeepSpeed strategy")
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, precision=precision,
                          process_group_backend=process_group_backend, timeout=timeout, start_method=start_method,
-                         precision_plugin=precision_plugin)
+                         precision_plugin=precision_plugin, max_restarts=max_restarts)
         # every config-building keyword is checked, also when a given config replaces what they would build
         options = dsc.DeepSpeedOptions.from_arguments(locals())
         if remote_device not in (None, "cpu", "nvme"):

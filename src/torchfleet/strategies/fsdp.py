@@ -109,7 +109,7 @@ class FSDPStrategy(DDPStrategy):
     gather parameters in bf16/fp16, reduce gradients in fp32). ``activation_checkpointing_policy``:
     layer classes (or a callable) whose activations are recomputed in backward.
     ``state_dict_type``: "sharded" (a DCP directory, default) or "full" (one file from rank 0).
-    ``process_group_backend``, ``timeout`` and ``start_method`` are as for DDPStrategy.
+    ``process_group_backend``, ``timeout``, ``start_method`` and ``max_restarts`` are as for DDPStrategy.
     """
 
     def __init__(
@@ -130,11 +130,12 @@ class FSDPStrategy(DDPStrategy):
         activation_checkpointing_policy: LayerPolicy = None,
         state_dict_type: str = "sharded",
         precision_plugin: Precision | None = None,
+        max_restarts: int = 0,
     ) -> None:
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io, precision=precision,
                          process_group_backend=process_group_backend, timeout=timeout, start_method=start_method,
-                         precision_plugin=precision_plugin)
+                         precision_plugin=precision_plugin, max_restarts=max_restarts)
         from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
 
         self.auto_wrap_policy = auto_wrap_policy

@@ -130,8 +130,12 @@ class Trainer:
         sync_batchnorm: turn BatchNorm layers into synchronised ones, so statistics cover every process's batch.
         profiler: time every hook and step: "simple", "advanced" (cProfile), "pytorch" (torch.profiler), or a
             Profiler object; each rank writes a report in the log folder.
-        auto_resume: when the run is a restart (torchrun's or SLURM's restart count above 0), fit resumes from the
-            newest complete checkpoint under default_root_dir by itself (default True; False starts afresh).
+        auto_resume: when the run is a restart (torchfleet's, torchrun's or SLURM's restart count above 0), fit
+            resumes from the newest complete checkpoint under default_root_dir by itself (default True; False starts
+            afresh).
+        max_restarts: when a rank of a multi-process run (ddp, ddp_spawn, ddp_fork, fsdp, deepspeed) raises or
+            dies, every rank is stopped and started again, resuming from the newest complete checkpoint, up to this
+            many times (default 0: the run fails at once). ddp re-runs the whole script.
     """
 
     def __init__(
@@ -174,6 +178,7 @@ class Trainer:
         sync_batchnorm: bool = False,
         profiler: Any = None,
         auto_resume: bool = True,
+        max_restarts: int = 0,
     ) -> None:
         from torchfleet.connector import resolve
 
@@ -185,6 +190,7 @@ class Trainer:
             precision=precision,
             num_nodes=num_nodes,
             plugins=plugins,
+            max_restarts=max_restarts,
         )
         #: seconds between validations when val_check_interval is a duration, else None
         self.val_check_seconds: float | None = None

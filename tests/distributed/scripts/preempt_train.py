@@ -54,12 +54,17 @@ class Net(tf.Module):
         return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 
 
+def regression_data() -> TensorDataset:
+    """64 samples of 4 features, the same in every process."""
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(64, 4, generator=g)
+    return TensorDataset(x, torch.sin(x).sum(1, keepdim=True))
+
+
 def main(cfg: dict) -> None:
     torch.set_num_threads(1)
     tf.seed_everything(0)
-    g = torch.Generator().manual_seed(1234)
-    x = torch.randn(64, 4, generator=g)
-    data = TensorDataset(x, torch.sin(x).sum(1, keepdim=True))
+    data = regression_data()
     model = Net(cfg)
     trainer = tf.Trainer(
         strategy=cfg.get("strategy", "ddp"), accelerator="cpu", devices=cfg.get("devices", 2),
