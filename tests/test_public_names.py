@@ -81,6 +81,19 @@ def test_rank_zero_helpers(monkeypatch):
     assert rank_zero_only.rank == 1
 
 
+def test_banner_prints_on_rank_zero_only(capsys, monkeypatch):
+    # ported examples call Lightning's cli_lightning_logo() before their CLI: the import line alone changes
+    from torchfleet import cli_lightning_logo, cli_logo
+
+    assert cli_lightning_logo is cli_logo
+    cli_lightning_logo()
+    out = capsys.readouterr().out
+    assert torchfleet.__version__ in out and len(out.splitlines()) >= 5
+    monkeypatch.setenv("RANK", "1")
+    cli_logo()
+    assert capsys.readouterr().out == ""
+
+
 def test_boring_model_trains_and_every_stage_runs():
     torch.manual_seed(0)
     model = BoringModel()

@@ -25,6 +25,8 @@ _LAZY = {
     "CheckpointError": "torchfleet.errors",
     "TrainingSettings": "torchfleet.settings",
     "Preempted": "torchfleet.preemption",
+    "cli_logo": "torchfleet.utilities",
+    "cli_lightning_logo": "torchfleet.utilities",
 }
 
 #: subpackages reachable as attributes after a plain ``import torchfleet`` (``torchfleet.strategies.DDPStrategy``)
@@ -59,3 +61,4 @@ if TYPE_CHECKING:
     from torchfleet.settings import TrainingSettings
     from torchfleet.trainer.callbacks.base import Callback
     from torchfleet.trainer.trainer import Trainer
+    from torchfleet.utilities import cli_lightning_logo, cli_logo

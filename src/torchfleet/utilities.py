@@ -1,6 +1,7 @@
-"""Helpers ported Lightning code imports: ``rank_zero_only`` and the rank-zero logging functions.
+"""Helpers ported Lightning code imports: ``rank_zero_only``, the rank-zero logging functions and the banner.
 
-``from torchfleet.utilities import rank_zero_only, rank_zero_info, rank_zero_warn, rank_zero_debug``.
+``from torchfleet.utilities import rank_zero_only, rank_zero_info, rank_zero_warn, rank_zero_debug``;
+``from torchfleet import cli_lightning_logo`` (Lightning's name for :func:`cli_logo`).
 """
 
 from __future__ import annotations
@@ -97,4 +98,25 @@ def rank_zero_warn(message: str | Warning, category: type[Warning] = UserWarning
         warnings.warn(message, category, stacklevel=stacklevel + 1, **kwargs)
 
 
-__all__ = ["rank_zero_only", "rank_zero_info", "rank_zero_warn", "rank_zero_debug", "rank_prefixed_message"]
+_LOGO = r"""
+ _                 _      __ _           _
+| |_ ___  _ __ ___| |__  / _| | ___  ___| |_
+| __/ _ \| '__/ __| '_ \| |_| |/ _ \/ _ \ __|
+| || (_) | | | (__| | | |  _| |  __/  __/ |_
+ \__\___/|_|  \___|_| |_|_| |_|\___|\___|\__|
+"""
+
+
+def cli_logo() -> None:
+    """Print torchfleet's banner and version to stdout, once, on global rank 0 (optional: call it or not)."""
+    if rank_zero_only.rank == 0:
+        from torchfleet import __version__
+
+        print(f"{_LOGO.rstrip()}   {__version__}\n", flush=True)
+
+
+#: Lightning's name, so ``from lightning.pytorch import cli_lightning_logo`` ports by its import line alone
+cli_lightning_logo = cli_logo
+
+__all__ = ["rank_zero_only", "rank_zero_info", "rank_zero_warn", "rank_zero_debug", "rank_prefixed_message",
+           "cli_logo", "cli_lightning_logo"]
