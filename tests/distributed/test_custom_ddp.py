@@ -49,8 +49,17 @@ def test_precision_plugin_is_lightnings_name_for_precision(cls):
     plugin = Precision()
     strategy = cls(precision_plugin=plugin)
     assert strategy.precision is plugin and strategy.has_part("precision")
+    assert strategy.precision_plugin is plugin  # the docs' custom strategy reads self.precision_plugin
     with pytest.raises(ConfigurationError, match="precision_plugin is Lightning's name for precision"):
         cls(precision=Precision(), precision_plugin=plugin)
+
+
+def test_trainer_precision_plugin_is_the_strategys_precision():
+    from torchfleet import Trainer
+
+    plugin = Precision()
+    trainer = Trainer(accelerator="cpu", strategy=SingleDeviceStrategy(precision_plugin=plugin), logger=False)
+    assert trainer.precision_plugin is plugin is trainer.strategy.precision
 
 
 def test_deepspeed_takes_precision_plugin_too():

@@ -97,6 +97,11 @@ class Strategy(ABC):
         self._precision = precision
 
     @property
+    def precision_plugin(self) -> Precision:
+        """Lightning's name for :attr:`precision` (the same object)."""
+        return self._precision
+
+    @property
     def checkpoint_io(self) -> CheckpointIO:
         if self._checkpoint_io is None:
             self._checkpoint_io = TorchCheckpointIO()

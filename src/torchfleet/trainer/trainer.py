@@ -9,7 +9,7 @@ import os
 import warnings
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -19,6 +19,9 @@ from torchfleet.settings import TrainingSettings
 from torchfleet.trainer.hooks import HookDispatcher
 from torchfleet.trainer.progress import FitProgress
 from torchfleet.trainer.state import RunState, TrainerStatus
+
+if TYPE_CHECKING:
+    from torchfleet.precision import Precision
 
 log = logging.getLogger("torchfleet")
 
@@ -407,6 +410,11 @@ class Trainer:
     @property
     def precision(self) -> str:
         return self.strategy.precision.name
+
+    @property
+    def precision_plugin(self) -> Precision:
+        """The strategy's precision object (Lightning's ``trainer.precision_plugin``)."""
+        return self.strategy.precision
 
     @property
     def device_ids(self) -> list[int]:

@@ -6,7 +6,8 @@ and ran its forward (training_step runs inside it). Deviations from the docs' te
 ``device_ids=...`` is a placeholder (``determine_ddp_device_ids()`` is Lightning's helper for it);
 ``MyAccelerator``/``MyPrecisionPlugin`` are placeholders (the CPU accelerator and full precision here);
 the docs' ``setup(self, trainer)`` override is left out: torchfleet's ``Strategy.setup(module, optimizers)``
-is another method, and ``self.precision_plugin``/``Accelerator.setup()`` do not exist here.
+is another method, and its body (``self.accelerator.setup()`` with no trainer, ``connect(...)``) does not
+run under Lightning either (``self.precision_plugin`` itself exists: the strategy's precision).
 """
 
 from __future__ import annotations
