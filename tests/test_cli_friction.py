@@ -166,6 +166,8 @@ def test_loss_figure_axes(tmp_path):
     for ax in (train_ax, val_ax):
         legend_box, panel = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
         assert legend_box.y1 <= panel.y0  # entirely below the panel
+        assert not legend_box.overlaps(ax.xaxis.get_tightbbox(renderer))  # clear of the tick labels and x label
+        assert legend_box.y0 >= 0 and fig.bbox.x0 <= legend_box.x0 and legend_box.x1 <= fig.bbox.x1  # in the figure
     plt.close(fig)
     # the PNG holds the legends too (saved with a tight bounding box)
     (tmp_path / "metrics.csv").write_text(
