@@ -268,6 +268,23 @@ class Configured(tf.Module):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+def test_configure_model_on_resume_creates_the_layers_once_then_loads_the_checkpoint(tmp_path):
+    first = Configured()
+    trainer = tf.Trainer(**quiet(max_epochs=1, enable_checkpointing=True, default_root_dir=tmp_path / "a"))
+    trainer.fit(first, loader())
+    (ckpt,) = (tmp_path / "a" / "checkpoints").glob("*.ckpt")
+    # a new process's module: configure_model builds fresh layers once, then the checkpoint fills them
+    resumed = Configured()
+    again = tf.Trainer(**quiet(max_epochs=1, default_root_dir=tmp_path / "b"))
+    again.validate(resumed, loader(), ckpt_path=str(ckpt), verbose=False)
+    assert resumed.calls == 1
+    torch.testing.assert_close(resumed.net.weight, first.net.weight, rtol=0, atol=0)
+    more = tf.Trainer(**quiet(max_epochs=2, default_root_dir=tmp_path / "c"))
+    more.fit(resumed, loader(), ckpt_path=str(ckpt))
+    assert resumed.calls == 1 and more.current_epoch == 2 and more.global_step == 2 * trainer.global_step
+    assert not torch.equal(resumed.net.weight, first.net.weight)  # trained on from there
+
+
 @pytest.mark.parametrize(("precision", "dtype"), [("32-true", torch.float32), ("64-true", torch.float64)])
 def test_configure_model_runs_once_per_module_inside_the_creation_context(precision, dtype):
     model = Configured()
