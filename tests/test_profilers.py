@@ -163,7 +163,7 @@ def test_bad_profiler_argument(given, match):
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["simple", "advanced"])
+@pytest.mark.parametrize("kind", ["simple", "advanced", "pytorch"])
 def test_ddp_every_rank_writes_its_report(tmp_path, kind):
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK",
                                                             "WORLD_SIZE", "RANK")}
@@ -178,7 +178,12 @@ def test_ddp_every_rank_writes_its_report(tmp_path, kind):
         if kind == "simple":
             assert parse_simple(text)["[Strategy]DDPStrategy.training_step"][1] == 8
             assert f"(rank {rank})" in text
-        else:
+        elif kind == "advanced":
             assert f"Profile stats for: [Strategy]DDPStrategy.backward rank: {rank}" in text
+        else:  # each rank's own table and Chrome trace, the rank in both file names
+            assert f"(rank {rank})" in text and "aten::" in text
+            trace = json.load(open(os.path.join(log_dir, f"fit-profile-{rank}.pt.trace.json")))
+            names = [e.get("name") for e in trace["traceEvents"]]
+            assert names.count("[Strategy]DDPStrategy.training_step") == 8
     # rank 0 alone prints its summary
     assert proc.stderr.count("FIT Profiler Report") == 1
