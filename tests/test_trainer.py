@@ -580,6 +580,22 @@ def test_manual_optimisation_leaves_epoch_schedulers_to_the_user():
     assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == 3
 
 
+def test_manual_optimisation_leaves_step_schedulers_to_the_user_too():
+    class Untouched(_ManualWithEpochScheduler):
+        def __init__(self):
+            Regressor.__init__(self, scheduler="step")  # StepLR(step_size=3, gamma=0.5), interval "step"
+            self.automatic_optimization = False
+
+        def on_train_epoch_end(self):
+            pass  # the user never steps it
+
+    trainer = Trainer(**quiet(max_epochs=2))
+    trainer.fit(Untouched(), datamodule=RegressionData())
+    assert trainer.global_step > 3  # enough optimizer steps for the scheduler to have lowered the lr
+    assert trainer.lr_scheduler_configs[0].scheduler.last_epoch == 0
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.05)
+
+
 def test_check_val_every_n_epoch_none_counts_batches_across_epochs():
     seen = []
 
