@@ -126,6 +126,43 @@ def test_progress_bar_and_early_stopping_callback_lists():
     assert tf.Trainer(accelerator="cpu", logger=False).early_stopping_callbacks == []
 
 
+def test_trainer_attributes_callbacks_read():
+    # Lightning's names callbacks use: the module, the stage's loaders, the last-batch flag, sanity batches
+    seen: dict = {}
+
+    class Reader(Callback):
+        def on_sanity_check_end(self, trainer, module):
+            seen["sanity"] = list(trainer.num_sanity_val_batches)
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            seen.setdefault("last", []).append(trainer.is_last_batch)
+            seen["module"] = trainer.lightning_module
+            seen["loaders"] = (trainer.train_dataloader, trainer.val_dataloaders)
+
+    model = Regressor()
+    train, val, other = loader(32), loader(16), loader(24)
+    trainer = tf.Trainer(**quiet(max_epochs=2, num_sanity_val_steps=1, callbacks=[Reader()]))
+    trainer.fit(model, train, val)
+    assert seen["module"] is model and trainer.lightning_module is model
+    assert seen["sanity"] == [1]
+    assert seen["last"] == [False, False, False, True] * 2  # 32 samples in batches of 8, two epochs
+    assert seen["loaders"] == (train, val) and not trainer.interrupted
+    trainer.validate(model, other, verbose=False)
+    assert trainer.val_dataloaders is other
+    trainer.test(model, other, verbose=False)
+    trainer.predict(model, val)
+    assert (trainer.test_dataloaders, trainer.predict_dataloaders) == (other, val)
+
+    class Fails(Regressor):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("boom")
+
+    failing = tf.Trainer(**quiet(max_epochs=1))
+    with pytest.raises(RuntimeError, match="boom"):
+        failing.fit(Fails(), train)
+    assert failing.interrupted
+
+
 # ---------------------------------------------------------------------------- overfit_batches
 class BatchRecorder(Regressor):
     def __init__(self):

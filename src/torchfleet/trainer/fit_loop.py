@@ -219,7 +219,7 @@ class FitLoop:
         for batch_idx, batch in enumerate(iterator, start_batch):
             if batch_idx >= limit:
                 break
-            is_last = batch_idx + 1 >= limit
+            trainer.is_last_batch = is_last = batch_idx + 1 >= limit
             batch = transfer(batch)
             results.new_batch(batch)
             skip_rest = False

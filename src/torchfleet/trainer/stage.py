@@ -48,6 +48,11 @@ def _source(trainer: Trainer, model: Any, kind: str, given: Any) -> Any:
     return None
 
 
+def _one_or_list(loaders: list[Any]) -> Any:
+    """What ``trainer.val_dataloaders`` and the like hold: None, the one loader, or the list of them."""
+    return None if not loaders else loaders[0] if len(loaders) == 1 else loaders
+
+
 def _as_list(loaders: Any) -> list[Any]:
     if loaders is None:
         return []
@@ -267,6 +272,7 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
     val_loaders = [_for_strategy(trainer, v, "validate") for v in val_source]
     trainer.num_training_batches = _num_batches(train_loader, trainer.limit_train_batches)
     trainer.num_val_batches = [_num_batches(v, trainer.limit_val_batches) for v in val_loaders]
+    trainer.train_dataloader, trainer.val_dataloaders = train_loader, _one_or_list(val_loaders)
     trainer.state.current_epoch = 0
     trainer.state.global_step = 0
     _setup_model(trainer, model, with_optimizers=True, micro_batch_size=micro_batch_size)
@@ -313,6 +319,7 @@ def _sanity_check(trainer: Trainer, model: Any, val_loaders: list[Any]) -> None:
     trainer.state.sanity_checking = True
     n = trainer.num_sanity_val_steps
     limits = [b if n == -1 else min(n, b) for b in trainer.num_val_batches]
+    trainer.num_sanity_val_batches = limits
     trainer._hooks.call("on_sanity_check_start", trainer)
     EvalLoop(trainer, model, "sanity_check", val_loaders, limits).run()
     trainer._hooks.call("on_sanity_check_end", trainer)
@@ -338,9 +345,9 @@ def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path
     limit = trainer.limit_val_batches if stage == "validate" else trainer.limit_test_batches
     limits = [_num_batches(v, limit) for v in loaders]
     if stage == "validate":
-        trainer.num_val_batches = limits
+        trainer.num_val_batches, trainer.val_dataloaders = limits, _one_or_list(loaders)
     else:
-        trainer.num_test_batches = limits
+        trainer.num_test_batches, trainer.test_dataloaders = limits, _one_or_list(loaders)
     _setup_model(trainer, model, with_optimizers=False)
     path = resolve_ckpt_path(trainer, ckpt_path, stage)
     if path is not None:
@@ -366,7 +373,7 @@ def _predict(trainer: Trainer, model: Any, dl: Any, ckpt_path: Any, return_predi
             "define predict_dataloader() on the model."
         )
     limits = [_num_batches(v, trainer.limit_predict_batches) for v in loaders]
-    trainer.num_predict_batches = limits
+    trainer.num_predict_batches, trainer.predict_dataloaders = limits, _one_or_list(loaders)
     _setup_model(trainer, model, with_optimizers=False)
     path = resolve_ckpt_path(trainer, ckpt_path, "predict")
     if path is not None:

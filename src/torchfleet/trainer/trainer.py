@@ -281,6 +281,15 @@ class Trainer:
         self.num_val_batches: list[int] = []
         self.num_test_batches: list[int] = []
         self.num_predict_batches: list[int] = []
+        self.num_sanity_val_batches: list[int] = []
+        #: the loaders of the latest stage as the strategy runs them (with its sampler); Lightning's names. The
+        #: evaluation ones are one loader, or a list when there are several
+        self.train_dataloader: Any = None
+        self.val_dataloaders: Any = None
+        self.test_dataloaders: Any = None
+        self.predict_dataloaders: Any = None
+        #: whether the training batch running now is the epoch's last
+        self.is_last_batch = False
         self.module: Any = None
         self.datamodule: Any = None
         self.ckpt_path: str | None = None
@@ -402,6 +411,16 @@ class Trainer:
     def model(self) -> Any:
         """The model as the strategy runs it (a DistributedDataParallel wrapper under ddp); the Module before setup."""
         return self.state.wrapped if self.state.wrapped is not None else self.module
+
+    @property
+    def lightning_module(self) -> Any:
+        """The Module itself, never a wrapper (Lightning's name; ``trainer.model`` is the strategy's wrapper)."""
+        return self.module
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether the latest stage ended by an exception (``trainer.state.status`` is INTERRUPTED)."""
+        return self.state.status is TrainerStatus.INTERRUPTED
 
     @property
     def accelerator(self) -> Any:
