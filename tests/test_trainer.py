@@ -682,3 +682,61 @@ def test_manual_optimizers_are_instances_of_the_wrapped_optimizer_class():
     trainer.fit(Manual(), loader())
     assert [s[:2] for s in seen] == [(True, True), (True, True)]
     assert seen[0][2] is trainer.optimizers[0] and trainer.global_step == 2
+
+
+def test_model_eval_and_train_hooks_decide_the_mode_around_evaluation():
+    # Monte-Carlo dropout, as Lightning users write it: dropout stays on while the rest is in eval mode
+    calls = []
+
+    class MCDropout(Regressor):
+        def __init__(self):
+            super().__init__(dropout=0.5)
+            self.modes: dict[str, set] = {}
+
+        def _keep_dropout(self, name):
+            calls.append(name)
+            self.eval()
+            for m in self.modules():
+                if isinstance(m, nn.Dropout):
+                    m.train()
+
+        def on_validation_model_eval(self):
+            self._keep_dropout("validation_eval")
+
+        def on_validation_model_train(self):
+            calls.append("validation_train")
+            super().on_validation_model_train()
+
+        def on_test_model_eval(self):
+            self._keep_dropout("test_eval")
+
+        def on_predict_model_eval(self):
+            calls.append("predict_eval")
+            super().on_predict_model_eval()
+
+        def _note(self, stage):
+            self.modes.setdefault(stage, set()).add(
+                (self.training, any(m.training for m in self.modules() if isinstance(m, nn.Dropout))))
+
+        def validation_step(self, batch, batch_idx):
+            self._note("validate")
+
+        def test_step(self, batch, batch_idx):
+            self._note("test")
+
+        def predict_step(self, batch, batch_idx):
+            self._note("predict")
+
+        def training_step(self, batch, batch_idx):
+            self._note("train")
+            return super().training_step(batch, batch_idx)
+
+    model = MCDropout()
+    trainer = Trainer(**quiet(max_epochs=2))
+    trainer.fit(model, loader(16), loader(16))
+    trainer.test(model, loader(16), verbose=False)
+    trainer.predict(model, loader(16))
+    assert model.modes == {"train": {(True, True)}, "validate": {(False, True)}, "test": {(False, True)},
+                           "predict": {(False, False)}}
+    # after each of the 2 validations in fit the module is put back to training by its hook
+    assert calls == ["validation_eval", "validation_train"] * 2 + ["test_eval", "predict_eval"]

@@ -174,6 +174,23 @@ class Module(nn.Module, HyperparametersMixin):
     def on_test_epoch_end(self) -> None: ...
     def on_predict_epoch_start(self) -> None: ...
     def on_predict_epoch_end(self) -> None: ...
+
+    # switching the mode around evaluation; override to keep some layers as they are (dropout for MC sampling)
+    def on_validation_model_eval(self) -> None:
+        self.eval()
+
+    def on_validation_model_train(self) -> None:
+        self.train()
+
+    def on_test_model_eval(self) -> None:
+        self.eval()
+
+    def on_test_model_train(self) -> None:
+        self.train()
+
+    def on_predict_model_eval(self) -> None:
+        self.eval()
+
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None: ...
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
     def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...

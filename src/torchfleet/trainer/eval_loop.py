@@ -17,6 +17,15 @@ _STEP_NAME = {"validate": "validation_step", "test": "test_step", "sanity_check"
 _HOOK_STAGE = {"validate": "validation", "sanity_check": "validation", "test": "test", "predict": "predict"}
 
 
+def _switch_mode(trainer: Trainer, model: Any, name: str, default: Any) -> None:
+    """The Module's ``on_<stage>_model_eval`` / ``_train`` override if it has one, else ``default()``."""
+    fn = trainer._hooks.mod(name)
+    if fn is None:
+        default()
+    else:
+        trainer._hooks.call_module(trainer, name, fn)
+
+
 def publish_epoch(trainer: Trainer, results: Results, suffix: str = "") -> dict[str, float]:
     """Reduce ``results`` to epoch metrics, record them on the trainer and send them to the loggers."""
     callback, logged, bar = results.collect_epoch(trainer.strategy)
@@ -60,7 +69,7 @@ class EvalLoop:
         hook = _HOOK_STAGE[self.stage]
         step_name = _STEP_NAME[self.stage]
         was_training = model.training
-        model.eval()
+        _switch_mode(trainer, model, f"on_{hook}_model_eval", model.eval)
         hooks.call(f"on_{hook}_start", trainer)
         hooks.call(f"on_{hook}_epoch_start", trainer)
         step_fn = strategy.step_function(trainer.state.wrapped, step_name)
@@ -120,7 +129,7 @@ class EvalLoop:
         model._results = None
         hooks.call(f"on_{hook}_end", trainer)
         if was_training:
-            model.train()
+            _switch_mode(trainer, model, f"on_{hook}_model_train", model.train)
         return per_loader
 
 
