@@ -740,3 +740,66 @@ def test_model_eval_and_train_hooks_decide_the_mode_around_evaluation():
                            "predict": {(False, False)}}
     # after each of the 2 validations in fit the module is put back to training by its hook
     assert calls == ["validation_eval", "validation_train"] * 2 + ["test_eval", "predict_eval"]
+
+
+def test_a_module_backward_override_runs_the_backward():
+    # Lightning calls LightningModule.backward(loss) for the Trainer's backward and for manual_backward
+    class OwnBackward(Regressor):
+        def __init__(self):
+            super().__init__()
+            self.losses, self.step_losses = [], []
+
+        def training_step(self, batch, batch_idx):
+            loss = super().training_step(batch, batch_idx)
+            self.step_losses.append(loss.item())
+            return loss
+
+        def backward(self, loss, *args, **kwargs):
+            self.losses.append(loss.detach().clone())
+            loss.backward(*args, retain_graph=True, **kwargs)  # e.g. to look at the graph afterwards
+
+    model = OwnBackward()
+    trainer = Trainer(**quiet(max_epochs=1, accumulate_grad_batches=2))
+    trainer.fit(model, loader(32))
+    assert len(model.losses) == 4 and trainer.global_step == 2
+    # it receives the loss the Trainer backpropagates: training_step's, divided by accumulate_grad_batches
+    assert torch.stack(model.losses).tolist() == pytest.approx([v / 2 for v in model.step_losses], rel=1e-6)
+    assert trainer.strategy.precision.module_backward is None  # only during the stage
+
+    class ManualOwnBackward(OwnBackward):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            opt = self.optimizers()
+            opt.zero_grad()
+            self.manual_backward(nn.functional.mse_loss(self(batch[0]), batch[1]))
+            opt.step()
+
+    manual = ManualOwnBackward()
+    Trainer(**quiet(max_steps=3)).fit(manual, loader(32))
+    assert len(manual.losses) == 3
+
+
+def test_a_backward_override_under_a_strategy_with_its_own_backward_is_warned_about():
+    # DeepSpeed's engine runs the backward itself (backward_through_precision False): the override cannot run
+    from torchfleet.strategies import DeepSpeedStrategy, SingleDeviceStrategy
+
+    assert DeepSpeedStrategy.backward_through_precision is False
+
+    class EngineBackward(SingleDeviceStrategy):
+        backward_through_precision = False
+
+        def backward(self, loss, module=None, *args, **kwargs):
+            loss.backward()
+
+    class OwnBackward(Regressor):
+        calls = 0
+
+        def backward(self, loss, *args, **kwargs):
+            OwnBackward.calls += 1
+
+    with pytest.warns(UserWarning, match="OwnBackward overrides backward\\(\\), which EngineBackward does not call"):
+        Trainer(**quiet(max_steps=2, strategy=EngineBackward(device=torch.device("cpu")))).fit(OwnBackward(), loader())
+    assert OwnBackward.calls == 0

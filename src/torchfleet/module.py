@@ -406,6 +406,11 @@ class Module(nn.Module, HyperparametersMixin):
         return strategy
 
     # ----------------------------------------------------- manual optimisation
+    def backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """How the Trainer's backward runs on ``loss`` (already scaled by the precision); override it to change
+        that (``retain_graph=True``, say). Not called under DeepSpeed, whose engine runs the backward."""
+        loss.backward(*args, **kwargs)
+
     def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
         """Backward pass under manual optimisation; goes through the strategy (scaling, DDP sync)."""
         trainer = self.trainer

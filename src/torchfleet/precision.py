@@ -85,6 +85,16 @@ class Precision:
 
     name: ClassVar[str] = "32-true"
 
+    #: the Trainer's Module's own ``backward(loss, *args, **kwargs)`` during a stage when its class overrides it
+    #: (Lightning's hook); it gets the loss after scaling. None: ``loss.backward(*args, **kwargs)``
+    module_backward: Callable[..., None] | None = None
+
+    def _run_backward(self, tensor: Tensor, *args: Any, **kwargs: Any) -> None:
+        if self.module_backward is None:
+            tensor.backward(*args, **kwargs)
+        else:
+            self.module_backward(tensor, *args, **kwargs)
+
     @property
     def param_dtype(self) -> torch.dtype:
         """The dtype parameters are stored in."""
@@ -109,7 +119,7 @@ class Precision:
 
     def backward(self, tensor: Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
         """Backpropagate ``tensor``."""
-        tensor.backward(*args, **kwargs)
+        self._run_backward(tensor, *args, **kwargs)
 
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         """Step ``optimizer`` (with ``closure`` when given) and return what the step returns."""
@@ -264,7 +274,7 @@ class MixedPrecision(Precision):
         """Backpropagate ``tensor``, scaled by the gradient scaler when there is one."""
         if self.scaler is not None:
             tensor = self.scaler.scale(tensor)
-        tensor.backward(*args, **kwargs)
+        self._run_backward(tensor, *args, **kwargs)
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Divide the gradients of ``optimizer`` by the loss scale (once per step, however often asked)."""

@@ -336,6 +336,8 @@ class DeepSpeedStrategy(DDPStrategy):
         """DeepSpeed runs 16-bit training with 16-bit parameters itself: no autocast on top."""
         return contextlib.nullcontext()
 
+    backward_through_precision = False
+
     def backward(self, loss: Tensor, module: nn.Module | None = None, *args: Any, **kwargs: Any) -> None:
         """``engine.backward(loss)``: loss scaling, gradient partitioning and reduction are DeepSpeed's.
 

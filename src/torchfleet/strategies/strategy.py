@@ -61,6 +61,9 @@ class Strategy(ABC):
     identities, so user code runs unchanged everywhere.
     """
 
+    #: whether ``backward`` runs through the precision (and so through a Module's ``backward`` override)
+    backward_through_precision = True
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,

@@ -115,6 +115,12 @@ def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl:
     if extra:
         _merge_callbacks(trainer, extra)
     trainer._hooks.build(trainer.callbacks, model)
+    if type(model).backward is not Module.backward:
+        if strategy.backward_through_precision:
+            strategy.precision.module_backward = model.backward
+        elif trainer.is_global_zero:
+            warnings.warn(f"{type(model).__name__} overrides backward(), which {type(strategy).__name__} does not "
+                          "call: its engine runs the backward.", UserWarning, stacklevel=2)
     for cb in trainer.callbacks:
         cb.setup(trainer, model, stage)
     model.setup(stage)
@@ -144,6 +150,7 @@ def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl:
         if dm is not None:
             dm.teardown(stage)
         strategy.checkpoint_io.teardown()
+        strategy.precision.module_backward = None
         trainer._current_fx("")
         model._results = None
         trainer.state.end_stage(failed)
