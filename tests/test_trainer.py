@@ -767,15 +767,11 @@ def test_a_module_backward_override_runs_the_backward():
     assert trainer.strategy.precision.module_backward is None  # only during the stage
 
     class ManualOwnBackward(OwnBackward):
+        training_step = _ManualWithEpochScheduler.training_step  # zero_grad, manual_backward, step
+
         def __init__(self):
             super().__init__()
             self.automatic_optimization = False
-
-        def training_step(self, batch, batch_idx):
-            opt = self.optimizers()
-            opt.zero_grad()
-            self.manual_backward(nn.functional.mse_loss(self(batch[0]), batch[1]))
-            opt.step()
 
     manual = ManualOwnBackward()
     Trainer(**quiet(max_steps=3)).fit(manual, loader(32))
