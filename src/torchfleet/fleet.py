@@ -18,6 +18,7 @@ import logging
 import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,6 +32,7 @@ from torchfleet.fleet_wrappers import FleetDataLoader, FleetModule, FleetOptimiz
 from torchfleet.preemption import PreemptionWatch
 from torchfleet.seed import add_worker_init_fn
 from torchfleet.settings import TrainingSettings
+from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, labelled, parse_hang_timeout
 
 if TYPE_CHECKING:
     from torchfleet.strategies.strategy import Strategy
@@ -76,6 +78,9 @@ class Fleet:
     ``training``: a TrainingSettings saying how the loop accumulates and clips gradients and its
     per-process batch size, for strategies that build their own configuration from it (DeepSpeed's
     gradient_accumulation_steps, gradient_clipping and train_micro_batch_size_per_gpu).
+
+    ``hang_timeout``: seconds (or a timedelta) a rank may wait in one collective before every rank is
+    stopped with a report of what each was doing (hang or desync, with call sites); default 300, None or 0: off.
     """
 
     def __init__(
@@ -89,6 +94,7 @@ class Fleet:
         callbacks: Any = None,
         loggers: Any = None,
         training: TrainingSettings | None = None,
+        hang_timeout: float | timedelta | None = DEFAULT_HANG_TIMEOUT_S,
     ) -> None:
         from torchfleet.connector import resolve
 
@@ -114,6 +120,10 @@ class Fleet:
         self._backward_module: Any = _NOT_SET_UP
         #: SIGTERM/SIGUSR1, agreed across ranks after optimizer steps, once the loop reads preemption_requested
         self._preemption = PreemptionWatch()
+        #: seconds a rank may wait in one collective before the watchdog stops the run (None: no watchdog)
+        self.hang_timeout = parse_hang_timeout(hang_timeout, "Fleet")
+        if hasattr(self._strategy, "hang_timeout"):
+            self._strategy.hang_timeout = self.hang_timeout
 
     def __getstate__(self) -> dict[str, Any]:
         # ddp_spawn pickles the Fleet into every rank; what was set up here stays here (a WeakSet cannot travel)
@@ -414,18 +424,21 @@ class Fleet:
     # ----------------------------------------------------------- collectives
     def all_reduce(self, data: Any, reduce_op: str = "mean") -> Any:
         """Reduce tensors (or numbers, or nested collections of them) across processes: mean, sum, max, min."""
-        return self._strategy.all_reduce_tree(data, reduce_op)
+        with labelled("fleet.all_reduce"):
+            return self._strategy.all_reduce_tree(data, reduce_op)
 
     def all_gather(self, data: Any, sync_grads: bool = False) -> Any:
         """Gather tensors (or nested collections of them) from every process, stacked along a new dim 0.
 
         Tensors whose first dimension differs between processes come back as a list, one per process.
         """
-        return self._strategy.all_gather_tree(data, sync_grads)
+        with labelled("fleet.all_gather"):
+            return self._strategy.all_gather_tree(data, sync_grads)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Return process ``src``'s ``obj`` on every process."""
-        return self._strategy.broadcast(obj, src=src)
+        with labelled("fleet.broadcast"):
+            return self._strategy.broadcast(obj, src=src)
 
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process gets here."""

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from torchfleet import watchdog
 from torchfleet.errors import ConfigurationError
 from torchfleet.launchers.base import (
     Launcher,
@@ -41,6 +42,7 @@ from torchfleet.launchers.supervise import (
     POLL_S,
     Supervisor,
     mark_launched_child,
+    set_own_error_dir,
     watch_parent,
     write_error,
 )
@@ -72,9 +74,32 @@ class _Children:
         self.in_launch = 0
         self.reported = False
         self.interrupted = False  # the KeyboardInterrupt in the main thread came from us, not from Ctrl-C
+        self.lock = threading.Lock()
         self._thread = threading.Thread(target=self._watch, name="torchfleet-rank-watch", daemon=True)
         self._thread.start()
         atexit.register(self._at_exit)
+        set_own_error_dir(supervisor.error_dir)
+        watchdog.set_in_process_supervisor(self._own_hang)
+
+    def _own_hang(self, watch: Any) -> None:
+        """This process's own watchdog fired (rank 0 waited too long in a collective): report for every rank, exit."""
+        sup = self.supervisor
+        with self.lock:  # the watcher thread must not interrupt the main thread now: this thread reports
+            deferred = self.interrupted or self.reported
+            self.main_stopped.set()
+        if deferred:  # the main thread was already told to stop and reports: leave it to do so
+            threading.Event().wait()
+        with sup._lock:
+            failure = sup.failure or sup.diagnose(
+                ProcessFailedError(sup._global_rank(0), "", watchdog.HANG_EXIT_CODE), hang_rank=sup._global_rank(0))
+            sup.failure = failure
+        self.reported = True
+        sys.stderr.write(f"torchfleet: {failure}\n")
+        sys.stderr.flush()
+        for p in sup.procs:  # at once: the main thread would report again when its collective fails
+            _signal_kill(p)
+        shutil.rmtree(sup.error_dir, ignore_errors=True)
+        os._exit(watchdog.HANG_EXIT_CODE)
 
     def _watch(self) -> None:
         sup = self.supervisor
@@ -87,8 +112,11 @@ class _Children:
         # will never finish); outside one, the next launch or the exit of the script reports the failure.
         while not self.main_stopped.is_set():
             if self.in_launch:
-                self.interrupted = True
-                _thread.interrupt_main()
+                with self.lock:
+                    if self.main_stopped.is_set():
+                        return
+                    self.interrupted = True
+                    _thread.interrupt_main()
                 if not self.main_stopped.wait(INTERRUPT_GRACE_S):
                     # blocked inside C++ where the interrupt cannot land: exit with the report ourselves
                     self._report_and_exit(sup.failure)
@@ -168,13 +196,20 @@ class ScriptLauncher(Launcher):
             procs.append(subprocess.Popen(command, env=child_env))
             ranks.append(local_rank)
         log.info("Started local ranks 1..%d with: %s", self.num_processes - 1, " ".join(command))
-        _CHILDREN = _Children(Supervisor(procs, ranks, error_dir, env.node_rank(), self.num_processes))
+        _CHILDREN = _Children(Supervisor(procs, ranks, error_dir, env.node_rank(), self.num_processes, self_rank=0))
 
     def kill(self, signum: int = 15) -> None:
         if _CHILDREN is not None:
             for p in _CHILDREN.supervisor.procs:
                 if p.poll() is None:
                     p.send_signal(signum)
+
+
+def _signal_kill(proc: Any) -> None:
+    try:
+        proc.kill()
+    except OSError:
+        pass
 
 
 def _export_rank_env(env: ClusterEnvironment, num_processes: int, num_nodes: int) -> dict[str, str]:
