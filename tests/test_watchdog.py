@@ -66,6 +66,19 @@ def test_a_rank_behind_and_outside_a_collective_is_a_hang_not_a_desync():
     assert watchdog.analyse({0: _rec(7, "done", "barrier"), 1: _rec(7, "done", "barrier")})[0] == ""
 
 
+def test_the_first_number_where_the_histories_differ_names_the_skipped_collective():
+    # rank 1 skipped #7 (a synced log at batch 2) and ran on: its #7 is batch 3's backward
+    r0 = _rec(8, "in", "backward")
+    r0["history"] = {6: ("backward", "t.py:60", "batch 2"), 7: ("all_reduce(self.log)", "t.py:37", "batch 2"),
+                     8: ("backward", "t.py:60", "batch 3")}
+    r1 = _rec(7, "failed", "backward")
+    r1["history"] = {6: ("backward", "t.py:60", "batch 2"), 7: ("backward", "t.py:60", "batch 3")}
+    kind, lines = watchdog.analyse({0: r0, 1: r1})
+    assert kind == "desync"
+    assert lines[0] == ("Desync: the ranks called different collectives as #7: rank 0 all_reduce(self.log) at t.py:37 "
+                        "(batch 2), rank 1 backward at t.py:60 (batch 3).")
+
+
 def test_black_box_round_trip(tmp_path, monkeypatch):
     rec = watchdog._Recorder()
     monkeypatch.setattr(watchdog, "_REC", rec)
@@ -83,6 +96,7 @@ def test_black_box_round_trip(tmp_path, monkeypatch):
     assert inside["state"] == "in" and after["state"] == "done" and inside["seq"] == after["seq"] == 1
     assert after["name"] == "all_reduce(self.log 'x' sync_dist)" and after["site"] == "mine.py:12"
     assert after["where"] == "training epoch 1 batch 5"
+    assert after["history"][1] == ("all_reduce(self.log 'x' sync_dist)", "mine.py:12", "training epoch 1 batch 5")
     with watchdog.collective("barrier"):
         pass
     assert watchdog.read_box(path)["seq"] == 2

@@ -50,6 +50,10 @@ DEFAULT_HANG_TIMEOUT_S = 300.0
 
 _BOX_SIZE = 4096
 _HEADER = struct.Struct("<4sqqbdd")  # magic, pid, seq, state, started, ended
+#: the box also keeps the last _SLOTS collectives (seq, then "name\0site\0where"), slot seq % _SLOTS, so the report can
+#: compare the ranks at the first number where they differ even when one rank has run past it
+_SLOT_START, _SLOT_SIZE, _SLOTS = 128, 248, 16
+_SLOT_SEQ = struct.Struct("<q")
 _MAGIC = b"TFWD"
 _NOT_IN, _IN, _DONE, _FAILED = 0, 1, 2, 3
 _STATES = {_IN: "in", _DONE: "done", _FAILED: "failed"}
@@ -63,27 +67,34 @@ def _torch_dir() -> str:
     return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
-_SKIP_PREFIXES: tuple[str, ...] = ()
+#: file name -> whether it is torchfleet's, torch's or the standard library's (not the user's code)
+_INTERNAL: dict[str, bool] = {}
+
+
+def _internal(name: str) -> bool:
+    import sysconfig
+
+    stdlib = sysconfig.get_paths()["stdlib"] + os.sep
+    purelib = sysconfig.get_paths()["purelib"] + os.sep
+    internal = (name.startswith((_PKG_DIR, _torch_dir())) or name.startswith("<frozen")
+                or (name.startswith(stdlib) and not name.startswith(purelib)))
+    _INTERNAL[name] = internal
+    return internal
 
 
 def call_site(depth: int = 2) -> str:
-    """``file:line`` of the first frame outside torchfleet and torch (the user's code that led here)."""
-    global _SKIP_PREFIXES
-    if not _SKIP_PREFIXES:
-        _SKIP_PREFIXES = (_PKG_DIR, _torch_dir(), os.path.dirname(contextlib_file()) + os.sep + "contextlib.py")
+    """``file:line`` of the first frame outside torchfleet, torch and the standard library (the user's code)."""
     frame = sys._getframe(depth)
+    known = _INTERNAL
     while frame is not None:
         name = frame.f_code.co_filename
-        if not name.startswith(_SKIP_PREFIXES):
+        internal = known.get(name)
+        if internal is None:
+            internal = _internal(name)
+        if not internal:
             return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
-    return "?"
-
-
-def contextlib_file() -> str:
-    import contextlib
-
-    return contextlib.__file__
+    return "(no user code on the stack)"
 
 
 # --------------------------------------------------------------------------- the recorder
@@ -202,8 +213,10 @@ def current() -> dict[str, Any]:
 def _write_box(rec: _Recorder) -> None:
     box = rec.box
     assert box is not None
-    text = f"{rec.name}\0{rec.site}\0{rec.where}".encode(errors="replace")[: _BOX_SIZE - _HEADER.size - 1]
-    box[_HEADER.size:_HEADER.size + len(text) + 1] = text + b"\0"
+    text = f"{rec.name}\0{rec.site}\0{rec.where}".encode(errors="replace")[: _SLOT_SIZE - _SLOT_SEQ.size - 1]
+    start = _SLOT_START + (rec.seq % _SLOTS) * _SLOT_SIZE
+    _SLOT_SEQ.pack_into(box, start, rec.seq)
+    box[start + _SLOT_SEQ.size:start + _SLOT_SEQ.size + len(text) + 1] = text + b"\0"
     _HEADER.pack_into(box, 0, _MAGIC, os.getpid(), rec.seq, rec.state, rec.started, rec.ended)
 
 
@@ -225,11 +238,17 @@ def read_box(path: str, now: float | None = None) -> dict[str, Any] | None:
     if len(data) < _HEADER.size or data[:4] != _MAGIC:
         return None
     _, pid, seq, state, started, ended = _HEADER.unpack_from(data, 0)
-    text = data[_HEADER.size:].split(b"\0\0", 1)[0].decode(errors="replace")
-    name, site, where = (text.split("\0") + ["", "", ""])[:3]
+    history = {}
+    for slot in range(_SLOTS):
+        start = _SLOT_START + slot * _SLOT_SIZE
+        (number,) = _SLOT_SEQ.unpack_from(data, start)
+        if number > 0:
+            text = data[start + _SLOT_SEQ.size:start + _SLOT_SIZE].split(b"\0\0", 1)[0].decode(errors="replace")
+            history[number] = tuple((text.split("\0") + ["", "", ""])[:3])
+    name, site, where = history.get(seq, ("", "", ""))
     now = time.monotonic() if now is None else now
     return {"seq": seq, "state": _STATES.get(state, "none"), "name": name, "site": site, "where": where,
-            "pid": pid, "waited": (now - started) if state == _IN else (ended - started)}
+            "pid": pid, "waited": (now - started) if state == _IN else (ended - started), "history": history}
 
 
 # --------------------------------------------------------------------------- hang_timeout
@@ -320,6 +339,8 @@ class _Watch:
     nccl_prefix: str | None
     stop: threading.Event
     dumped: bool = False
+    #: under torchrun, the other ranks' records read from the store when this rank found a desync
+    peers: dict | None = None
 
 
 _WATCH: _Watch | None = None
@@ -347,6 +368,14 @@ def start(rank: int, world_size: int, hang_timeout: float | None, folder: str | 
     if _REC.seq:
         _write_box(_REC)
     _WATCH = _Watch(folder, rank, world_size, hang_timeout, supervised, store, nccl_prefix, threading.Event())
+    # a rank killed by a fatal signal (gloo aborts a process whose collective received the wrong size) leaves its
+    # stacks: beside its black box under our launchers, on stderr under torchrun
+    if not faulthandler.is_enabled():
+        try:
+            target = open(stacks_path(folder, rank) + ".fatal", "w") if supervised else sys.stderr  # noqa: SIM115
+            faulthandler.enable(file=target, all_threads=True)
+        except (OSError, ValueError, AttributeError):
+            pass
     threading.Thread(target=_run, args=(_WATCH,), name="torchfleet-watchdog", daemon=True).start()
 
 
@@ -385,9 +414,10 @@ def _check(watch: _Watch) -> None:
         if waited > timeout:
             _fire(watch)
             return
-        if watch.supervised and waited > probe_after(timeout) and _local_desync(watch):
-            _fire(watch)
-            return
+        if waited > probe_after(timeout):
+            if _local_desync(watch) if watch.supervised else _store_desync(watch):
+                _fire(watch, "found the ranks waiting in different collectives (a desync)")
+                return
     if watch.dumped:
         return
     if watch.supervised:
@@ -395,7 +425,7 @@ def _check(watch: _Watch) -> None:
             write_stacks(watch)
     elif watch.store is not None and watch.store.check([_STORE_KEY]):
         # torchrun: another rank timed out; print this rank's part, then leave (torchrun stops the rest)
-        sys.stderr.write(_own_part(watch, "another rank waited longer than hang_timeout"))
+        sys.stderr.write(_own_part(watch, "stops: another rank found a hang or a desync"))
         sys.stderr.flush()
         os._exit(HANG_EXIT_CODE)
 
@@ -413,6 +443,35 @@ def _local_desync(watch: _Watch) -> bool:
     return len(waiting) > 1 and analyse(waiting)[0] == "desync"
 
 
+_RECORD_KEY = "torchfleet/watchdog/record/"
+
+
+def _store_desync(watch: _Watch) -> bool:
+    """Without a launcher's folder (torchrun): publish this rank's wait in the rendezvous store, read the others'."""
+    store = watch.store
+    if store is None:
+        return False
+    import json
+
+    mine = current()
+    mine["waited"] = time.monotonic() - mine["started"]
+    mine["at"] = time.time()
+    store.set(f"{_RECORD_KEY}{watch.rank}", json.dumps(mine))
+    fresh = 4 * tick_for(watch.timeout) + 1.0  # a record older than this belongs to an earlier wait
+    records = {watch.rank: mine}
+    for rank in range(watch.world_size):
+        key = f"{_RECORD_KEY}{rank}"
+        if rank == watch.rank or not store.check([key]):
+            continue
+        rec = json.loads(store.get(key))
+        if rec["state"] == "in" and time.time() - rec["at"] < fresh:
+            records[rank] = rec
+    if len(records) > 1 and analyse(records)[0] == "desync":
+        watch.peers = records
+        return True
+    return False
+
+
 def write_stacks(watch: _Watch) -> None:
     """This rank's Python stacks (every thread) beside its black box, once."""
     watch.dumped = True
@@ -422,8 +481,8 @@ def write_stacks(watch: _Watch) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _fire(watch: _Watch) -> None:
-    """This rank waited too long in one collective: dump, tell the others, end the process."""
+def _fire(watch: _Watch, why: str | None = None) -> None:
+    """This rank waited too long in one collective (or in a different one than others): dump, tell, end."""
     nccl = _dump_nccl_trace(watch.rank) if watch.nccl_prefix else None
     if not watch.supervised:
         if watch.store is not None:
@@ -431,7 +490,7 @@ def _fire(watch: _Watch) -> None:
                 watch.store.set(_STORE_KEY, str(watch.rank))
             except Exception:  # noqa: BLE001
                 pass
-        sys.stderr.write(_own_part(watch, f"waited longer than hang_timeout={watch.timeout:g}s", nccl))
+        sys.stderr.write(_own_part(watch, why or f"waited longer than hang_timeout={watch.timeout:g}s", nccl))
         sys.stderr.flush()
         time.sleep(min(2.0, 4 * tick_for(watch.timeout)))  # the others' watchdogs see the store key and print
         os._exit(HANG_EXIT_CODE)
@@ -456,6 +515,16 @@ def set_in_process_supervisor(handler: Any) -> None:
     _in_process_supervisor = handler
 
 
+def explain_failure(exc: BaseException) -> None:
+    """Under torchrun: a rank whose collective failed (the peer aborted, "Connection reset by peer") prints its part."""
+    watch = _WATCH
+    if watch is None or watch.supervised or _REC.state != _FAILED:
+        return
+    summary = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    sys.stderr.write(_own_part(watch, f"failed in a collective ({type(exc).__name__}: {summary})"))
+    sys.stderr.flush()
+
+
 def _own_part(watch: _Watch, why: str, nccl: str | None = None) -> str:
     import io
 
@@ -463,6 +532,9 @@ def _own_part(watch: _Watch, why: str, nccl: str | None = None) -> str:
     buf = io.StringIO()
     lines = [f"torchfleet: rank {watch.rank} of {watch.world_size} {why}.",
              "  " + describe_record(watch.rank, rec, watch.timeout)]
+    if watch.peers:
+        lines += ["  " + describe_record(r, rec) for r, rec in sorted(watch.peers.items()) if r != watch.rank]
+        lines += ["  " + line for line in analyse(watch.peers)[1]]
     if nccl:
         lines.append(f"  NCCL flight recorder dump: {nccl}")
     elif watch.nccl_prefix:
@@ -497,6 +569,19 @@ def analyse(records: dict[int, dict[str, Any] | None]) -> tuple[str, list[str]]:
     known = {r: rec for r, rec in records.items() if rec is not None and rec.get("seq")}
     if len(known) < 2:
         return "", []
+    # the first number at which two ranks' recent collectives differ (name or place in the loop)
+    common = sorted(set.union(*(set(rec.get("history") or {}) for rec in known.values())))
+    for seq in common:
+        seen = {r: rec["history"][seq] for r, rec in known.items() if seq in (rec.get("history") or {})}
+        if len(seen) > 1 and len({(n, w) for n, _, w in seen.values()}) > 1:
+            a = next(iter(seen))
+            b = next(r for r in seen if (seen[r][0], seen[r][2]) != (seen[a][0], seen[a][2]))
+            (na, sa, wa), (nb, sb, wb) = seen[a], seen[b]
+            return "desync", [
+                f"Desync: the ranks called different collectives as #{seq}: rank {a} {na} at {sa}"
+                f"{f' ({wa})' if wa else ''}, rank {b} {nb} at {sb}{f' ({wb})' if wb else ''}.",
+                _DESYNC_HINT,
+            ]
     by_seq: dict[int, list[int]] = {}
     for r, rec in known.items():
         by_seq.setdefault(rec["seq"], []).append(r)
@@ -576,10 +661,16 @@ def report(folder: str, ranks: Iterator[int] | list[int], timeout: float | None 
                      "writing a large checkpoint, or pass hang_timeout=None to switch the watchdog off.)")
     for r, rec in sorted(records.items()):
         if stacks_for == "all" or rec is None or rec["state"] == "done":
-            try:
-                with open(stacks_path(folder, r)) as f:
-                    text = main_thread_stack(f.read())
-            except OSError:
+            text = ""
+            for path in (stacks_path(folder, r), stacks_path(folder, r) + ".fatal"):
+                try:
+                    with open(path) as f:
+                        text = main_thread_stack(f.read()) if os.path.getsize(path) else ""
+                except OSError:
+                    continue
+                if text.strip():
+                    break
+            if not text.strip():
                 continue
             lines.append(f"Python stack of rank {r} (main thread):")
             lines.append(_indent(text).rstrip("\n"))

@@ -52,8 +52,9 @@ def _run(case: str, hang_timeout: float = 4, timeout: float = 90, torchrun: bool
 def test_a_rank_that_skips_a_synced_log_is_reported_as_a_desync_naming_both_call_sites():
     stderr, elapsed, code = _run("skip_log")
     assert code != 0
-    assert "desynchronised" in stderr
-    desync = next(line for line in stderr.splitlines() if line.lstrip("[rank0]: ").startswith("Desync:"))
+    # gloo aborts the rank whose collective receives the wrong size: rank 0 (the launching process, then rank 1
+    # reports) or rank 1 (then rank 0 does); either way one report names the first collective that differs
+    desync = next(line for line in stderr.splitlines() if "Desync:" in line)
     assert f"all_reduce(self.log 'train_loss' sync_dist) at {ROOT}/tests/distributed/scripts/{_line('LOG-LINE')}" \
         in desync
     assert "backward (gradient synchronisation)" in desync and "hang_train.py:" in desync.split("rank 1")[-1]
@@ -86,6 +87,28 @@ def test_a_rank_sleeping_in_user_code_is_a_hang_report_with_its_stack():
     assert elapsed < 45, f"took {elapsed:.0f}s: the sleeping rank (60 s) was waited for"
 
 
+def test_ddp_spawn_raises_the_report_in_the_launching_process():
+    import torch
+    from torch.utils.data import DataLoader
+
+    import torchfleet as tf
+    from tests.distributed.scripts.hang_train import Net, data
+    from torchfleet.launchers import ProcessFailedError
+
+    trainer = tf.Trainer(accelerator="cpu", strategy="ddp_spawn", devices=2, max_epochs=1, log_every_n_steps=1,
+                         enable_progress_bar=False, enable_model_summary=False, logger=False,
+                         enable_checkpointing=False, num_sanity_val_steps=0, hang_timeout=3)
+    torch.manual_seed(0)
+    start = time.monotonic()
+    with pytest.raises(ProcessFailedError) as info:
+        trainer.fit(Net("skip_log"), DataLoader(data(), batch_size=4))
+    assert time.monotonic() - start < 60
+    error = info.value
+    assert error.diagnosis == "desync"
+    assert f"{_line('LOG-LINE')} (training epoch 0 batch 2)" in error.collectives
+    assert "backward (gradient synchronisation)" in error.collectives
+
+
 def test_fleet_extra_all_reduce_on_one_rank_is_a_desync():
     stderr, elapsed, code = _run("fleet_reduce")
     assert code != 0
@@ -101,6 +124,16 @@ def test_under_torchrun_each_rank_prints_its_part_and_exits_non_zero():
     assert "torchfleet: rank 0 of 2 waited longer than hang_timeout=3s" in stderr
     assert re.search(rf"rank 0: in #\d+ barrier\(before batch 3\) for [\d.]+s, called at \S*{_line('BARRIER-LINE')}",
                      stderr)
-    assert "torchfleet: rank 1 of 2 another rank waited longer than hang_timeout" in stderr
+    assert "torchfleet: rank 1 of 2 stops: another rank found a hang or a desync" in stderr
     assert f'line {_line("SLEEP-LINE").split(":")[1]} in training_step' in stderr
     assert elapsed < 45
+
+
+def test_under_torchrun_a_desync_is_found_through_the_rendezvous_store_before_hang_timeout():
+    stderr, elapsed, code = _run("extra_gather", hang_timeout=30, torchrun=True)
+    assert code != 0
+    assert "found the ranks waiting in different collectives (a desync)" in stderr
+    desync = next(line for line in stderr.splitlines() if "Desync:" in line)
+    assert f"all_gather(self.all_gather) at {ROOT}/tests/distributed/scripts/{_line('GATHER-LINE')}" in desync
+    assert "backward (gradient synchronisation)" in desync
+    assert elapsed < 25, f"took {elapsed:.0f}s: waited for hang_timeout (30 s) instead of finding the desync"

@@ -172,7 +172,11 @@ class ScriptLauncher(Launcher):
             return _run_watched(children, fn, args, kwargs)
         if os.environ.get(ERROR_DIR_VAR):
             return _run_as_child(fn, args, kwargs)
-        return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as exc:  # torchrun, srun: no launching process of ours to report a failed collective
+            watchdog.explain_failure(exc)
+            raise
 
     def _start_children(self) -> None:
         global _CHILDREN
@@ -246,6 +250,8 @@ def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwarg
         sup.stop()
         # a child that failed before this rank did is the cause; one that failed after is an echo of this error
         if failure is not None and (children.interrupted or failure.failed_at <= failed_at):
+            if failure.diagnosis:  # this rank's own error ("Connection closed by peer") is an echo of the report's
+                raise failure from None
             raise failure from exc
         raise
     finally:
@@ -261,7 +267,38 @@ def _run_as_child(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         raise  # not a failure: this rank saved with the others and exits with the preemption code
     except BaseException as exc:
         write_error(os.environ.get(ERROR_DIR_VAR), int(os.environ.get("LOCAL_RANK", "0")), exc)
+        _report_if_launcher_died(exc)
         raise
+
+
+#: how long a failing child waits to see whether the launching process (rank 0) is gone
+LAUNCHER_GONE_WAIT_S = 1.0
+_REPORTED_FOR_LAUNCHER = False
+
+
+def _report_if_launcher_died(exc: BaseException | None) -> None:
+    """In local rank 1: when the launching process (rank 0) died (gloo aborts a process whose collective received
+    the wrong size), nobody else can report: print the collectives report from the black boxes, end this process."""
+    global _REPORTED_FOR_LAUNCHER
+    error_dir, pid = os.environ.get(ERROR_DIR_VAR), os.environ.get(LAUNCHER_PID_VAR)
+    if _REPORTED_FOR_LAUNCHER or not error_dir or not pid or os.environ.get("LOCAL_RANK") != "1":
+        return
+    deadline = time.monotonic() + LAUNCHER_GONE_WAIT_S
+    while os.getppid() == int(pid) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    if os.getppid() == int(pid):
+        return  # the launching process lives and reports
+    _REPORTED_FOR_LAUNCHER = True
+    ranks = sorted(int(n[len("collectives-"):-4]) for n in os.listdir(error_dir)
+                   if n.startswith("collectives-") and n.endswith(".bin"))
+    kind, text = watchdog.report(error_dir, ranks)
+    if not kind:
+        return
+    why = f" This rank then failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}" if exc else ""
+    sys.stderr.write(f"torchfleet: the launching process (rank 0) died, so every rank stops.{why}\n{text}\n")
+    sys.stderr.flush()
+    shutil.rmtree(error_dir, ignore_errors=True)
+    os._exit(1)
 
 
 _PARENT_WATCH: threading.Thread | None = None
@@ -271,4 +308,4 @@ def _watch_launcher_once() -> None:
     global _PARENT_WATCH
     pid = os.environ.get(LAUNCHER_PID_VAR)
     if _PARENT_WATCH is None and pid:
-        _PARENT_WATCH = watch_parent(int(pid))
+        _PARENT_WATCH = watch_parent(int(pid), on_orphaned=lambda: _report_if_launcher_died(None))

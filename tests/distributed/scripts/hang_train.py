@@ -3,7 +3,7 @@
 ``case``: "skip_log" (rank 1 skips one self.log(sync_dist=True)), "extra_gather" (rank 0 calls one extra
 self.all_gather), "sleep" (rank 1 sleeps in its own code while rank 0 waits in a barrier),
 "fleet_reduce" (a Fleet loop where rank 1 calls one extra fleet.all_reduce), "torchrun_sleep" (as "sleep",
-started by torchrun). ``hang_timeout`` in seconds. Markers in comments name the lines the tests look for.
+started by torchrun). ``hang_timeout`` in seconds; ``accelerator`` (default "cpu"). Markers in comments name the lines the tests look for.
 """
 
 from __future__ import annotations
@@ -18,18 +18,19 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import torchfleet as tf
 
-CFG = json.loads(sys.argv[1])
+CFG: dict = json.loads(sys.argv[1]) if __name__ == "__main__" else {}
 
 
 class Net(tf.Module):
-    def __init__(self) -> None:
+    def __init__(self, case: str) -> None:
         super().__init__()
         self.net = nn.Linear(4, 1)
+        self.case = case
 
     def training_step(self, batch, batch_idx):
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y)
-        case = CFG["case"]
+        case = self.case
         if case == "skip_log" and self.global_rank == 1 and batch_idx == 2:
             pass  # rank 1 skips the sync here
         else:
@@ -53,10 +54,10 @@ def data() -> TensorDataset:
 
 
 def trainer_run() -> None:
-    trainer = tf.Trainer(accelerator="cpu", strategy="ddp", devices=2, max_epochs=1,
+    trainer = tf.Trainer(accelerator=CFG.get("accelerator", "cpu"), strategy="ddp", devices=2, max_epochs=1,
                          log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False, logger=False,
                          enable_checkpointing=False, num_sanity_val_steps=0, hang_timeout=CFG["hang_timeout"])
-    trainer.fit(Net(), DataLoader(data(), batch_size=4))
+    trainer.fit(Net(CFG["case"]), DataLoader(data(), batch_size=4))
 
 
 def fleet_run() -> None:
