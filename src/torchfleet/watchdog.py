@@ -137,7 +137,8 @@ class labelled:  # noqa: N801 - a context manager
 
     def __init__(self, label: str | None, site: str | None = None) -> None:
         self.previous = _REC.label
-        _REC.label = label
+        if label is not None:  # None keeps the label of an enclosing block
+            _REC.label = label
         if site:
             _REC.next_site = site
 

@@ -294,6 +294,6 @@ class ParallelStrategy(Strategy, ABC):
     def reduce_boolean_decision(self, decision: bool, all: bool = True, name: str | None = None) -> bool:
         if self.world_size == 1 or not self.distributed_ready:
             return bool(decision)
-        votes = self.reduce(torch.tensor(int(decision), device=self.root_device), op="sum",
-                            name=f"reduce_boolean_decision{f' {name}' if name else ''}")
+        with watchdog.labelled(f"reduce_boolean_decision{f' {name}' if name else ''}"):
+            votes = self.reduce(torch.tensor(int(decision), device=self.root_device), op="sum")
         return bool(votes == self.world_size) if all else bool(votes > 0)

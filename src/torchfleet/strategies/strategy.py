@@ -34,6 +34,7 @@ from torchfleet.strategies.utils import (
     creation_context,
     move_to_device,
 )
+from torchfleet.watchdog import labelled
 
 if TYPE_CHECKING:
     from torchfleet.accelerators.base import Accelerator
@@ -355,12 +356,14 @@ class Strategy(ABC):
     # the user-facing forms (Module, Trainer, Fleet): nested collections of tensors or numbers
     def all_gather_tree(self, data: Any, sync_grads: bool = False, name: str | None = None) -> Any:
         """``all_gather`` every tensor inside ``data`` (nested dicts, lists, tuples)."""
-        return apply_to_tensors(data, lambda t: self.all_gather(t, sync_grads=sync_grads, name=name))
+        with labelled(name):  # by label, not argument: subclasses may override all_gather(tensor, sync_grads)
+            return apply_to_tensors(data, lambda t: self.all_gather(t, sync_grads=sync_grads))
 
     def all_reduce_tree(self, data: Any, op: ReduceOp = "mean", name: str | None = None) -> Any:
         """``reduce`` every tensor or number inside ``data`` (nested dicts, lists, tuples) with ``op``."""
         _check_op(op)
-        return apply_to_tensors(data, lambda t: self.reduce(t, op=op, name=name))
+        with labelled(name):
+            return apply_to_tensors(data, lambda t: self.reduce(t, op=op))
 
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process reaches this point. One process: returns at once."""
