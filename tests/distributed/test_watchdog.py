@@ -137,3 +137,42 @@ def test_under_torchrun_a_desync_is_found_through_the_rendezvous_store_before_ha
     assert f"all_gather(self.all_gather) at {ROOT}/tests/distributed/scripts/{_line('GATHER-LINE')}" in desync
     assert "backward (gradient synchronisation)" in desync
     assert elapsed < 25, f"took {elapsed:.0f}s: waited for hang_timeout (30 s) instead of finding the desync"
+
+
+def _mismatched_reduce(rank: int, port: int, out: str) -> None:
+    import torch
+
+    from torchfleet import watchdog
+    from torchfleet.accelerators.cpu import CPUAccelerator
+    from torchfleet.environments.local import LocalEnvironment
+    from torchfleet.strategies.ddp import DDPStrategy
+    from torchfleet.strategies.parallel import CollectiveMismatchError
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                      NODE_RANK="0")
+    strategy = DDPStrategy(accelerator=CPUAccelerator())
+    strategy.configure([torch.device("cpu")] * 2, 1, LocalEnvironment())
+    strategy.hang_timeout = None
+    strategy.setup_environment()
+    # the same size and dtype, so gloo pairs them: only the fingerprint tells them apart
+    with watchdog.labelled("self.log 'a' sync_dist" if rank == 0 else "fleet.all_reduce"):
+        try:
+            strategy.reduce(torch.tensor([1.0 + rank]), op="sum")
+            result = "no error"
+        except CollectiveMismatchError as exc:
+            result = str(exc)
+    with open(f"{out}.{rank}", "w") as f:
+        f.write(result)
+
+
+def test_debug_mode_fingerprints_all_reduce_so_paired_different_collectives_raise(tmp_path, monkeypatch):
+    import torch.multiprocessing as mp
+
+    from torchfleet.environments.local import find_free_port
+
+    monkeypatch.setenv("TORCHFLEET_CHECK_COLLECTIVES", "1")  # read when the spawned ranks import torchfleet
+    out = str(tmp_path / "result")
+    mp.spawn(_mismatched_reduce, args=(find_free_port(), out), nprocs=2)
+    results = [open(f"{out}.{rank}").read() for rank in range(2)]
+    assert all(r.startswith("Desync: this rank's collective #1 ") for r in results), results
+    assert "all_reduce(self.log 'a' sync_dist)" in results[0] and "all_reduce(fleet.all_reduce)" in results[1]
