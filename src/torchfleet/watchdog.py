@@ -359,8 +359,12 @@ def start(rank: int, world_size: int, hang_timeout: float | None, folder: str | 
         _WATCH.timeout = hang_timeout
         return
     supervised = folder is not None
-    if folder is None:
+    if folder is None:  # torchrun, srun: a folder of this rank's own, removed when the process exits
+        import atexit
+        import shutil
+
         folder = tempfile.mkdtemp(prefix=f"torchfleet-watch-{rank}-")
+        atexit.register(shutil.rmtree, folder, True)
     path = box_path(folder, rank)
     with open(path, "wb") as f:
         f.write(b"\0" * _BOX_SIZE)
@@ -428,7 +432,7 @@ def _check(watch: _Watch) -> None:
         # torchrun: another rank timed out; print this rank's part, then leave (torchrun stops the rest)
         sys.stderr.write(_own_part(watch, "stops: another rank found a hang or a desync"))
         sys.stderr.flush()
-        os._exit(HANG_EXIT_CODE)
+        _exit_unsupervised(watch)
 
 
 def _local_desync(watch: _Watch) -> bool:
@@ -473,6 +477,14 @@ def _store_desync(watch: _Watch) -> bool:
     return False
 
 
+def _exit_unsupervised(watch: _Watch) -> None:
+    """Under torchrun: remove this rank's own folder (atexit does not run after os._exit), end with HANG_EXIT_CODE."""
+    import shutil
+
+    shutil.rmtree(watch.folder, ignore_errors=True)
+    os._exit(HANG_EXIT_CODE)
+
+
 def write_stacks(watch: _Watch) -> None:
     """This rank's Python stacks (every thread) beside its black box, once."""
     watch.dumped = True
@@ -494,7 +506,7 @@ def _fire(watch: _Watch, why: str | None = None) -> None:
         sys.stderr.write(_own_part(watch, why or f"waited longer than hang_timeout={watch.timeout:g}s", nccl))
         sys.stderr.flush()
         time.sleep(min(2.0, 4 * tick_for(watch.timeout)))  # the others' watchdogs see the store key and print
-        os._exit(HANG_EXIT_CODE)
+        _exit_unsupervised(watch)
     write_stacks(watch)
     try:
         with open(os.path.join(watch.folder, HANG_MARKER), "w") as f:
