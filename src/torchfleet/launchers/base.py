@@ -20,6 +20,10 @@ class ProcessFailedError(TorchfleetError, RuntimeError):
         self.rank, self.detail, self.exitcode = rank, detail, exitcode
         #: when the rank failed (time.time()), where known; orders simultaneous failures
         self.failed_at = 0.0
+        #: "hang" or "desync" when the watchdog's collectives report explains the failure, else ""
+        self.diagnosis = ""
+        #: that report: every rank's current or last collective (number, name, call site), stacks
+        self.collectives = ""
         super().__init__(
             f"Rank {rank} failed{describe_exit(exitcode)}, so the other ranks were stopped. Its error:\n{detail.rstrip()}"
         )
