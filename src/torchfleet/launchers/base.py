@@ -62,6 +62,9 @@ def failure_summary(error: BaseException, rank: int) -> str:
         lines = [line.strip() for line in error.detail.splitlines() if line.strip()]
         traceback = bool(lines) and lines[0].startswith("Traceback")
         reason = f": {lines[-1]}" if traceback else ""
+        diagnosis = getattr(error, "diagnosis", None)  # the watchdog's finding: the report says the rest
+        if diagnosis:
+            reason = f": {'a desync' if diagnosis == 'desync' else 'a hang'} between the ranks' collectives"
         return f"rank {error.rank} failed{describe_exit(error.exitcode)}{reason}"
     message = str(error).strip().splitlines()
     return f"rank {rank} raised {type(error).__name__}" + (f": {message[0]}" if message else "")
@@ -78,6 +81,9 @@ def say_restart(cause: BaseException, rank: int, done: int, max_restarts: int, w
     if not max_restarts:
         return False
     summary = failure_summary(cause, rank)
+    report = getattr(cause, "collectives", None)
+    if report:  # what each rank was doing, before the line that says what happens next
+        sys.stderr.write(f"{report}\n")
     if done >= max_restarts:
         sys.stderr.write(f"torchfleet: {summary}; all {max_restarts} restart(s) used, so the run fails.\n")
     else:
