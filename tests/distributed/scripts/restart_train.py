@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 import sys
+import time
 
 import torch
 from torch.utils.data import DataLoader
