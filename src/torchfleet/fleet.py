@@ -18,6 +18,7 @@ import logging
 import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,6 +32,7 @@ from torchfleet.fleet_wrappers import FleetDataLoader, FleetModule, FleetOptimiz
 from torchfleet.preemption import PreemptionWatch, restart_count
 from torchfleet.seed import add_worker_init_fn
 from torchfleet.settings import TrainingSettings
+from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, labelled, parse_hang_timeout
 
 if TYPE_CHECKING:
     from torchfleet.strategies.strategy import Strategy
@@ -81,6 +83,8 @@ class Fleet:
     many times (default 0: fail at once): ``launch(fn)`` runs ``fn`` again in new ranks (ddp_spawn,
     ddp_fork), ``ddp`` re-runs the whole script. The loop resumes itself: ``fleet.restart_count`` says
     which start this is.
+    ``hang_timeout``: seconds (or a timedelta) a rank may wait in one collective before every rank is
+    stopped with a report of what each was doing (hang or desync, with call sites); default 300, None or 0: off.
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class Fleet:
         loggers: Any = None,
         training: TrainingSettings | None = None,
         max_restarts: int = 0,
+        hang_timeout: float | timedelta | None = DEFAULT_HANG_TIMEOUT_S,
     ) -> None:
         from torchfleet.connector import resolve
 
@@ -120,6 +125,10 @@ class Fleet:
         self._backward_module: Any = _NOT_SET_UP
         #: SIGTERM/SIGUSR1, agreed across ranks after optimizer steps, once the loop reads preemption_requested
         self._preemption = PreemptionWatch()
+        #: seconds a rank may wait in one collective before the watchdog stops the run (None: no watchdog)
+        self.hang_timeout = parse_hang_timeout(hang_timeout, "Fleet")
+        if hasattr(self._strategy, "hang_timeout"):
+            self._strategy.hang_timeout = self.hang_timeout
 
     def __getstate__(self) -> dict[str, Any]:
         # ddp_spawn pickles the Fleet into every rank; what was set up here stays here (a WeakSet cannot travel)
@@ -429,18 +438,21 @@ class Fleet:
     # ----------------------------------------------------------- collectives
     def all_reduce(self, data: Any, reduce_op: str = "mean") -> Any:
         """Reduce tensors (or numbers, or nested collections of them) across processes: mean, sum, max, min."""
-        return self._strategy.all_reduce_tree(data, reduce_op)
+        with labelled("fleet.all_reduce"):
+            return self._strategy.all_reduce_tree(data, reduce_op)
 
     def all_gather(self, data: Any, sync_grads: bool = False) -> Any:
         """Gather tensors (or nested collections of them) from every process, stacked along a new dim 0.
 
         Tensors whose first dimension differs between processes come back as a list, one per process.
         """
-        return self._strategy.all_gather_tree(data, sync_grads)
+        with labelled("fleet.all_gather"):
+            return self._strategy.all_gather_tree(data, sync_grads)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Return process ``src``'s ``obj`` on every process."""
-        return self._strategy.broadcast(obj, src=src)
+        with labelled("fleet.broadcast"):
+            return self._strategy.broadcast(obj, src=src)
 
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process gets here."""

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from torchfleet.errors import ConfigurationError
+from torchfleet.watchdog import labelled
 
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
@@ -382,15 +383,18 @@ class Module(nn.Module, HyperparametersMixin):
 
         Tensors whose first dimension differs between processes come back as a list, one per process.
         """
-        return self._collectives().all_gather_tree(data, sync_grads)
+        with labelled("self.all_gather"):
+            return self._collectives().all_gather_tree(data, sync_grads)
 
     def all_reduce(self, data: Any, reduce_op: str = "mean") -> Any:
         """Reduce tensors (or numbers, or nested collections of them) across processes: mean, sum, max, min."""
-        return self._collectives().all_reduce_tree(data, reduce_op)
+        with labelled("self.all_reduce"):
+            return self._collectives().all_reduce_tree(data, reduce_op)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Return process ``src``'s ``obj`` on every process."""
-        return self._collectives().broadcast(obj, src=src)
+        with labelled("self.broadcast"):
+            return self._collectives().broadcast(obj, src=src)
 
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process gets here."""

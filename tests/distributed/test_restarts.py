@@ -76,6 +76,16 @@ def test_ddp_spawn_rank_killed_is_restarted_and_ends_as_an_uninterrupted_run(tmp
     assert "restart 2 of 2" not in stderr
 
 
+def test_a_hang_found_by_rank_0s_watchdog_restarts_the_group(tmp_path, reference):
+    # rank 1 sleeps in training_step; rank 0, the launching process, waits in the gradient all-reduce until its
+    # watchdog fires after hang_timeout: that is a failure like any other, so the group starts again
+    stderr = _fails_once_then_matches(tmp_path, reference, strategy="ddp", fail_how="hang", hang_timeout=3,
+                                      max_restarts=1)
+    assert ("torchfleet: rank 0 failed (exit code 76): a hang between the ranks' collectives; running the command "
+            "again on all 2 ranks (restart 1 of 1).") in stderr
+    assert "Hang" in stderr  # the collectives report comes before that line
+
+
 def test_torchrun_max_restarts_resumes_the_same_script(tmp_path, reference):
     # torchrun restarts the ranks itself and sets TORCHELASTIC_RESTART_COUNT, which auto_resume reads
     _fails_once_then_matches(tmp_path, reference, ("-m", "torch.distributed.run", "--standalone",

@@ -20,6 +20,10 @@ class ProcessFailedError(TorchfleetError, RuntimeError):
         self.rank, self.detail, self.exitcode = rank, detail, exitcode
         #: when the rank failed (time.time()), where known; orders simultaneous failures
         self.failed_at = 0.0
+        #: "hang" or "desync" when the watchdog's collectives report explains the failure, else ""
+        self.diagnosis = ""
+        #: that report: every rank's current or last collective (number, name, call site), stacks
+        self.collectives = ""
         super().__init__(
             f"Rank {rank} failed{describe_exit(exitcode)}, so the other ranks were stopped. Its error:\n{detail.rstrip()}"
         )
@@ -58,6 +62,9 @@ def failure_summary(error: BaseException, rank: int) -> str:
         lines = [line.strip() for line in error.detail.splitlines() if line.strip()]
         traceback = bool(lines) and lines[0].startswith("Traceback")
         reason = f": {lines[-1]}" if traceback else ""
+        diagnosis = getattr(error, "diagnosis", None)  # the watchdog's finding: the report says the rest
+        if diagnosis:
+            reason = f": {'a desync' if diagnosis == 'desync' else 'a hang'} between the ranks' collectives"
         return f"rank {error.rank} failed{describe_exit(error.exitcode)}{reason}"
     message = str(error).strip().splitlines()
     return f"rank {rank} raised {type(error).__name__}" + (f": {message[0]}" if message else "")
@@ -74,6 +81,9 @@ def say_restart(cause: BaseException, rank: int, done: int, max_restarts: int, w
     if not max_restarts:
         return False
     summary = failure_summary(cause, rank)
+    report = getattr(cause, "collectives", None)
+    if report:  # what each rank was doing, before the line that says what happens next
+        sys.stderr.write(f"{report}\n")
     if done >= max_restarts:
         sys.stderr.write(f"torchfleet: {summary}; all {max_restarts} restart(s) used, so the run fails.\n")
     else:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from torchfleet import watchdog
 from torchfleet.errors import ConfigurationError
 from torchfleet.launchers.base import (
     Launcher,
@@ -48,6 +49,7 @@ from torchfleet.launchers.supervise import (
     Supervisor,
     error_file,
     mark_launched_child,
+    set_own_error_dir,
     watch_parent,
     write_error,
 )
@@ -93,9 +95,33 @@ class _Children:
         self.main_error: tuple[BaseException, float] | None = None
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._excepthook
+        self.lock = threading.Lock()
         self._thread = threading.Thread(target=self._watch, name="torchfleet-rank-watch", daemon=True)
         self._thread.start()
         atexit.register(self._at_exit)
+        set_own_error_dir(supervisor.error_dir)
+        watchdog.set_in_process_supervisor(self._own_hang)
+
+    def _own_hang(self, watch: Any) -> None:
+        """This process's own watchdog fired (rank 0 waited too long in a collective): report for every rank, exit."""
+        sup = self.supervisor
+        with self.lock:  # the watcher thread must not interrupt the main thread now: this thread reports
+            deferred = self.interrupted or self.reported
+            self.main_stopped.set()
+        if deferred:  # the main thread was already told to stop and reports: leave it to do so
+            threading.Event().wait()
+        with sup._lock:
+            failure = sup.failure or sup.diagnose(
+                ProcessFailedError(sup._global_rank(0), "", watchdog.HANG_EXIT_CODE), hang_rank=sup._global_rank(0))
+            sup.failure = failure
+        self.restart_if_left(failure)  # does not return when restarts are left (the report is the restart line)
+        self.reported = True
+        sys.stderr.write(f"torchfleet: {failure}\n")
+        sys.stderr.flush()
+        for p in sup.procs:  # at once: the main thread would report again when its collective fails
+            _signal_kill(p)
+        shutil.rmtree(sup.error_dir, ignore_errors=True)
+        os._exit(watchdog.HANG_EXIT_CODE)
 
     def _excepthook(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
         self.main_error = (value, time.time())
@@ -132,8 +158,11 @@ class _Children:
         # will never finish); outside one, the next launch or the exit of the script reports the failure.
         while not self.main_stopped.is_set():
             if self.in_launch:
-                self.interrupted = True
-                _thread.interrupt_main()
+                with self.lock:
+                    if self.main_stopped.is_set():
+                        return
+                    self.interrupted = True
+                    _thread.interrupt_main()
                 if not self.main_stopped.wait(INTERRUPT_GRACE_S):
                     # blocked inside C++ where the interrupt cannot land: exit with the report ourselves
                     self._report_and_exit(sup.failure)
@@ -201,7 +230,11 @@ class ScriptLauncher(Launcher):
             return _run_watched(children, fn, args, kwargs)
         if os.environ.get(ERROR_DIR_VAR):
             return _run_as_child(fn, args, kwargs)
-        return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as exc:  # torchrun, srun: no launching process of ours to report a failed collective
+            watchdog.explain_failure(exc)
+            raise
 
     def _start_children(self) -> None:
         global _CHILDREN
@@ -226,13 +259,21 @@ class ScriptLauncher(Launcher):
             procs.append(subprocess.Popen(command, env=child_env))
             ranks.append(local_rank)
         log.info("Started local ranks 1..%d with: %s", self.num_processes - 1, " ".join(command))
-        _CHILDREN = _Children(Supervisor(procs, ranks, error_dir, env.node_rank(), self.num_processes), original_env)
+        _CHILDREN = _Children(Supervisor(procs, ranks, error_dir, env.node_rank(), self.num_processes, self_rank=0),
+                              original_env)
 
     def kill(self, signum: int = 15) -> None:
         if _CHILDREN is not None:
             for p in _CHILDREN.supervisor.procs:
                 if p.poll() is None:
                     p.send_signal(signum)
+
+
+def _signal_kill(proc: Any) -> None:
+    try:
+        proc.kill()
+    except OSError:
+        pass
 
 
 def _export_rank_env(env: ClusterEnvironment, num_processes: int, num_nodes: int) -> dict[str, str]:
@@ -272,6 +313,8 @@ def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwarg
         if not ctrl_c and not _clean_exit(exc):
             children.restart_if_left(failure if child_caused else exc)  # does not return when restarts are left
         if child_caused:
+            if failure.diagnosis:  # this rank's own error ("Connection closed by peer") is an echo of the report's
+                raise failure from None
             raise failure from exc
         raise
     finally:
@@ -322,7 +365,38 @@ def _run_as_child(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         raise  # not a failure: this rank saved with the others and exits with the preemption code
     except BaseException as exc:
         write_error(os.environ.get(ERROR_DIR_VAR), int(os.environ.get("LOCAL_RANK", "0")), exc)
+        _report_if_launcher_died(exc)
         raise
+
+
+#: how long a failing child waits to see whether the launching process (rank 0) is gone
+LAUNCHER_GONE_WAIT_S = 1.0
+_REPORTED_FOR_LAUNCHER = False
+
+
+def _report_if_launcher_died(exc: BaseException | None) -> None:
+    """In local rank 1: when the launching process (rank 0) died (gloo aborts a process whose collective received
+    the wrong size), nobody else can report: print the collectives report from the black boxes, end this process."""
+    global _REPORTED_FOR_LAUNCHER
+    error_dir, pid = os.environ.get(ERROR_DIR_VAR), os.environ.get(LAUNCHER_PID_VAR)
+    if _REPORTED_FOR_LAUNCHER or not error_dir or not pid or os.environ.get("LOCAL_RANK") != "1":
+        return
+    deadline = time.monotonic() + LAUNCHER_GONE_WAIT_S
+    while os.getppid() == int(pid) and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    if os.getppid() == int(pid):
+        return  # the launching process lives and reports
+    _REPORTED_FOR_LAUNCHER = True
+    ranks = sorted(int(n[len("collectives-"):-4]) for n in os.listdir(error_dir)
+                   if n.startswith("collectives-") and n.endswith(".bin"))
+    kind, text = watchdog.report(error_dir, ranks)
+    if not kind:
+        return
+    why = f" This rank then failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}" if exc else ""
+    sys.stderr.write(f"torchfleet: the launching process (rank 0) died, so every rank stops.{why}\n{text}\n")
+    sys.stderr.flush()
+    shutil.rmtree(error_dir, ignore_errors=True)
+    os._exit(1)
 
 
 _PARENT_WATCH: threading.Thread | None = None
@@ -352,4 +426,4 @@ def _watch_launcher_once() -> None:
     global _PARENT_WATCH
     pid = os.environ.get(LAUNCHER_PID_VAR)
     if _PARENT_WATCH is None and pid:
-        _PARENT_WATCH = watch_parent(int(pid))
+        _PARENT_WATCH = watch_parent(int(pid), on_orphaned=lambda: _report_if_launcher_died(None))

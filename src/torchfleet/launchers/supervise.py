@@ -24,12 +24,16 @@ from typing import Any
 from torchfleet.launchers.base import STOP_GRACE_S, ProcessFailedError, describe_exit
 from torchfleet.preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
 from torchfleet.preemption import set_stop_marker
+from torchfleet.watchdog import DUMP_REQUEST, HANG_EXIT_CODE, HANG_MARKER, stacks_path
+from torchfleet.watchdog import report as collectives_report
 
 #: environment variables through which a launched child learns where to report and whom to watch
 ERROR_DIR_VAR = "TF_ERROR_DIR"
 LAUNCHER_PID_VAR = "TF_LAUNCHER_PID"
 
 POLL_S = 0.05
+#: how long the launching process waits for the live ranks' stacks when it reports a hang or a desync
+STACKS_WAIT_S = 3.0
 #: the file whose existence tells the children that a SIGTERM comes from their launcher stopping them
 STOP_MARKER = "stopping"
 
@@ -38,6 +42,20 @@ def _exitcode(proc: Any) -> int | None:
     # Popen has poll(); multiprocessing.Process has exitcode
     poll = getattr(proc, "poll", None)
     return poll() if poll is not None else proc.exitcode
+
+
+#: in the launching process of the script launcher, which is also local rank 0: its run's folder
+_OWN_ERROR_DIR: str | None = None
+
+
+def rank_error_dir() -> str | None:
+    """The folder where this rank reports to its launching process (None under torchrun, srun, or one process)."""
+    return os.environ.get(ERROR_DIR_VAR) or _OWN_ERROR_DIR
+
+
+def set_own_error_dir(path: str | None) -> None:
+    global _OWN_ERROR_DIR
+    _OWN_ERROR_DIR = path
 
 
 def error_file(error_dir: str, local_rank: int) -> str:
@@ -64,13 +82,19 @@ def write_error(error_dir: str | None, local_rank: int, exc: BaseException) -> N
 
 
 class Supervisor:
-    """The children of one launch: ``ranks[i]`` is the local rank of ``procs[i]``."""
+    """The children of one launch: ``ranks[i]`` is the local rank of ``procs[i]``.
 
-    def __init__(self, procs: Sequence[Any], ranks: Sequence[int], error_dir: str, node_rank: int, num_processes: int):
+    ``self_rank``: the local rank this (launching) process runs itself, if any (ddp's rank 0).
+    """
+
+    def __init__(self, procs: Sequence[Any], ranks: Sequence[int], error_dir: str, node_rank: int, num_processes: int,
+                 self_rank: int | None = None):
         self.procs, self.ranks = list(procs), list(ranks)
         self.error_dir = error_dir
         self.node_rank, self.num_processes = node_rank, num_processes
+        self.self_rank = self_rank
         self.failure: ProcessFailedError | None = None
+        self._lock = threading.RLock()  # the watcher thread and the main thread may both look
 
     def _global_rank(self, local_rank: int) -> int:
         return self.node_rank * self.num_processes + local_rank
@@ -90,8 +114,50 @@ class Supervisor:
             detail = (f"it left no Python traceback{describe_exit(exitcode)}; its own output above may say more."
                       if exitcode is not None else "it left no Python traceback.")
             failed_at = 0.0
+        if exitcode == HANG_EXIT_CODE and os.path.exists(os.path.join(self.error_dir, HANG_MARKER)):
+            detail = "its watchdog stopped it: it waited in one collective longer than hang_timeout."
         error = ProcessFailedError(self._global_rank(rank), detail, exitcode)
         error.failed_at = failed_at
+        return error
+
+    def _local_ranks(self) -> list[int]:
+        return sorted({*self.ranks, *([self.self_rank] if self.self_rank is not None else [])})
+
+    def diagnose(self, failure: ProcessFailedError, hang_rank: int | None = None) -> ProcessFailedError:
+        """``failure`` with the collectives report appended when the ranks hung or desynchronised.
+
+        Reads every rank's black box (watchdog.py); when the report says hang or desync, asks the live ranks
+        for their Python stacks first (the ``dump`` file their watchdogs look for) and waits for them a moment.
+        """
+        hung = hang_rank is not None or (failure.exitcode == HANG_EXIT_CODE
+                                         and os.path.exists(os.path.join(self.error_dir, HANG_MARKER)))
+        ranks = [self._global_rank(r) for r in self._local_ranks()]
+        kind, _ = collectives_report(self.error_dir, ranks)
+        if not hung and kind != "desync":
+            return failure
+        try:
+            with open(os.path.join(self.error_dir, DUMP_REQUEST), "w"):
+                pass
+        except OSError:
+            return failure
+        alive = [self._global_rank(r) for p, r in zip(self.procs, self.ranks) if _exitcode(p) is None]
+        if self.self_rank is not None:
+            alive.append(self._global_rank(self.self_rank))
+        deadline = time.monotonic() + STACKS_WAIT_S
+        while time.monotonic() < deadline and not all(os.path.exists(stacks_path(self.error_dir, r)) for r in alive):
+            time.sleep(POLL_S)
+        timeout = _hang_timeout(self.error_dir)
+        kind, text = collectives_report(self.error_dir, ranks, timeout)
+        rank = hang_rank if hang_rank is not None else failure.rank
+        how = ("its watchdog stopped it" if hung else f"it failed{describe_exit(failure.exitcode)}")
+        if kind == "desync":
+            head = f"The ranks desynchronised (rank {rank} noticed first: {how}), so every rank was stopped."
+        else:
+            head = f"Rank {rank} waited in one collective longer than hang_timeout, so every rank was stopped."
+        detail = failure.detail if not hung else ""
+        error = ProcessFailedError(failure.rank, f"{detail.rstrip()}\n{text}".strip(), failure.exitcode)
+        error.args = (f"{head}\n{text}" + (f"\nIts error:\n{detail.rstrip()}" if detail.strip() else ""),)
+        error.failed_at, error.diagnosis, error.collectives = failure.failed_at, kind or "hang", text
         return error
 
     def check(self) -> ProcessFailedError | None:
@@ -100,11 +166,15 @@ class Supervisor:
         When several have failed by the time we look, the earliest is the cause: the others
         usually fail because it closed its connections ("Connection closed by peer").
         """
+        with self._lock:
+            return self._check()
+
+    def _check(self) -> ProcessFailedError | None:
         if self.failure is None:
             failures = [self.failed(rank, code) for proc, rank in zip(self.procs, self.ranks)
                         if (code := _exitcode(proc)) is not None and code not in (0, PREEMPTED_EXIT_CODE)]
             if failures:
-                self.failure = min(failures, key=lambda f: f.failed_at)
+                self.failure = self.diagnose(min(failures, key=lambda f: f.failed_at))
         return self.failure
 
     def wait_for_failure(self, timeout: float) -> ProcessFailedError | None:
@@ -161,6 +231,14 @@ class Supervisor:
         if failure is not None:
             self.stop()
             raise failure
+
+
+def _hang_timeout(error_dir: str) -> float | None:
+    try:
+        with open(os.path.join(error_dir, HANG_MARKER)) as f:
+            return float(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _signal(proc: Any, how: str) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from torchfleet import watchdog
 from torchfleet.errors import ConfigurationError
 from torchfleet.launchers.base import check_max_restarts, check_restarts_apply
 from torchfleet.strategies.parallel import ParallelStrategy
@@ -188,6 +189,7 @@ class DDPStrategy(ParallelStrategy):
                     f"{self.world_size}. One script trains with one world size: give every Trainer/Fleet the same "
                     "devices and num_nodes, or call torch.distributed.destroy_process_group() between them."
                 )
+            self._start_watchdog(None)
             return
         env = self.cluster_environment
         assert env is not None
@@ -203,9 +205,27 @@ class DDPStrategy(ParallelStrategy):
             kwargs["device_id"] = self.root_device
         log.debug("init_process_group(%s) rank %d of %d at %s:%s", self.process_group_backend, self.global_rank,
                   self.world_size, os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
+        nccl_prefix = None
+        if self.process_group_backend == "nccl" and self.hang_timeout is not None:
+            nccl_prefix = watchdog.nccl_flight_recorder_env()
         dist.init_process_group(self.process_group_backend, world_size=self.world_size, rank=self.global_rank,
                                 **kwargs)
         atexit.register(_destroy_process_group)
+        self._start_watchdog(nccl_prefix)
+
+    def _start_watchdog(self, nccl_prefix: str | None) -> None:
+        """Open this rank's collectives record and start its hang watchdog (watchdog.py), once per process."""
+        if self.world_size == 1:
+            return
+        from torch.distributed import distributed_c10d
+
+        from torchfleet.launchers.supervise import rank_error_dir
+
+        try:
+            store = distributed_c10d._get_default_store()
+        except Exception:  # noqa: BLE001 - torchrun's agent store may not be reachable this way
+            store = None
+        watchdog.start(self.global_rank, self.world_size, self.hang_timeout, rank_error_dir(), store, nccl_prefix)
 
     # ----------------------------------------------------------------- the module
     def setup_module(self, module: nn.Module) -> nn.Module:

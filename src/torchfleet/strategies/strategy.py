@@ -34,6 +34,7 @@ from torchfleet.strategies.utils import (
     creation_context,
     move_to_device,
 )
+from torchfleet.watchdog import labelled
 
 if TYPE_CHECKING:
     from torchfleet.accelerators.base import Accelerator
@@ -341,32 +342,36 @@ class Strategy(ABC):
         yield
 
     # ------------------------------------------------------------ collectives
-    def reduce(self, tensor: Tensor | float, op: ReduceOp = "mean") -> Tensor | float:
-        """Reduce ``tensor`` across all processes with ``op`` (mean, sum, max, min). One process: unchanged."""
+    def reduce(self, tensor: Tensor | float, op: ReduceOp = "mean", name: str | None = None) -> Tensor | float:
+        """Reduce ``tensor`` across all processes with ``op`` (mean, sum, max, min). One process: unchanged.
+
+        ``name`` (on every collective) says what it is for, in hang and desync reports."""
         _check_op(op)
         return tensor
 
-    def all_gather(self, tensor: Tensor, sync_grads: bool = False) -> Tensor:
+    def all_gather(self, tensor: Tensor, sync_grads: bool = False, name: str | None = None) -> Tensor:
         """Stack ``tensor`` from every process along a new first dimension. One process: ``tensor[None]``."""
         return tensor.unsqueeze(0) if isinstance(tensor, Tensor) else tensor
 
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
+    def broadcast(self, obj: Any, src: int = 0, name: str | None = None) -> Any:
         """Return rank ``src``'s ``obj`` on every process. One process: ``obj``."""
         return obj
 
-    def all_gather_object(self, obj: Any) -> list[Any]:
+    def all_gather_object(self, obj: Any, name: str | None = None) -> list[Any]:
         """Every process's picklable ``obj``, in rank order. One process: ``[obj]``."""
         return [obj]
 
     # the user-facing forms (Module, Trainer, Fleet): nested collections of tensors or numbers
-    def all_gather_tree(self, data: Any, sync_grads: bool = False) -> Any:
+    def all_gather_tree(self, data: Any, sync_grads: bool = False, name: str | None = None) -> Any:
         """``all_gather`` every tensor inside ``data`` (nested dicts, lists, tuples)."""
-        return apply_to_tensors(data, lambda t: self.all_gather(t, sync_grads=sync_grads))
+        with labelled(name):  # by label, not argument: subclasses may override all_gather(tensor, sync_grads)
+            return apply_to_tensors(data, lambda t: self.all_gather(t, sync_grads=sync_grads))
 
-    def all_reduce_tree(self, data: Any, op: ReduceOp = "mean") -> Any:
+    def all_reduce_tree(self, data: Any, op: ReduceOp = "mean", name: str | None = None) -> Any:
         """``reduce`` every tensor or number inside ``data`` (nested dicts, lists, tuples) with ``op``."""
         _check_op(op)
-        return apply_to_tensors(data, lambda t: self.reduce(t, op=op))
+        with labelled(name):
+            return apply_to_tensors(data, lambda t: self.reduce(t, op=op))
 
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process reaches this point. One process: returns at once."""
@@ -380,7 +385,7 @@ class Strategy(ABC):
         """
         yield _no_wait
 
-    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+    def reduce_boolean_decision(self, decision: bool, all: bool = True, name: str | None = None) -> bool:
         """Agree on a flag across processes: True if ``all`` (or, with all=False, any) of them said True."""
         return bool(decision)
 

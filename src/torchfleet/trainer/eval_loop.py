@@ -9,6 +9,7 @@ import torch
 from torchfleet.errors import MisconfiguredModuleError
 from torchfleet.trainer.hooks import batch_transfer_fn, step_capacity, trim_step_arguments
 from torchfleet.trainer.logging import Results
+from torchfleet.watchdog import set_position
 
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
@@ -99,6 +100,7 @@ class EvalLoop:
             for batch_idx, batch in enumerate(loader):
                 if batch_idx >= limit:
                     break
+                set_position((self.stage, None, batch_idx))  # named in hang/desync reports (watchdog.py)
                 batch = transfer(batch)
                 res.new_batch(batch)
                 for fn in start_cbs:
@@ -114,6 +116,7 @@ class EvalLoop:
                 if end_mod is not None:
                     hooks.call_module(trainer, f"on_{hook}_batch_end", end_mod, out, batch, batch_idx, *extra)
             self.predictions.append(preds)
+        set_position(None)
         model._results = results_by_loader[0] if results_by_loader else results
         if self.stage != "predict":
             def publish() -> None:

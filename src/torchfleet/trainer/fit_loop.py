@@ -19,6 +19,7 @@ from torchfleet.seed import capture_rng, restore_rng
 from torchfleet.trainer.eval_loop import EvalLoop, publish_epoch
 from torchfleet.trainer.hooks import batch_transfer_fn, trim_step_arguments
 from torchfleet.trainer.logging import Results
+from torchfleet.watchdog import set_position
 
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
@@ -216,9 +217,11 @@ class FitLoop:
         trainer._current_fx("training_step")
         window_has_grads = False
         stopped = False
+        epoch = state.current_epoch
         for batch_idx, batch in enumerate(iterator, start_batch):
             if batch_idx >= limit:
                 break
+            set_position(("training", epoch, batch_idx))  # named in hang/desync reports (watchdog.py)
             trainer.is_last_batch = is_last = batch_idx + 1 >= limit
             batch = transfer(batch)
             results.new_batch(batch)
@@ -270,6 +273,7 @@ class FitLoop:
             if agreement is not None and boundary and (signum := agreement.poll()):
                 preemption.stop(signum)
         del iterator
+        set_position(None)
         # A stop before the epoch's last batch: a resumed run continues this epoch from the next batch, with the
         # RNG as it is here, before the end-of-epoch work below (an uninterrupted run would not do it here).
         # An iterable without a length cannot tell its last batch: a resumed run then finds it exhausted.

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
+from torchfleet.watchdog import call_site, labelled
 
 if TYPE_CHECKING:
     from torchfleet.strategies.strategy import Strategy
@@ -61,6 +62,7 @@ class LoggedValue:
     total: Tensor | None = None
     weight: float = 0.0
     fresh: bool = True  # logged since the last step collection
+    site: str = ""  # where self.log was called (file:line), for sync_dist: named in hang and desync reports
     metric: Any = None  # a torchmetrics Metric logged as the value: its own compute() gives the epoch value
 
     def update(self, value: Tensor, batch_size: int) -> None:
@@ -187,6 +189,8 @@ class Results:
             entry = LoggedValue(
                 name, on_step, on_epoch, normalize_reduce_fx(reduce_fx), sync_dist, prog_bar, logger, tensor
             )
+            if sync_dist:
+                entry.site = call_site()
             self.values[name] = entry
         if entry.on_epoch:
             size = batch_size if batch_size is not None else (self.batch_size() if entry.reduce_fx == "mean" else 1)
@@ -228,7 +232,7 @@ class Results:
             v.fresh = False
         if not fresh:
             return {}, {}, {}
-        values = sync_values(strategy, [(v.latest, v.reduce_fx, v.sync_dist) for v in fresh])
+        values = sync_values(strategy, [(v.latest, v.reduce_fx, v.sync_dist) for v in fresh], fresh)
         # a value logged on both step and epoch is "name_step" here and "name_epoch" there
         return _route(fresh, values, [f"{v.name}_step" if v.on_epoch else v.name for v in fresh])
 
@@ -265,7 +269,16 @@ def _distributed(strategy: Strategy | None) -> bool:
     return strategy is not None and strategy.world_size > 1
 
 
-def sync_values(strategy: Strategy | None, items: list[tuple[Tensor, str, bool]]) -> list[Tensor]:
+def _sync_label(entries: list[LoggedValue] | None, idx: list[int], when: str = "") -> labelled:
+    """Names the collective in hang/desync reports ("self.log 'loss' sync_dist") at the first self.log's line."""
+    if entries is None:
+        return labelled(f"self.log sync_dist{when}")
+    names = ", ".join(repr(entries[i].name) for i in idx)
+    return labelled(f"self.log {names} sync_dist{when}", entries[idx[0]].site or None)
+
+
+def sync_values(strategy: Strategy | None, items: list[tuple[Tensor, str, bool]],
+                entries: list[LoggedValue] | None = None, when: str = "") -> list[Tensor]:
     """Reduce the ``sync_dist`` values across ranks: one collective per reduce op, not one per name."""
     out = [t for t, _, _ in items]
     if not _distributed(strategy):
@@ -276,7 +289,8 @@ def sync_values(strategy: Strategy | None, items: list[tuple[Tensor, str, bool]]
             by_op.setdefault(fx, []).append(i)
     for fx, idx in by_op.items():
         stacked = torch.stack([out[i].to(strategy.root_device, torch.float32) for i in idx])  # type: ignore[union-attr]
-        reduced = strategy.reduce(stacked, op=fx)  # type: ignore[union-attr]
+        with _sync_label(entries, idx, when):
+            reduced = strategy.reduce(stacked, op=fx)  # type: ignore[union-attr]
         for j, i in enumerate(idx):
             out[i] = reduced[j]
     return out
@@ -296,7 +310,9 @@ def _agree_on_synced(strategy: Strategy, entries: list[LoggedValue]) -> list[Log
     mine = {v.name: v for v in entries if v.sync_dist}
     options = [(v.name, v.reduce_fx, v.on_step, v.prog_bar, v.logger) for v in mine.values()]
     union: dict[str, tuple] = {}
-    for rank_options in strategy.all_gather_object(options):
+    with labelled("self.log sync_dist names, epoch end"):
+        gathered = strategy.all_gather_object(options)
+    for rank_options in gathered:
         for opt in rank_options:
             union.setdefault(opt[0], opt)
     synced = []
@@ -323,13 +339,15 @@ def sync_epoch(strategy: Strategy | None, entries: list[LoggedValue]) -> list[Te
             [entries[i].total.to(dev, torch.float32) for i in means]  # type: ignore[union-attr]
             + [torch.tensor(float(entries[i].weight), device=dev) for i in means]
         )
-        summed = strategy.reduce(packed, op="sum")
+        with _sync_label(entries, means, ", epoch end"):
+            summed = strategy.reduce(packed, op="sum")
         n = len(means)
         for j, i in enumerate(means):
             out[i] = summed[j] / summed[n + j]
     others = [(out[i], v.reduce_fx, True) for i, v in enumerate(entries) if v.sync_dist and v.reduce_fx != "mean"]
     if others:
-        reduced = sync_values(strategy, others)
+        reduced = sync_values(strategy, others, [v for v in entries if v.sync_dist and v.reduce_fx != "mean"],
+                              ", epoch end")
         k = 0
         for i, v in enumerate(entries):
             if v.sync_dist and v.reduce_fx != "mean":

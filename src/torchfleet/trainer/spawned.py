@@ -70,5 +70,5 @@ class _Fixed:
     def __init__(self, value: Any) -> None:
         self.value = value
 
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
+    def broadcast(self, obj: Any, src: int = 0, name: str | None = None) -> Any:
         return self.value

@@ -19,6 +19,7 @@ from torchfleet.settings import TrainingSettings
 from torchfleet.trainer.hooks import HookDispatcher
 from torchfleet.trainer.progress import FitProgress
 from torchfleet.trainer.state import RunState, TrainerStatus
+from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, labelled, parse_hang_timeout
 
 if TYPE_CHECKING:
     from torchfleet.precision import Precision
@@ -139,6 +140,8 @@ class Trainer:
         max_restarts: when a rank of a multi-process run (ddp, ddp_spawn, ddp_fork, fsdp, deepspeed) raises or
             dies, every rank is stopped and started again, resuming from the newest complete checkpoint, up to this
             many times (default 0: the run fails at once). ddp re-runs the whole script.
+        hang_timeout: seconds (or a timedelta) a rank may wait in one collective before every rank is stopped with a
+            report of what each was doing (hang or desync, with call sites and stacks); default 300, None or 0: off.
     """
 
     def __init__(
@@ -182,6 +185,7 @@ class Trainer:
         profiler: Any = None,
         auto_resume: bool = True,
         max_restarts: int = 0,
+        hang_timeout: float | timedelta | None = DEFAULT_HANG_TIMEOUT_S,
     ) -> None:
         from torchfleet.connector import resolve
 
@@ -261,6 +265,10 @@ class Trainer:
                                      "from its newest checkpoint) or False.")
         #: a restarted run (TORCHELASTIC_RESTART_COUNT or SLURM_RESTART_COUNT > 0) resumes from its newest checkpoint
         self.auto_resume = auto_resume
+        #: seconds a rank may wait in one collective before the watchdog stops the run (None: no watchdog)
+        self.hang_timeout = parse_hang_timeout(hang_timeout, "Trainer")
+        if hasattr(self.strategy, "hang_timeout"):
+            self.strategy.hang_timeout = self.hang_timeout
         self.default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
         self.enable_progress_bar = True if enable_progress_bar is None else enable_progress_bar
         self.enable_checkpointing = True if enable_checkpointing is None else enable_checkpointing
@@ -648,15 +656,18 @@ class Trainer:
     # ------------------------------------------------------------------ collectives
     def all_gather(self, data: Any, sync_grads: bool = False) -> Any:
         """Gather tensors (or nested collections of them) from every rank; see ``Module.all_gather``."""
-        return self.strategy.all_gather_tree(data, sync_grads)
+        with labelled("trainer.all_gather"):
+            return self.strategy.all_gather_tree(data, sync_grads)
 
     def all_reduce(self, data: Any, reduce_op: str = "mean") -> Any:
         """Reduce tensors or numbers (or nested collections of them) across ranks: mean, sum, max, min."""
-        return self.strategy.all_reduce_tree(data, reduce_op)
+        with labelled("trainer.all_reduce"):
+            return self.strategy.all_reduce_tree(data, reduce_op)
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Return rank ``src``'s ``obj`` on every rank."""
-        return self.strategy.broadcast(obj, src=src)
+        with labelled("trainer.broadcast"):
+            return self.strategy.broadcast(obj, src=src)
 
     def barrier(self, name: str | None = None) -> None:
         """Wait until every rank gets here."""

@@ -2,7 +2,7 @@
 
 Options: strategy (ddp, ddp_spawn, ...), devices, root (default_root_dir; checkpoints go to root/checkpoints every
 3 optimizer steps), out (rank 0 saves the final weights there when fit returns), fail_rank (-1: none),
-fail_step, fail_how ("raise" | "kill"), marker (a path: the rank fails only while it does not exist, and
+fail_step, fail_how ("raise" | "kill" | "hang": sleep in training_step), hang_timeout, marker (a path: the rank fails only while it does not exist, and
 creates it first, so only the first attempt fails; absent: it fails on every attempt), max_restarts.
 Each start appends "start <restart count>" to root/starts-<rank>.txt.
 """
@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import torch
 from torch.utils.data import DataLoader
@@ -43,6 +44,8 @@ class Net(PreemptNet):
                     open(marker, "w").close()
                 if cfg.get("fail_how", "raise") == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
+                if cfg.get("fail_how") == "hang":  # stuck in user code: the other rank waits in a collective
+                    time.sleep(120)
                 raise ValueError(f"boom in rank {self.global_rank} at step {self.trainer.global_step}")
         return super().training_step(batch, batch_idx)
 
@@ -57,6 +60,7 @@ def main(cfg: dict) -> None:
         strategy=cfg.get("strategy", "ddp"), accelerator="cpu", devices=cfg.get("devices", 2), max_epochs=2,
         default_root_dir=cfg["root"], logger=False, callbacks=[checkpoints], enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, max_restarts=cfg.get("max_restarts", 0),
+        hang_timeout=cfg.get("hang_timeout", 300),
     )
     trainer.fit(model, DataLoader(data, batch_size=8, shuffle=True))
     if trainer.is_global_zero:
