@@ -26,25 +26,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+sys.path.insert(0, ROOT)
 from preemption import one as sigterm_to_checkpoint  # noqa: E402
+from tests.distributed.scripts.fault_train import processes_with  # noqa: E402
 
 FAULT = os.path.join(ROOT, "tests", "distributed", "scripts", "fault_train.py")
-
-
-def _alive(token: str) -> bool:
-    needle = f"TF_FAULT_TOKEN={token}".encode()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    with open(f"/proc/{pid}/stat", "rb") as s:
-                        if s.read().rsplit(b")", 1)[1].split()[0] != b"Z":
-                            return True
-        except OSError:
-            continue
-    return False
 
 
 def kill_to_gone(strategy: str, rank: int) -> float:
@@ -64,7 +50,7 @@ def kill_to_gone(strategy: str, rank: int) -> float:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{strategy}: no rank was killed:\n{proc.stderr.read()[-3000:]}")
             time.sleep(0.002)
-        while proc.poll() is None or _alive(token):
+        while proc.poll() is None or processes_with(token):
             time.sleep(0.002)
         gone = time.time()
         proc.stderr.read()

@@ -20,6 +20,7 @@ import time
 
 import pytest
 
+from tests.distributed.scripts.fault_train import processes_with
 from torchfleet.checkpoint.consolidate import read_full_checkpoint
 from torchfleet.checkpoint.deepspeed import deepspeed_available
 
@@ -37,24 +38,6 @@ def _environment(token: str) -> dict:
     for var in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
         env.pop(var, None)
     return env
-
-
-def processes_with(token: str) -> list[int]:
-    """Live processes whose environment holds ``TF_FAULT_TOKEN=token`` (spawned children included)."""
-    needle = f"TF_FAULT_TOKEN={token}".encode()
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    with open(f"/proc/{pid}/stat", "rb") as s:
-                        if s.read().rsplit(b")", 1)[1].split()[0] != b"Z":  # zombies are gone, only unreaped
-                            found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 def wait_gone(token: str, limit: float) -> float:

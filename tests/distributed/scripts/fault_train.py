@@ -28,6 +28,27 @@ from torchfleet.callbacks import Callback, ModelCheckpoint
 CFG = json.loads(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].startswith("{") else {}
 
 
+def processes_with(token: str) -> list[int]:
+    """Live processes whose environment holds ``TF_FAULT_TOKEN=token`` (spawned children included).
+
+    The test and bench/faults.py give each run a unique token; zombies (exited, not yet reaped) count as gone.
+    """
+    needle = f"TF_FAULT_TOKEN={token}".encode()
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    with open(f"/proc/{pid}/stat", "rb") as st:
+                        if st.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                            found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
 def die(rank: int) -> None:
     """SIGKILL this process if it is the chosen rank, noting the time first."""
     if rank != CFG["rank"]:
