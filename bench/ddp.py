@@ -13,6 +13,8 @@ OMP_NUM_THREADS=1 and torch.set_num_threads(1) in every process):
              script for rank 1;
   ddp_spawn  the same with strategy="ddp_spawn" (two spawned processes; the launching one waits);
   ddp_fork   the same with strategy="ddp_fork".
+  ddp_nowatch  (only when named in --variants) ddp with hang_timeout=None: no watchdog thread; bench/faults.py
+             compares it with ddp for the watchdog's cost.
 The Trainer is set up as a user would for speed (logger=False, enable_checkpointing=False,
 enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, no validation) and its
 training_step calls self.log on the loss every step. Same model, data, sampler order and optimizer in
@@ -64,6 +66,7 @@ VARIANTS = {
     "ddp": 'Trainer(strategy="ddp")',
     "ddp_spawn": 'Trainer(strategy="ddp_spawn")',
     "ddp_fork": 'Trainer(strategy="ddp_fork")',
+    "ddp_nowatch": 'Trainer(strategy="ddp", hang_timeout=None)',
 }
 MARKS = ("imported", "process_group", "ddp_ready", "first_step", "exit")
 TARGET_RATIO = 0.95
@@ -198,7 +201,7 @@ def main() -> None:
                         help=f"smoke run (< 60 s): 1 repeat of {QUICK['tiny']['steps']} steps, tiny model only unless "
                         f"--only big ({QUICK['big']['steps']} steps)")
     parser.add_argument("--only", choices=list(SIZES))
-    parser.add_argument("--variants", default=",".join(VARIANTS),
+    parser.add_argument("--variants", default="raw,ddp,ddp_spawn,ddp_fork",
                         help="comma-separated subset of " + ", ".join(VARIANTS))
     parser.add_argument("--tiny-steps", type=int, default=None, help=f"default {SIZES['tiny']['steps']}")
     parser.add_argument("--big-steps", type=int, default=None, help=f"default {SIZES['big']['steps']}")

@@ -131,7 +131,7 @@ def main() -> None:
     if phase == "save":
         callbacks.append(KillInSave())
     trainer = tf.Trainer(
-        strategy=CFG["strategy"], accelerator="cpu", devices=2, max_epochs=1000 if phase == "none" else 1,
+        strategy=CFG["strategy"], accelerator=CFG.get("accelerator", "cpu"), devices=2, max_epochs=1000 if phase == "none" else 1,
         val_check_interval=3 if phase == "val" else 1.0, num_sanity_val_steps=0, logger=False,
         callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False,
         limit_val_batches=1, default_root_dir=CFG["root"],

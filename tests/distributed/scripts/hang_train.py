@@ -3,7 +3,8 @@
 ``case``: "skip_log" (rank 1 skips one self.log(sync_dist=True)), "extra_gather" (rank 0 calls one extra
 self.all_gather), "sleep" (rank 1 sleeps in its own code while rank 0 waits in a barrier),
 "fleet_reduce" (a Fleet loop where rank 1 calls one extra fleet.all_reduce), "torchrun_sleep" (as "sleep",
-started by torchrun). ``hang_timeout`` in seconds; ``accelerator`` (default "cpu"). Markers in comments name the lines the tests look for.
+started by torchrun). ``hang_timeout`` in seconds; ``accelerator`` (default "cpu"); ``mark``: a path where the diverging rank
+writes the time it diverged (bench/faults.py). Markers in comments name the lines the tests look for.
 """
 
 from __future__ import annotations
@@ -21,6 +22,13 @@ import torchfleet as tf
 CFG: dict = json.loads(sys.argv[1]) if __name__ == "__main__" else {}
 
 
+def _mark() -> None:
+    """bench/faults.py times the report from here: the moment this rank diverges (cfg "mark": a path)."""
+    if CFG.get("mark"):
+        with open(CFG["mark"], "w") as f:
+            f.write(repr(time.time()))
+
+
 class Net(tf.Module):
     def __init__(self, case: str) -> None:
         super().__init__()
@@ -32,13 +40,14 @@ class Net(tf.Module):
         loss = nn.functional.mse_loss(self.net(x), y)
         case = self.case
         if case == "skip_log" and self.global_rank == 1 and batch_idx == 2:
-            pass  # rank 1 skips the sync here
+            _mark()  # rank 1 skips the sync here
         else:
             self.log("train_loss", loss, sync_dist=True)  # LOG-LINE
         if case == "extra_gather" and self.global_rank == 0 and batch_idx == 2:
             self.all_gather(loss.detach())  # GATHER-LINE
         if case in ("sleep", "torchrun_sleep") and batch_idx == 2:
             if self.global_rank == 1:
+                _mark()
                 time.sleep(60)  # SLEEP-LINE
             else:
                 self.barrier("before batch 3")  # BARRIER-LINE

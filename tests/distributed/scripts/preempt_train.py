@@ -67,7 +67,7 @@ def main(cfg: dict) -> None:
     data = regression_data()
     model = Net(cfg)
     trainer = tf.Trainer(
-        strategy=cfg.get("strategy", "ddp"), accelerator="cpu", devices=cfg.get("devices", 2),
+        strategy=cfg.get("strategy", "ddp"), accelerator=cfg.get("accelerator", "cpu"), devices=cfg.get("devices", 2),
         max_epochs=cfg.get("epochs", 2), default_root_dir=cfg["root"], logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         callbacks=[DieInSave(cfg["die_in_save_rank"])] if "die_in_save_rank" in cfg else None,

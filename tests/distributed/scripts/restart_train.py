@@ -57,7 +57,7 @@ def main(cfg: dict) -> None:
     model = Net(cfg)
     checkpoints = tf.callbacks.ModelCheckpoint(dirpath=os.path.join(cfg["root"], "checkpoints"), every_n_train_steps=3)
     trainer = tf.Trainer(
-        strategy=cfg.get("strategy", "ddp"), accelerator="cpu", devices=cfg.get("devices", 2), max_epochs=2,
+        strategy=cfg.get("strategy", "ddp"), accelerator=cfg.get("accelerator", "cpu"), devices=cfg.get("devices", 2), max_epochs=2,
         default_root_dir=cfg["root"], logger=False, callbacks=[checkpoints], enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, max_restarts=cfg.get("max_restarts", 0),
         hang_timeout=cfg.get("hang_timeout", 300),
