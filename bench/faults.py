@@ -35,6 +35,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, ROOT)
 from preemption import one as sigterm_to_checkpoint  # noqa: E402
 from tests.distributed.scripts.fault_train import processes_with  # noqa: E402
+from tests.distributed.sharded_helpers import child_env  # noqa: E402
 
 FAULT = os.path.join(ROOT, "tests", "distributed", "scripts", "fault_train.py")
 HANG = os.path.join(ROOT, "tests", "distributed", "scripts", "hang_train.py")
@@ -46,9 +47,7 @@ def kill_to_gone(strategy: str, rank: int) -> float:
     root = tempfile.mkdtemp(prefix="tf-faults-bench-")
     token = f"bench-{strategy}-{time.time_ns()}"
     try:
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, TF_FAULT_TOKEN=token, DS_ACCELERATOR="cpu")
-        for var in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
-            env.pop(var, None)
+        env = child_env(TF_FAULT_TOKEN=token, DS_ACCELERATOR="cpu")
         cfg = {"strategy": strategy, "phase": "train", "rank": rank, "root": root}
         proc = subprocess.Popen([sys.executable, FAULT, json.dumps(cfg)], env=env, cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -72,9 +71,7 @@ def divergence_to_report(case: str) -> tuple[float, str]:
     report, and the report's kind ("Hang" or "Desync")."""
     root = tempfile.mkdtemp(prefix="tf-hang-bench-")
     try:
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
-        for var in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
-            env.pop(var, None)
+        env = child_env()
         mark = os.path.join(root, "diverged")
         cfg = {"case": case, "hang_timeout": HANG_TIMEOUT_S, "mark": mark}
         proc = subprocess.run([sys.executable, HANG, json.dumps(cfg)], env=env, cwd=ROOT, capture_output=True,

@@ -141,19 +141,6 @@ def _fit_draws(workers: bool):
     return torch.cat(model.seen), loader
 
 
-def test_trainer_adds_the_worker_init_function_when_asked():
-    rows, loader = _fit_draws(workers=True)
-    assert loader.worker_init_fn.func is torchfleet.worker_init_function
-    assert loader.worker_init_fn.keywords == {"rank": 0}
-    again, _ = _fit_draws(workers=True)
-    assert torch.equal(rows, again)
-    plain_rows, plain_loader = _fit_draws(workers=False)
-    assert plain_loader.worker_init_fn is None
-    # same seed, same base seed for the workers: only the function makes the draws differ
-    assert torch.equal(rows[:, 0], plain_rows[:, 0])
-    assert not torch.equal(rows[:, 1:], plain_rows[:, 1:])
-
-
 def test_a_users_worker_init_fn_is_kept():
     torchfleet.seed_everything(5, workers=True, verbose=False)
 
@@ -174,12 +161,15 @@ def _fleet_draws(workers: bool):
     return torch.cat(list(fleet.setup_dataloaders(loader))), loader
 
 
-def test_fleet_setup_dataloaders_adds_the_worker_init_function_as_the_trainer_does():
-    rows, loader = _fleet_draws(workers=True)
+@pytest.mark.parametrize("draws", [_fit_draws, _fleet_draws], ids=["trainer", "fleet_setup_dataloaders"])
+def test_the_worker_init_function_is_added_when_asked(draws):
+    rows, loader = draws(workers=True)
     assert loader.worker_init_fn.func is torchfleet.worker_init_function
     assert loader.worker_init_fn.keywords == {"rank": 0}
-    again, _ = _fleet_draws(workers=True)
+    again, _ = draws(workers=True)
     assert torch.equal(rows, again)
-    plain_rows, plain_loader = _fleet_draws(workers=False)
+    plain_rows, plain_loader = draws(workers=False)
     assert plain_loader.worker_init_fn is None
+    # same seed, same base seed for the workers: only the function makes the draws differ
+    assert torch.equal(rows[:, 0], plain_rows[:, 0])
     assert not torch.equal(rows[:, 1:], plain_rows[:, 1:])

@@ -57,19 +57,15 @@ def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
 
 def _strategy_unavailable(cls: type) -> str:
     """Why a strategy class cannot run on this machine ("" when it can, or when we cannot tell)."""
+    import torch
+
     from torchfleet.checkpoint.deepspeed import deepspeed_available
     from torchfleet.strategies.deepspeed import DeepSpeedStrategy
-    from torchfleet.strategies.dp import DataParallelStrategy
 
     if issubclass(cls, DeepSpeedStrategy) and not deepspeed_available():
         return "no: deepspeed is not installed (pip install deepspeed)"
-    if issubclass(cls, DataParallelStrategy):
-        import torch
-
-        if not torch.cuda.is_available():
-            # the connector refuses dp without CUDA devices: it is torch.nn.DataParallel over GPUs
-            return "no: needs CUDA GPUs (none here); on the CPU use ddp"
-    return "yes"
+    why = cls.unusable_here(torch.cuda.is_available()) if hasattr(cls, "unusable_here") else None
+    return "yes" if why is None else f"no: {why}"
 
 
 def _list_registry(kind: str) -> int:

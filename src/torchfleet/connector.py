@@ -86,14 +86,14 @@ def _auto_strategy(total: int, per_node: int, num_nodes: int, accelerator: str) 
 
 
 def _strategies_worth_suggesting(accelerator: Any) -> list[str]:
-    """Strategy names a typo may have meant: dp (torch.nn.DataParallel over CUDA GPUs) only where CUDA can be used."""
+    """Strategy names a typo may have meant: not those whose hardware is missing (dp: CUDA GPUs)."""
     import torch
 
-    from torchfleet.strategies.dp import DataParallelStrategy
     from torchfleet.strategies.registry import StrategyRegistry
 
     cuda = accelerator in ("cuda", "gpu") or (accelerator in ("auto", None) and torch.cuda.is_available())
-    return [e.name for e in StrategyRegistry.entries() if cuda or not issubclass(e.cls, DataParallelStrategy)]
+    return [e.name for e in StrategyRegistry.entries()
+            if not hasattr(e.cls, "unusable_here") or e.cls.unusable_here(cuda) is None]
 
 
 def resolve(

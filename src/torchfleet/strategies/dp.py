@@ -98,6 +98,11 @@ class DataParallelStrategy(Strategy):
     runs on the CPU; use dp where a single process is required.
     """
 
+    @classmethod
+    def unusable_here(cls, cuda: bool) -> str | None:
+        # the connector refuses dp without CUDA devices: it is torch.nn.DataParallel over GPUs
+        return None if cuda else "needs CUDA GPUs (none here); on the CPU use ddp"
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,

@@ -65,6 +65,14 @@ class Strategy(ABC):
     #: whether ``backward`` runs through the precision (and so through a Module's ``backward`` override)
     backward_through_precision = True
 
+    @classmethod
+    def unusable_here(cls, cuda: bool) -> str | None:
+        """Why this strategy cannot run on this machine (``cuda``: CUDA devices can be used), None when it can.
+
+        ``torchfleet strategies`` shows it, and a misspelt strategy name is not pointed at a strategy that has one.
+        """
+        return None
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,
