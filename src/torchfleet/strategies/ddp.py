@@ -24,6 +24,7 @@ from torch import nn
 from torchfleet import watchdog
 from torchfleet.errors import ConfigurationError
 from torchfleet.launchers.base import check_max_restarts, check_restarts_apply
+from torchfleet.strategies.ddp_buckets import fix_bucket_layout
 from torchfleet.strategies.parallel import ParallelStrategy
 
 if TYPE_CHECKING:
@@ -246,7 +247,9 @@ class DDPStrategy(ParallelStrategy):
         """Replace ``self.model`` by its DistributedDataParallel wrapper (Lightning's hook of this name).
 
         Override to use your own DDP: ``self.model = MyDDP(self.model, device_ids=self.determine_ddp_device_ids())``.
-        The default also registers ``ddp_comm_hook`` when one was given.
+        The default fixes DDP's gradient bucket layout before the first step (``ddp_buckets.fix_bucket_layout``: a
+        resumed run then reduces bitwise as the uninterrupted one on any number of ranks) and registers
+        ``ddp_comm_hook`` when one was given.
         """
         from torch.nn.parallel import DistributedDataParallel
 
@@ -257,6 +260,7 @@ class DDPStrategy(ParallelStrategy):
             # discriminator toggled off); DDP must then find the parameters a backward does not reach
             kwargs = {**kwargs, "find_unused_parameters": True}
         self.model = DistributedDataParallel(self.model, device_ids=self.determine_ddp_device_ids(), **kwargs)
+        fix_bucket_layout(self.model)  # before the comm hook, which would see its all-reduce
         if self._ddp_comm_hook is not None:
             self.model.register_comm_hook(self._ddp_comm_state, self._ddp_comm_hook)
 
