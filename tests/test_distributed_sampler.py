@@ -15,8 +15,6 @@ from torch.utils.data import (
     DistributedSampler,
     IterableDataset,
     RandomSampler,
-    SequentialSampler,
-    SubsetRandomSampler,
 )
 
 from torchfleet.data import inject_distributed_sampler as from_data
@@ -234,33 +232,50 @@ def test_unbatched_loader_stays_unbatched():
 
 
 # ------------------------------------------------------------------------------------------ left unchanged
+class PerRank:
+    """A per-rank sampler from outside torch: no DistributedSampler, but it names its rank as torch's does."""
+
+    def __init__(self, num_replicas: int, rank: int) -> None:
+        self.num_replicas, self.rank = num_replicas, rank
+
+    def __iter__(self):
+        return iter(range(self.rank, 8, self.num_replicas))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, 8, self.num_replicas))
+
+
 @pytest.mark.parametrize(
     "make",
     [
-        lambda d: DataLoader(d, sampler=SubsetRandomSampler([0, 1, 2]), batch_size=2),
-        lambda d: DataLoader(d, sampler=RandomSampler(d, replacement=True), batch_size=2),
-        lambda d: DataLoader(d, sampler=RandomSampler(d, num_samples=4), batch_size=2),
-        lambda d: DataLoader(d, sampler=SequentialSampler(Numbers(3)), batch_size=2),
         lambda d: DataLoader(d, sampler=DistributedSampler(d, num_replicas=2, rank=0), batch_size=2),
-        lambda d: DataLoader(d, batch_sampler=BatchSampler(SequentialSampler(d), 2, drop_last=False)),
-        lambda d: DataLoader(d, batch_sampler=[[0, 1], [5]]),
+        lambda d: DataLoader(d, batch_sampler=BatchSampler(DistributedSampler(d, num_replicas=2, rank=0), 2, False)),
+        lambda d: DataLoader(d, sampler=PerRank(2, 1), batch_size=2),
+        lambda d: DataLoader(d, sampler=ExactDistributedSampler(d, num_replicas=2, rank=1), batch_size=2),
     ],
-    ids=["subset", "replacement", "num_samples", "other-data-source", "distributed", "batch-sampler", "list"],
+    ids=["distributed", "batches-of-distributed", "per-rank-elsewhere", "exact"],
 )
 @pytest.mark.parametrize("stage", ["fit", "predict"])
-def test_a_sampler_the_user_set_is_kept(make, stage, caplog):
+def test_a_sampler_that_already_reads_one_rank_is_kept(make, stage, caplog):
     loader = make(Numbers(8))
     with caplog.at_level(logging.DEBUG, logger="torchfleet.samplers"):
-        assert inject_distributed_sampler(loader, 2, 1, stage) is loader
-    assert "Keeping the sampler" in caplog.text
+        assert inject_distributed_sampler(loader, 2, 1, stage) is loader  # sharding it again would drop half
+    assert "already reads one rank's part" in caplog.text
 
 
-def test_iterable_dataset_is_untouched(caplog):
+def test_iterable_dataset_is_untouched_with_one_warning_from_rank_zero(monkeypatch, recwarn):
+    from torchfleet import samplers
+
+    monkeypatch.setattr(samplers, "_WARNED_ITERABLE", set())
     loader = DataLoader(Stream(), batch_size=2)
-    with caplog.at_level(logging.DEBUG, logger="torchfleet.samplers"):
-        assert inject_distributed_sampler(loader, 2, 1, "fit") is loader
-        assert inject_distributed_sampler(loader, 2, 1, "test") is loader
-    assert "Keeping the sampler" not in caplog.text  # not mistaken for a sampler the user chose
+    assert inject_distributed_sampler(loader, 2, 1, "fit") is loader
+    assert not recwarn.list  # rank 1 stays silent: rank 0 says it for the run
+    for stage in ("fit", "validate", "fit"):
+        assert inject_distributed_sampler(loader, 2, 0, stage) is loader
+    (warning,) = recwarn.list
+    text = str(warning.message)
+    assert "Stream" in text and "IterableDataset" in text and "2 processes" in text
+    assert "use_distributed_sampler=False" in text and "get_rank()" in text
     assert read(loader) == [0, 1, 2, 3, 4]
 
 

@@ -84,3 +84,56 @@ def test_several_loggers(tmp_path):
     trainer = _fit(tmp_path, [csv_logger, tb])
     assert trainer.logger is csv_logger and trainer.loggers == [csv_logger, tb]
     assert os.path.exists(csv_logger.metrics_file)
+
+
+# ---------------------------------------------------------------------------------------- ranks other than 0
+@pytest.fixture
+def on_rank_one(monkeypatch):
+    """This process taken for global rank 1 (what a ddp rank 1 reads from its process group)."""
+    from torchfleet.utilities import rank_zero_only
+
+    monkeypatch.setattr(rank_zero_only, "_rank", 1)
+
+
+def _use_from_every_rank(logger) -> None:
+    """What user code calls on every rank of a Lightning-style program."""
+    logger.log_hyperparams({"lr": 0.1})
+    logger.log_metrics({"loss": 1.0}, step=0)
+    logger.experiment.add_scalar("loss", 1.0, 0)
+    logger.experiment.config.update({"lr": 0.1})  # wandb's idiom: a chain on the experiment
+    logger.save()
+    logger.finalize("success")
+
+
+@pytest.mark.parametrize("cls", [CSVLogger, TensorBoardLogger])
+def test_folder_loggers_write_nothing_on_other_ranks(tmp_path, on_rank_one, cls):
+    logger = cls(tmp_path / "logs")
+    _use_from_every_rank(logger)
+    assert logger.use_version_of(tmp_path / "logs" / "logs" / "version_3" / "checkpoints" / "x.ckpt")
+    _use_from_every_rank(logger)
+    assert logger.log_dir == os.fspath(tmp_path / "logs" / "logs" / "version_3")  # a name, never a folder made
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_mlflow_and_wandb_loggers_write_nothing_on_other_ranks(tmp_path, on_rank_one, monkeypatch):
+    pytest.importorskip("mlflow", reason="MLflowLogger needs the optional mlflow package (torchfleet[mlflow])")
+    pytest.importorskip("wandb", reason="WandbLogger needs the optional wandb package (torchfleet[wandb])")
+    from torchfleet.loggers import MLflowLogger, WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for logger in (MLflowLogger(save_dir=tmp_path / "mlflow"), WandbLogger(save_dir=tmp_path / "wandb", offline=True)):
+        _use_from_every_rank(logger)
+        assert logger.version == ""  # no run: rank 0 creates it, agree_version names it here
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_wandb_logger_travels_to_spawned_ranks(tmp_path):
+    pytest.importorskip("wandb", reason="WandbLogger needs the optional wandb package (torchfleet[wandb])")
+    import pickle
+
+    from torchfleet.loggers import WandbLogger
+
+    logger = WandbLogger(save_dir=tmp_path, offline=True, id="abc123", project="p")
+    copy = pickle.loads(pickle.dumps(logger))  # ddp_spawn pickles the loggers into every rank
+    assert (copy.version, copy.name, copy.save_dir) == ("abc123", "p", os.fspath(tmp_path))
+    assert copy._wandb is logger._wandb  # the module imported again, not carried

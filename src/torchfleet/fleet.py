@@ -14,7 +14,6 @@ from __future__ import annotations
 import atexit
 import builtins
 import contextlib
-import logging
 import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -29,6 +28,7 @@ from torchfleet.checkpoint.state import stateful_kind
 from torchfleet.compiled import compile_again, split_compiled
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.fleet_wrappers import FleetDataLoader, FleetModule, FleetOptimizer, _original, _unwrap
+from torchfleet.loggers.base import agree_versions, save_loggers, use_versions
 from torchfleet.preemption import PreemptionWatch, restart_count
 from torchfleet.seed import add_worker_init_fn
 from torchfleet.settings import TrainingSettings
@@ -118,7 +118,7 @@ class Fleet:
         self.callbacks: list[Any] = _as_list(callbacks)
         self._loggers: list[Any] = _as_list(loggers)
         if self._loggers:  # a loop has no end the Fleet sees: what the loggers buffer is written when Python exits
-            atexit.register(_save_loggers, self._loggers)
+            atexit.register(save_loggers, self._loggers)
         self._environment_ready = False
         self._launched = False
         self._set_up_modules: weakref.WeakSet[nn.Module] = weakref.WeakSet()
@@ -210,6 +210,8 @@ class Fleet:
                 )
             self._strategy.setup_environment()
             self._environment_ready = True
+            if self._strategy.world_size > 1:  # every rank names the folder and run of rank 0, the only writer
+                agree_versions(self._loggers, self._strategy)
 
     def _ranks_not_started(self) -> bool:
         """Whether the strategy's other processes exist only once launch() starts them."""
@@ -237,9 +239,17 @@ class Fleet:
                     "with def train(fleet): ...; or use strategy='ddp', which re-runs the script."
                 )
             fn = _do_nothing
+        if launcher is not None and launcher.runs_in_children:
+            # the ranks chose the loggers' versions: take rank 0's (a node other than the first gets None back)
+            out, versions = launcher.launch(self._run_in_child, fn, *args, **kwargs) or (None, [])
+            use_versions(self._loggers, versions)
+            return out
         if launcher is not None:
             return launcher.launch(self._run_in_rank, fn, *args, **kwargs)
         return self._run_in_rank(fn, *args, **kwargs)
+
+    def _run_in_child(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[Any]]:
+        return self._run_in_rank(fn, *args, **kwargs), [lg.version for lg in self._loggers]
 
     def _run_in_rank(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         self._launched = True
@@ -351,7 +361,7 @@ class Fleet:
     def setup_dataloaders(
         self, *dataloaders: Any, move_to_device: bool = True, use_distributed_sampler: bool = True
     ) -> Any:
-        """Prepare dataloaders: a distributed sampler where the strategy needs one, batches moved to the device.
+        """Prepare dataloaders: each rank's part of the data (a sampler of yours dealt out), batches on the device.
 
         After ``seed_everything(workers=True)`` a loader with workers and no ``worker_init_fn`` of its own gets
         ``worker_init_function`` for this rank, as in the Trainer. Returns one object per dataloader given (a single
@@ -537,19 +547,6 @@ class Fleet:
             method = getattr(cb, hook_name, None)
             if callable(method):
                 method(*args, **kwargs)
-
-
-def _save_loggers(loggers: list[Any]) -> None:
-    """Flush each logger's buffered values (CSVLogger writes its rows every 100 steps otherwise)."""
-    for lg in loggers:
-        save = getattr(lg, "save", None)  # a logger of your own may have none
-        if not callable(save):
-            continue
-        try:
-            save()
-        except Exception as exc:  # noqa: BLE001  (at exit: say which logger lost what, then go on with the others)
-            logging.getLogger("torchfleet").warning("%s could not write its buffered values at exit: %s",
-                                                    type(lg).__name__, exc)
 
 
 def _do_nothing(fleet: Fleet) -> None:

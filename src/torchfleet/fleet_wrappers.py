@@ -15,6 +15,7 @@ from torch.optim import Optimizer
 from torchfleet.errors import ConfigurationError
 from torchfleet.optim_wrapper import OptimizerWrapper
 from torchfleet.precision import Precision
+from torchfleet.samplers import set_sampler_epoch
 
 
 def _no_context() -> Any:
@@ -335,13 +336,8 @@ class FleetDataLoader:
         return map(self._to_device, self._loader)
 
     def set_epoch(self, epoch: int) -> None:
-        """Tell the sampler the epoch (a DistributedSampler reshuffles per epoch)."""
-        for owner in (self._loader, getattr(self._loader, "batch_sampler", None)):
-            sampler = getattr(owner, "sampler", None)
-            set_epoch = getattr(sampler, "set_epoch", None)
-            if callable(set_epoch):
-                set_epoch(epoch)
-                return
+        """Tell the samplers the epoch (a DistributedSampler reshuffles, a wrapped sampler of yours draws anew)."""
+        set_sampler_epoch(self._loader, epoch)
 
     def __getattr__(self, name: str) -> Any:
         loader = self.__dict__.get("_loader")

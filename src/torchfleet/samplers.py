@@ -1,16 +1,22 @@
 """Adapting a user's DataLoader for distributed training: one shard of the dataset per process.
 
 ``inject_distributed_sampler`` is what parallel strategies call from ``process_dataloader``. It
-replaces the default sampler of a map-style DataLoader (the one ``shuffle=False/True`` chose) by a
-sampler that gives each rank its own part of the data:
+gives each rank its own part of a map-style DataLoader's data:
 
-* training ("fit"): a ``torch.utils.data.DistributedSampler``, shuffled iff the user shuffled,
-  seeded alike on every rank so the shards are disjoint; the fit loop calls ``set_epoch``.
-* evaluation ("validate", "test", "predict"): an ``ExactDistributedSampler``, which sees every
-  sample exactly once over all ranks (no padding), in a fixed order.
+* the default sampler (the one ``shuffle=False/True`` chose), training ("fit"): a
+  ``torch.utils.data.DistributedSampler``, shuffled iff the user shuffled, seeded alike on every
+  rank so the shards are disjoint; the fit loop calls ``set_epoch``.
+* the default sampler, evaluation ("validate", "test", "predict"): an ``ExactDistributedSampler``,
+  which sees every sample exactly once over all ranks (no padding), in a fixed order.
+* a sampler or batch sampler the user set (``SubsetRandomSampler``, ``WeightedRandomSampler``, a
+  ``batch_sampler=``): a ``ShardedSampler`` around it, which draws the user's epoch alike on every
+  rank and deals its items (indices, or whole batches) out to the ranks; padded for training,
+  exact for evaluation, as above.
 
-Loaders it cannot or should not touch (one process, an IterableDataset, a sampler the user chose)
-come back unchanged. Nothing here keeps state between calls.
+Loaders it cannot or should not touch come back unchanged: one process, a sampler that already
+reads one rank's part (a DistributedSampler), an object that is no DataLoader, and an
+IterableDataset, which cannot be split from outside (a warning says so, once per dataset class).
+``set_sampler_epoch`` is what the loops call at the start of each training epoch.
 """
 
 from __future__ import annotations
@@ -82,20 +88,115 @@ class ExactDistributedSampler(Sampler[int]):
         return f"{type(self).__name__}(num_replicas={self.num_replicas}, rank={self.rank})"
 
 
+class ShardedSampler(Sampler[Any]):
+    """Rank ``rank`` of ``num_replicas`` takes items ``rank, rank + num_replicas, ...`` of a user's sampler's epoch.
+
+    ``sampler`` is anything sized and iterable whose items the DataLoader reads: a sampler (indices) or a
+    batch sampler (lists of indices, dealt out whole, so the user's batches stay as they were drawn).
+    Each epoch, every rank draws the whole epoch from ``sampler`` and keeps its positions, so the ranks'
+    parts are disjoint and together are that epoch. Ranks draw the same epoch because the draw runs with
+    torch's, Python's and NumPy's global generators seeded from ``seed`` and the epoch (and put back
+    afterwards: the run's own random stream is untouched); a new epoch draws anew and a resumed run
+    draws again the epoch it stopped in. A sampler with a generator of its own draws from that generator,
+    which must then be seeded alike on every rank. ``set_epoch`` is passed on to the sampler when it has one.
+
+    ``even=True`` (training): every rank gets ``ceil(n / num_replicas)`` items; the last positions repeat
+    the epoch's first items, as torch's DistributedSampler pads, so no rank waits for a batch the others
+    never start. ``even=False`` (evaluation): nothing is repeated; ranks differ in length by at most one.
+    """
+
+    def __init__(self, sampler: Any, num_replicas: int, rank: int, *, even: bool, seed: int = 0) -> None:
+        _check_topology(num_replicas, rank)
+        self.sampler = sampler
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.even = even
+        self.seed = seed
+        self.epoch = 0
+
+    def _positions(self, n: int) -> range:
+        if self.even:
+            return range(self.rank, -(-n // self.num_replicas) * self.num_replicas, self.num_replicas)
+        return range(self.rank, n, self.num_replicas)
+
+    def epoch_items(self) -> list[Any]:
+        """The whole epoch of the wrapped sampler, as every rank draws it for the current epoch."""
+        from torchfleet.seed import isolate_rng
+
+        with isolate_rng(include_cuda=False):
+            _seed_generators(f"torchfleet-sampler:{self.seed}:{self.epoch}")
+            return list(self.sampler)
+
+    def __iter__(self) -> Iterator[Any]:
+        items = self.epoch_items()
+        # position p beyond the epoch's end repeats item p - n (padding; only with even=True)
+        return iter([items[p % len(items)] for p in self._positions(len(items))])
+
+    def __len__(self) -> int:
+        return len(self._positions(len(self.sampler)))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Draw epoch ``epoch`` next (and tell the wrapped sampler, when it takes ``set_epoch``)."""
+        self.epoch = epoch
+        set_epoch = getattr(self.sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.sampler!r}, num_replicas={self.num_replicas}, rank={self.rank}, "
+                f"even={self.even})")
+
+
+def _seed_generators(label: str) -> None:
+    """Seed torch's CPU, Python's and NumPy's global generators from ``label`` (the same on every rank)."""
+    import hashlib
+    import random
+    import sys
+
+    import torch
+
+    digest = hashlib.blake2b(label.encode(), digest_size=16).digest()
+    torch.default_generator.manual_seed(int.from_bytes(digest[:8], "little"))
+    random.seed(int.from_bytes(digest, "little"))
+    numpy = sys.modules.get("numpy")  # a sampler drawing from NumPy has imported it
+    if numpy is not None:
+        numpy.random.seed([int.from_bytes(digest[i:i + 4], "little") for i in range(0, 16, 4)])
+
+
+def set_sampler_epoch(dataloader: Any, epoch: int) -> None:
+    """Call ``set_epoch(epoch)`` on the loader's sampler, batch sampler and the batch sampler's sampler.
+
+    Each object once, where it has the method: a DistributedSampler reshuffles, a ShardedSampler
+    draws the user's sampler anew, and a user's own batch sampler with ``set_epoch`` hears of the epoch.
+    """
+    seen: set[int] = set()
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
+    for owner in (getattr(dataloader, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None)):
+        set_epoch = getattr(owner, "set_epoch", None)
+        if owner is None or id(owner) in seen or not callable(set_epoch):
+            continue
+        seen.add(id(owner))
+        set_epoch(epoch)
+        if isinstance(owner, ShardedSampler):
+            seen.add(id(owner.sampler))  # told by the ShardedSampler already
+
+
 def inject_distributed_sampler(
     dataloader: Any, num_replicas: int, rank: int, stage: str, seed: int = 0
 ) -> Any:
     """Return ``dataloader`` rebuilt so that process ``rank`` of ``num_replicas`` reads only its shard.
 
-    A map-style DataLoader with the default sampler (``shuffle=False`` or ``True``) and the default
-    BatchSampler comes back as a new loader of the same class over the same dataset, with every other
-    setting read from the original, and the sampler replaced: a ``DistributedSampler`` (shuffled iff
-    the original was, with ``seed``) for stage "fit", an ``ExactDistributedSampler`` for "validate",
-    "test" and "predict". Anything else is returned as it is: one process (``num_replicas == 1``),
-    an IterableDataset, a sampler or batch sampler the user set, or an object that is no DataLoader.
+    A map-style DataLoader comes back as a new loader of the same class over the same dataset, with every
+    other setting read from the original. With the default sampler (``shuffle=False`` or ``True``) and
+    BatchSampler, the sampler is replaced: a ``DistributedSampler`` (shuffled iff the original was, with
+    ``seed``) for stage "fit", an ``ExactDistributedSampler`` for "validate", "test" and "predict". A
+    sampler or batch sampler the user set is wrapped in a ``ShardedSampler`` (``even`` for "fit" only).
+    Returned as they are: one process (``num_replicas == 1``), an object that is no DataLoader, a sampler
+    that already reads one rank's part, and an IterableDataset (with a warning from rank 0, once per class).
 
-    Raises ConfigurationError for an unknown stage, an impossible rank, a dataset without a length,
-    or a DataLoader subclass that cannot be constructed again with the standard DataLoader arguments.
+    Raises ConfigurationError for an unknown stage, an impossible rank, a dataset without a length under
+    the default sampler, or a DataLoader subclass that cannot be constructed again with the standard
+    DataLoader arguments.
     """
     if stage not in STAGES:
         raise unknown_name("stage", stage, STAGES)
@@ -103,14 +204,11 @@ def inject_distributed_sampler(
     if num_replicas == 1 or not isinstance(dataloader, DataLoader):
         return dataloader
     if isinstance(dataloader.dataset, IterableDataset):
-        return dataloader  # an iterable dataset shards itself (e.g. with torch.utils.data.get_worker_info)
-    if not _has_default_sampler(dataloader):
-        log.debug(
-            "Keeping the sampler %s and batch sampler %s the %s was given: no distributed sampler added for %r.",
-            type(dataloader.sampler).__name__, type(dataloader.batch_sampler).__name__,
-            type(dataloader).__name__, stage,
-        )
+        if rank == 0:
+            _warn_iterable_once(dataloader.dataset, num_replicas, stage)
         return dataloader
+    if not _has_default_sampler(dataloader):
+        return _shard_user_sampler(dataloader, num_replicas, rank, stage, seed)
     dataset = dataloader.dataset
     try:
         len(dataset)
@@ -134,6 +232,88 @@ def inject_distributed_sampler(
     return _rebuild(dataloader, sampler)
 
 
+def _shard_user_sampler(dataloader: DataLoader, num_replicas: int, rank: int, stage: str, seed: int) -> DataLoader:
+    """``dataloader`` with the sampler, or batch sampler, the user set wrapped in a ShardedSampler."""
+    # sampler=... (with the loader's own BatchSampler, or none): deal out indices, each rank batches its own;
+    # batch_sampler=...: deal out the user's batches whole
+    own_batches = dataloader.batch_sampler is not None and not _batches_built_by_loader(dataloader)
+    user = dataloader.batch_sampler if own_batches else dataloader.sampler
+    if _reads_one_rank(user) or _reads_one_rank(getattr(user, "sampler", None)):
+        log.debug("Keeping %s: it already reads one rank's part of the data.", type(user).__name__)
+        return dataloader
+    try:
+        len(user)
+    except TypeError:
+        raise ConfigurationError(
+            f"The {type(user).__name__} given to the {type(dataloader).__name__} has no __len__, so torchfleet "
+            f"cannot deal its {'batches' if own_batches else 'indices'} out to {num_replicas} processes with as many "
+            "batches each. Define __len__ on it, or pass use_distributed_sampler=False and give each process its "
+            "own part yourself."
+        ) from None
+    shard = ShardedSampler(user, num_replicas, rank, even=stage == "fit", seed=seed)
+    if own_batches:
+        return _rebuild(dataloader, batch_sampler=shard)
+    return _rebuild(dataloader, shard)
+
+
+def _reads_one_rank(sampler: Any) -> bool:
+    """Whether ``sampler`` already yields one rank's part (sharding it again would drop data)."""
+    if isinstance(sampler, (DistributedSampler, ExactDistributedSampler, ShardedSampler)):
+        return True
+    # per-rank samplers outside torch (recipes' DistributedWeightedSampler, ...) name their rank as torch's does
+    return isinstance(getattr(sampler, "num_replicas", None), int) and isinstance(getattr(sampler, "rank", None), int)
+
+
+#: dataset classes the IterableDataset warning was given for (in this process)
+_WARNED_ITERABLE: set[str] = set()
+
+
+def _warn_iterable_once(dataset: Any, num_replicas: int, stage: str) -> None:
+    cls = type(dataset)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if name in _WARNED_ITERABLE:
+        return
+    _WARNED_ITERABLE.add(name)
+    warnings.warn(
+        f"The {stage} DataLoader reads a {cls.__name__}, an IterableDataset, which torchfleet cannot split among the "
+        f"{num_replicas} processes: unless {cls.__name__}.__iter__ yields only this process's part (for example by "
+        "torch.distributed.get_rank() and get_world_size(), and torch.utils.data.get_worker_info() for workers), "
+        f"every process reads every sample, so each is trained on (and counted in metrics) {num_replicas} times. "
+        "Pass use_distributed_sampler=False once the dataset shards itself to silence this warning.",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
+def even_shards(dataloader: Any, num_replicas: int, rank: int) -> tuple[Any, int, int]:
+    """An evaluation loader that ``inject_distributed_sampler`` split exactly, made to give every rank as many items.
+
+    Returns ``(loader, repeated, size)``: ``repeated`` items (samples, or a batch sampler's batches) of the
+    ``size`` in the epoch are read twice to even the ranks out, as DistributedSampler pads; ``(dataloader, 0,
+    size)`` when they divide evenly or the loader was not split exactly. For strategies whose every forward
+    needs all ranks (fsdp), where a rank with one batch more would wait for the others forever.
+    """
+    sampler = getattr(dataloader, "sampler", None)
+    if isinstance(sampler, ExactDistributedSampler):
+        size = len(sampler.dataset)
+        if size % num_replicas == 0:
+            return dataloader, 0, size
+        padded = DistributedSampler(sampler.dataset, num_replicas=num_replicas, rank=rank, shuffle=False,
+                                    drop_last=False)
+        return _rebuild(dataloader, padded), -size % num_replicas, size
+    for attr in ("sampler", "batch_sampler"):
+        shard = getattr(dataloader, attr, None)
+        if not isinstance(shard, ShardedSampler) or shard.even:
+            continue
+        size = len(shard.sampler)
+        if size % num_replicas == 0:
+            return dataloader, 0, size
+        even = ShardedSampler(shard.sampler, num_replicas, rank, even=True, seed=shard.seed)
+        rebuilt = _rebuild(dataloader, even) if attr == "sampler" else _rebuild(dataloader, batch_sampler=even)
+        return rebuilt, -size % num_replicas, size
+    return dataloader, 0, 0
+
+
 def _check_topology(num_replicas: int, rank: int) -> None:
     if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
         raise ConfigurationError(f"num_replicas must be a positive integer (the number of processes), got {num_replicas!r}.")
@@ -153,28 +333,41 @@ def _has_default_sampler(dataloader: DataLoader) -> bool:
         default = sampler.data_source is dataloader.dataset and not sampler.replacement and sampler._num_samples is None
     else:
         default = False
-    if batch_sampler is None:  # batch_size=None: no automatic batching
-        return default
-    # a BatchSampler the user passed has its own sampler object (and leaves dataloader.batch_size None)
-    return (
-        default
-        and type(batch_sampler) is BatchSampler
-        and batch_sampler.sampler is sampler
-        and dataloader.batch_size is not None
-    )
+    # batch_size=None: no automatic batching
+    return default and (batch_sampler is None or _batches_built_by_loader(dataloader))
 
 
-def _rebuild(dataloader: DataLoader, sampler: Sampler[int]) -> DataLoader:
-    """Construct a loader of ``dataloader``'s class with its settings and ``sampler``."""
+def _batches_built_by_loader(dataloader: DataLoader) -> bool:
+    """Whether the batch sampler is the BatchSampler the loader built from ``sampler``/``batch_size``/``drop_last``.
+
+    A BatchSampler the user passed as ``batch_sampler=`` has its own sampler object (and leaves
+    ``dataloader.batch_size`` None).
+    """
+    batch_sampler = dataloader.batch_sampler
+    return (type(batch_sampler) is BatchSampler and batch_sampler.sampler is dataloader.sampler
+            and dataloader.batch_size is not None)
+
+
+def _rebuild(dataloader: DataLoader, sampler: Sampler[Any] | None = None, *, batch_sampler: Any = None) -> DataLoader:
+    """Construct a loader of ``dataloader``'s class with its settings and ``sampler`` (or ``batch_sampler``)."""
     cls = type(dataloader)
     settings = {name: getattr(dataloader, name) for name in _SETTINGS if hasattr(dataloader, name)}
-    given: dict[str, Any] = {"dataset": dataloader.dataset, "sampler": sampler, **settings}
+    if batch_sampler is None:
+        given: dict[str, Any] = {"dataset": dataloader.dataset, "sampler": sampler, **settings}
+    else:
+        # a batch sampler excludes batch_size and drop_last (the loader's are None and False then)
+        settings = {k: v for k, v in settings.items() if k not in ("batch_size", "drop_last")}
+        given = {"dataset": dataloader.dataset, "batch_sampler": batch_sampler, **settings}
     params = _init_parameters(cls)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in given.items() if takes_any or _by_keyword(params.get(k))}
     if _by_keyword(params.get("shuffle")):
         kwargs["shuffle"] = False  # a subclass default of shuffle=True would clash with the sampler
-    for required in ("dataset", "sampler"):
+    if batch_sampler is not None:
+        # what DataLoader requires beside a batch sampler (a subclass's defaults may differ)
+        kwargs.update({k: v for k, v in (("batch_size", 1), ("drop_last", False))
+                       if takes_any or _by_keyword(params.get(k))})
+    for required in ("dataset", "sampler" if batch_sampler is None else "batch_sampler"):
         if required not in kwargs:
             raise _cannot_rebuild(cls, f"its __init__ takes no {required!r} argument")
     # arguments only the subclass has: reuse the attribute of the same name when the instance kept one
@@ -192,8 +385,10 @@ def _rebuild(dataloader: DataLoader, sampler: Sampler[int]) -> DataLoader:
         rebuilt = cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise _cannot_rebuild(cls, f"calling it with the standard arguments failed with {type(exc).__name__}: {exc}") from exc
-    if rebuilt.sampler is not sampler:
-        raise _cannot_rebuild(cls, "its __init__ did not use the 'sampler' argument it was given")
+    if (rebuilt.sampler is not sampler) if batch_sampler is None else (rebuilt.batch_sampler is not batch_sampler):
+        raise _cannot_rebuild(
+            cls, f"its __init__ did not use the {'sampler' if batch_sampler is None else 'batch_sampler'!r} argument "
+            "it was given")
     lost = [n for n in sorted(_PLAIN_SETTINGS - kwargs.keys()) if n in settings and getattr(rebuilt, n, None) != settings[n]]
     if lost:
         raise _cannot_rebuild(

@@ -1,7 +1,12 @@
-"""Logger: where logged metrics and hyperparameters go. The Trainer calls loggers on global rank 0 only."""
+"""Logger: where logged metrics and hyperparameters go. The Trainer calls loggers on global rank 0 only.
+
+The loggers themselves also write on global rank 0 only (user code may call them on every rank), into
+the version every rank agreed on (``agree_version``, a broadcast of rank 0's choice).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from abc import ABC, abstractmethod
@@ -178,16 +183,26 @@ class LoggedCheckpoints:
 
 
 class DummyExperiment:
-    """What a rank-zero logger's ``experiment`` is on other ranks: every method call does nothing."""
+    """What a rank-zero logger's ``experiment`` is on other ranks: every method call does nothing.
+
+    Attributes, items and calls give the object itself, so chains such as ``experiment.config.update(...)``
+    (wandb) or ``experiment.add_scalar(...)`` (TensorBoard) do nothing too.
+    """
 
     def nop(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def __getattr__(self, _: str) -> Any:
-        return self.nop
+    def __getattr__(self, _: str) -> DummyExperiment:
+        return self
+
+    def __call__(self, *args: Any, **kwargs: Any) -> DummyExperiment:
+        return self
 
     def __getitem__(self, _: Any) -> DummyExperiment:
         return self
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
 
 
 def on_rank_zero() -> bool:
@@ -227,3 +242,40 @@ class UploadsCheckpoints(Logger):
         """At the end of training (``finalize``): upload what ``log_model=True`` held back."""
         if self._checkpoint_callback is not None and on_rank_zero():
             self._upload_new(self._checkpoint_callback)
+
+
+def agree_versions(loggers: list[Any], strategy: Any) -> None:
+    """Make every rank's loggers name rank 0's version (a broadcast per logger: call it on every rank)."""
+    for lg in loggers:
+        lg.agree_version(strategy)
+
+
+def use_versions(loggers: list[Any], versions: list[Any]) -> None:
+    """Give ``loggers`` the ``versions`` rank 0's copies of them had (in the launching process, after ddp_spawn)."""
+    for lg, version in zip(loggers, versions):
+        lg.agree_version(_RankZeroSaid(version))
+
+
+class _RankZeroSaid:
+    """A stand-in strategy whose broadcast returns what rank 0 said in a run that has ended."""
+
+    is_global_zero = False
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def broadcast(self, obj: Any, src: int = 0, name: str | None = None) -> Any:
+        return self.value
+
+
+def save_loggers(loggers: list[Any]) -> None:
+    """Flush each logger's buffered values (CSVLogger writes its rows every 100 steps otherwise)."""
+    for lg in loggers:
+        save = getattr(lg, "save", None)  # a logger of your own may have none
+        if not callable(save):
+            continue
+        try:
+            save()
+        except Exception as exc:  # noqa: BLE001  (at exit: say which logger lost what, then go on with the others)
+            logging.getLogger("torchfleet").warning("%s could not write its buffered values at exit: %s",
+                                                    type(lg).__name__, exc)

@@ -9,7 +9,8 @@ from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
 
-from torchfleet.loggers.base import FolderLogger, plain_params
+from torchfleet.loggers.base import DummyExperiment, FolderLogger, on_rank_zero, plain_params
+from torchfleet.utilities import rank_zero_only
 
 
 class CSVWriter:
@@ -91,7 +92,8 @@ class CSVLogger(FolderLogger):
     """Writes ``<save_dir>/<name>/version_<n>/metrics.csv`` and ``hparams.yaml`` (``root_dir=`` names save_dir too).
 
     Rows are buffered and written every ``flush_logs_every_n_steps`` steps and at the end, so a
-    logged step costs a dict update. ``experiment`` is the ``CSVWriter``.
+    logged step costs a dict update. ``experiment`` is the ``CSVWriter``. Only global rank 0 writes
+    (elsewhere ``experiment`` does nothing and the ``log_*`` methods return at once).
     """
 
     def __init__(self, save_dir: str | os.PathLike | None = None, name: str = "logs", version: int | str | None = None,
@@ -105,12 +107,15 @@ class CSVLogger(FolderLogger):
         """As FolderLogger's; the rows already in that folder's metrics.csv are kept, new ones appended."""
         if not super().use_version_of(path):
             return False
-        if self._writer is None or not (self._writer._rows or self._writer._written):
+        if on_rank_zero() and (self._writer is None or not (self._writer._rows or self._writer._written)):
             self._writer = CSVWriter(self.log_dir, append=True)
         return True
 
     @property
-    def experiment(self) -> CSVWriter:
+    def experiment(self) -> CSVWriter | DummyExperiment:
+        """The ``CSVWriter`` of the version folder (created on first use, on global rank 0 only)."""
+        if not on_rank_zero():
+            return DummyExperiment()
         if self._writer is None:
             self._writer = CSVWriter(self.log_dir)
         return self._writer
@@ -121,12 +126,14 @@ class CSVLogger(FolderLogger):
 
     metrics_file = metrics_file_path
 
+    @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         self.experiment.log_metrics(metrics, step)
         self._pending += 1
         if self._pending >= self.flush_every:
             self.save()
 
+    @rank_zero_only
     def log_hyperparams(self, params: Mapping[str, Any] | Namespace | None = None) -> None:
         """Record ``params`` (none: write the ones recorded so far) in hparams.yaml."""
         self.experiment.log_hparams(plain_params(params))

@@ -15,6 +15,7 @@ from typing import Any
 
 from torchfleet.errors import ConfigurationError
 from torchfleet.loggers.base import DummyExperiment, UploadsCheckpoints, on_rank_zero, plain_params
+from torchfleet.utilities import rank_zero_only
 
 _STATUS = {"success": "FINISHED", "failed": "FAILED", "finished": "FINISHED"}
 _PARAM_LENGTH = 6000  # MLflow refuses longer parameter values
@@ -131,6 +132,12 @@ class MLflowLogger(UploadsCheckpoints):
     def version(self) -> str:
         return self.run_id or ""
 
+    def agree_version(self, strategy: Any) -> None:
+        """Rank 0 creates the run; every rank then names its id (``version``), though only rank 0 writes to it."""
+        run_id = strategy.broadcast(self.run_id if strategy.is_global_zero else None)
+        if not strategy.is_global_zero:
+            self._run_id = run_id
+
     @property
     def save_dir(self) -> str | None:
         return self._save_dir
@@ -140,6 +147,7 @@ class MLflowLogger(UploadsCheckpoints):
         return self._save_dir
 
     # ------------------------------------------------------------ recording
+    @rank_zero_only
     def log_hyperparams(self, params: Mapping[str, Any] | Namespace | None = None) -> None:
         from mlflow.entities import Param
 
@@ -148,6 +156,7 @@ class MLflowLogger(UploadsCheckpoints):
         for start in range(0, len(entries), 100):  # MLflow takes at most 100 params per batch
             self.experiment.log_batch(self.run_id, params=entries[start:start + 100])
 
+    @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         from mlflow.entities import Metric
 

@@ -1,4 +1,8 @@
-"""TensorBoardLogger: event files for TensorBoard (needs the optional tensorboard package)."""
+"""TensorBoardLogger: event files for TensorBoard (needs the optional tensorboard package).
+
+Only global rank 0 writes: elsewhere ``experiment`` is an object that does nothing and the ``log_*`` methods
+return at once, so a program that logs from every rank still gets one version folder with one event file.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from torchfleet.errors import ConfigurationError
-from torchfleet.loggers.base import FolderLogger, plain_params
+from torchfleet.loggers.base import DummyExperiment, FolderLogger, on_rank_zero, plain_params
+from torchfleet.utilities import rank_zero_only
 
 
 class TensorBoardLogger(FolderLogger):
@@ -29,6 +34,9 @@ class TensorBoardLogger(FolderLogger):
 
     @property
     def experiment(self) -> Any:
+        """The ``SummaryWriter`` of the version folder (created on first use, on global rank 0 only)."""
+        if not on_rank_zero():
+            return DummyExperiment()
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -36,11 +44,13 @@ class TensorBoardLogger(FolderLogger):
             self._writer = SummaryWriter(log_dir=self.log_dir, **self._writer_kwargs)
         return self._writer
 
+    @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         writer = self.experiment
         for key, value in metrics.items():
             writer.add_scalar(key, value, global_step=step)
 
+    @rank_zero_only
     def log_hyperparams(self, params: Mapping[str, Any] | Namespace | None = None) -> None:
         import yaml
 

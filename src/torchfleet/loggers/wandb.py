@@ -13,6 +13,7 @@ from typing import Any
 
 from torchfleet.errors import ConfigurationError
 from torchfleet.loggers.base import DummyExperiment, UploadsCheckpoints, on_rank_zero, plain_params
+from torchfleet.utilities import rank_zero_only
 
 STEP_KEY = "trainer/global_step"
 
@@ -68,6 +69,20 @@ class WandbLogger(UploadsCheckpoints):
         self._experiment = experiment
         self._init_kwargs = {"name": name, **kwargs}
 
+    def __getstate__(self) -> dict[str, Any]:
+        # ddp_spawn pickles the loggers into the ranks: neither the module nor a live run can travel; the run's id
+        # does, so rank 0 there continues this run
+        state = dict(self.__dict__)
+        if self._experiment is not None:
+            state["_id"] = self._experiment.id
+        state["_experiment"] = None
+        del state["_wandb"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._wandb = _import_wandb()
+
     @property
     def experiment(self) -> Any:
         if not on_rank_zero():
@@ -93,6 +108,16 @@ class WandbLogger(UploadsCheckpoints):
     def version(self) -> str:
         return self._experiment.id if self._experiment is not None and on_rank_zero() else (self._id or "")
 
+    def agree_version(self, strategy: Any) -> None:
+        """Every rank names rank 0's run id (``version``); rank 0 chooses it now, the run starts on first use."""
+        if strategy.is_global_zero and self._experiment is None and not self._id:
+            import secrets
+
+            self._id = secrets.token_hex(4)  # 8 characters of [0-9a-f], as wandb's own ids
+        run_id = strategy.broadcast(self.version if strategy.is_global_zero else None)
+        if not strategy.is_global_zero:
+            self._id = run_id
+
     @property
     def save_dir(self) -> str:
         return self._save_dir
@@ -101,9 +126,11 @@ class WandbLogger(UploadsCheckpoints):
     def log_dir(self) -> str:
         return self._save_dir
 
+    @rank_zero_only
     def log_hyperparams(self, params: Mapping[str, Any] | Namespace | None = None) -> None:
         self.experiment.config.update(plain_params(params), allow_val_change=True)
 
+    @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         values: dict[str, Any] = {f"{self._prefix}{k}": v for k, v in metrics.items()}
         if step is not None:

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
+from torchfleet.samplers import set_sampler_epoch
 from torchfleet.seed import capture_rng, restore_rng
 from torchfleet.trainer.eval_loop import EvalLoop, publish_epoch
 from torchfleet.trainer.hooks import batch_transfer_fn, trim_step_arguments
@@ -173,9 +174,7 @@ class FitLoop:
     def run_epoch(self, start_batch: int, resume_at: dict | None, rng: dict | None) -> None:
         trainer, strategy, model, hooks = self.trainer, self.strategy, self.model, self.trainer._hooks
         state = trainer.state
-        sampler = getattr(self.loader, "sampler", None)
-        if sampler is not None and hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(state.current_epoch)
+        set_sampler_epoch(self.loader, state.current_epoch)
         # The iterator's shuffle order and worker seeds come from the global RNG when it is created:
         # remember that state so a resumed run recreates the same order.
         if resume_at is not None and resume_at.get("epoch_start_rng") is not None:

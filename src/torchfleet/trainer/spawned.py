@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchfleet.loggers.base import use_versions
 from torchfleet.strategies.utils import move_to_device
 
 if TYPE_CHECKING:
@@ -57,18 +58,6 @@ def restore(trainer: Trainer, model: Any, snapshot: dict[str, Any] | None) -> An
                 cb.load_state_dict(state)
                 del saved[i]
                 break
-    for lg, version in zip(trainer.loggers, snapshot["logger_versions"]):
-        lg.agree_version(_Fixed(version))
+    use_versions(trainer.loggers, snapshot["logger_versions"])
     return snapshot["out"]
 
-
-class _Fixed:
-    """A stand-in strategy whose broadcast returns rank 0's value from the finished run."""
-
-    is_global_zero = False
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def broadcast(self, obj: Any, src: int = 0, name: str | None = None) -> Any:
-        return self.value
