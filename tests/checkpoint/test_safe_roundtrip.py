@@ -87,7 +87,8 @@ def _every_kind():
                                optim=Optim(lr=0.1)),
                  args=argparse.Namespace(seed=3, path=pathlib.Path("/a/b"), act=Activation.TANH),
                  out=pathlib.PurePosixPath("/tmp/out"), act=Activation.TANH,
-                 sizes=(4, [5, {6}]), table=collections.OrderedDict(a=1, b={"c": 2.5}), pair=Pair(2, 9),
+                 sizes=(4, [5, {6}]), pair=Pair(2, 9),
+                 table=collections.OrderedDict(a=1, b={"c": 2.5}, by_act={Activation.RELU: {Activation.TANH}}),
                  scale=np.float64(0.5))
     try:
         from omegaconf import OmegaConf

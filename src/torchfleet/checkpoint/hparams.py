@@ -60,14 +60,18 @@ def to_plain(value: Any, pickled: list[str] | None = None, where: str = "hparams
         return {TAG: "path", "class": type(value).__name__, "value": str(value)}
     if isinstance(value, argparse.Namespace):
         return {TAG: "namespace", "value": to_plain(vars(value), pickled, where)}
-    if isinstance(value, frozenset):
-        return {TAG: "frozenset", "value": [to_plain(v, pickled, where) for v in value]}
+    if isinstance(value, (set, frozenset)) and (type(value) is frozenset or not all(_plain_key(v) for v in value)):
+        # a frozenset is not a value safe loading builds; a set of enums would be a set of dicts
+        return {TAG: type(value).__name__, "value": [to_plain(v, pickled, where) for v in value]}
     omegaconf = sys.modules.get("omegaconf")
     if omegaconf is not None and isinstance(value, (omegaconf.DictConfig, omegaconf.ListConfig)):
         container = omegaconf.OmegaConf.to_container(value, resolve=False, enum_to_str=False)
         return {TAG: "omegaconf", "value": to_plain(container, pickled, where),
                 "struct": bool(omegaconf.OmegaConf.is_struct(value)),
                 "readonly": bool(omegaconf.OmegaConf.is_readonly(value))}
+    if type(value) in (dict, OrderedDict) and not all(_plain_key(k) for k in value):  # enum keys, say
+        return {TAG: "items", "dict": type(value).__name__,
+                "value": [[to_plain(k, pickled, where), to_plain(v, pickled, f"{where}[{k!r}]")] for k, v in value.items()]}
     if type(value) in (dict, OrderedDict):
         return type(value)((k, to_plain(v, pickled, f"{where}[{k!r}]")) for k, v in value.items())
     if isinstance(value, Mapping):  # an AttributeDict or another dict type: a dict of the same items
@@ -77,6 +81,12 @@ def to_plain(value: Any, pickled: list[str] | None = None, where: str = "hparams
     if pickled is not None:
         pickled.append(f"{where} ({_what(value)})")
     return value
+
+
+def _plain_key(value: Any) -> bool:
+    if type(value) is tuple:
+        return all(_plain_key(v) for v in value)
+    return isinstance(value, (type(None), bool, int, float, str, bytes)) and not isinstance(value, enum.Enum)
 
 
 def _what(value: Any) -> str:
@@ -135,8 +145,11 @@ def _restore(tagged: Mapping[str, Any]) -> Any:
         return _PATHS.get(str(tagged.get("class")), pathlib.Path)(str(tagged.get("value", "")))
     if kind == "namespace":
         return argparse.Namespace(**from_plain(tagged.get("value", {})))
-    if kind == "frozenset":
-        return frozenset(from_plain(tagged.get("value", [])))
+    if kind in ("frozenset", "set"):
+        return (frozenset if kind == "frozenset" else set)(from_plain(tagged.get("value", [])))
+    if kind == "items":
+        pairs = ((from_plain(k), from_plain(v)) for k, v in tagged.get("value", []))
+        return (OrderedDict if tagged.get("dict") == "OrderedDict" else dict)(pairs)
     if kind == "omegaconf":
         return _restore_omegaconf(tagged)
     cls = _find_class(tagged.get("class"))
