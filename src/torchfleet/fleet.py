@@ -495,15 +495,17 @@ class Fleet:
         self._strategy.save_checkpoint(path, {k: _unwrap(v) for k, v in state.items()})
         self._strategy.barrier("fleet.save")
 
-    def load(self, path: str | os.PathLike, state: dict[str, Any] | None = None, strict: bool = True) -> dict[str, Any]:
+    def load(self, path: str | os.PathLike, state: dict[str, Any] | None = None, strict: bool = True, *,
+             weights_only: bool | None = None) -> dict[str, Any]:
         """Load ``path`` into ``state`` in place: modules and optimizers load their weights, other entries are
         replaced by the checkpoint's values. Returns the checkpoint's entries that ``state`` did not name.
 
         With ``strict``, every key of ``state`` must be in the checkpoint and module keys must match exactly.
+        The file is read without running code from it; ``weights_only=False`` unpickles anything (a file you trust).
         """
         state = state if state is not None else {}
         unwrapped = {k: _unwrap(v) for k, v in state.items()}
-        checkpoint = self._strategy.load_checkpoint(path, unwrapped, strict=strict)
+        checkpoint = self._strategy.load_checkpoint(path, unwrapped, strict=strict, weights_only=weights_only)
         if strict:
             missing = [k for k in state if k not in checkpoint]
             if missing:

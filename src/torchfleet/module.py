@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from torchfleet.errors import ConfigurationError
+from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.watchdog import labelled
 
 if TYPE_CHECKING:
@@ -508,13 +508,27 @@ class Module(nn.Module, HyperparametersMixin):
 
     @classmethod
     def load_from_checkpoint(
-        cls, checkpoint_path: str, map_location: Any = None, strict: bool = True, **kwargs: Any
+        cls, checkpoint_path: str, map_location: Any = None, strict: bool = True, weights_only: bool | None = None,
+        **kwargs: Any,
     ) -> Module:
-        """Build the model from the hyperparameters saved in a checkpoint and load its weights."""
-        from torchfleet.checkpoint.format import read_checkpoint
+        """Build the model from the hyperparameters saved in a checkpoint and load its weights.
 
-        checkpoint = read_checkpoint(checkpoint_path, map_location=map_location or "cpu")
+        The file is read without running code from it; ``weights_only=False`` unpickles anything (a file you trust).
+        ``kwargs`` replace saved hyperparameters.
+        """
+        from torchfleet.checkpoint.format import read_checkpoint
+        from torchfleet.checkpoint.hparams import still_plain
+
+        checkpoint = read_checkpoint(checkpoint_path, map_location=map_location or "cpu",
+                                     weights_only=weights_only is not False)
         hparams = {**checkpoint.get("hyper_parameters", {}), **kwargs}
+        missing = still_plain(hparams)
+        if missing:
+            raise CheckpointError(
+                f"{cls.__name__}.load_from_checkpoint({checkpoint_path!r}) cannot rebuild the hyperparameters "
+                f"{', '.join(missing)}: their classes are not imported in this process (they are never imported from "
+                "a checkpoint). Import the modules that define them first, or pass those arguments as keywords."
+            )
         model = cls(**hparams)
         from torchfleet.checkpoint.state import load_state_dict_checked
 

@@ -106,11 +106,40 @@ def test_process_killed_mid_write_leaves_previous_checkpoint_and_a_recognisable_
     assert "last.ckpt" in str(info.value) and ".tmp-" not in str(info.value)
 
 
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_the_next_save_removes_what_killed_saves_left_but_never_a_live_save(tmp_path):
+    io = TorchCheckpointIO()
+    assert _killed_save(tmp_path / "a.ckpt").returncode == 17
+    (killed,) = _others(tmp_path, "")
+    host = killed.rsplit("@", 1)[1]  # temp names say which machine wrote them
+    dead = _dead_pid()
+    legacy = f".e.ckpt.tmp-{dead}"  # an older torchfleet's name for it: no count, no machine
+    sleeper = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        live = [f".b.ckpt.tmp-{sleeper.pid}-0@{host}",  # another process on this machine, still writing
+                f".c.ckpt.tmp-{os.getpid()}-99@{host}",  # this process (another thread, an async save)
+                f".d.ckpt.tmp-{dead}-0@another-machine"]  # a folder shared with a machine whose processes we cannot see
+        for name in [*live, legacy]:
+            (tmp_path / name).write_bytes(b"partial")
+        io.save_checkpoint({"v": 1}, tmp_path / "z.ckpt")
+        assert _others(tmp_path, "z.ckpt") == sorted(live)
+        assert io.load_checkpoint(tmp_path / "z.ckpt") == {"v": 1}
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def test_is_temp_file_does_not_match_real_checkpoints():
     assert not is_temp_file("epoch=3-step=100.ckpt")
     assert not is_temp_file("last.ckpt")
     assert not is_temp_file(".hidden.ckpt")
     assert is_temp_file("/a/b/.last.ckpt.tmp-123-4")
+    assert is_temp_file("/a/b/.last.ckpt.tmp-123-4@node-7.cluster")
 
 
 def test_missing_path_names_it_and_lists_nearby_checkpoints(tmp_path):
@@ -158,9 +187,10 @@ class Hyper:
 def test_weights_only_refusal_explains_how_to_load(tmp_path):
     path = tmp_path / "a.ckpt"
     TorchCheckpointIO().save_checkpoint({"hparams": Hyper()}, path)
-    with pytest.raises(CheckpointError, match=r"weights_only=False"):
-        TorchCheckpointIO(weights_only=True).load_checkpoint(path)
-    assert TorchCheckpointIO().load_checkpoint(path)["hparams"].lr == 0.1
+    with pytest.raises(CheckpointError, match=r"'tests.checkpoint.test_torch_io.Hyper'.*weights_only=False"):
+        TorchCheckpointIO().load_checkpoint(path)  # safe by default
+    assert TorchCheckpointIO(weights_only=False).load_checkpoint(path)["hparams"].lr == 0.1
+    assert TorchCheckpointIO().load_checkpoint(path, weights_only=False)["hparams"].lr == 0.1
     TorchCheckpointIO().save_checkpoint({"w": torch.ones(2)}, path)  # tensors only: weights_only loads it
     assert torch.equal(TorchCheckpointIO(weights_only=True).load_checkpoint(path)["w"], torch.ones(2))
 

@@ -307,3 +307,47 @@ def test_accelerator_cpu_trains_on_the_cpu_when_deepspeed_had_chosen_cuda(runs, 
     assert result["ds_accelerator"] == "cpu" and result["engine_device"] == "cpu"
     assert result["param_devices"] == ["cpu"]
     assert_close(result["weights"], ref["weights"])
+
+
+class _Payload:
+    """Unpickled, it runs ``touch marker``."""
+
+    def __init__(self, marker) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import shlex
+
+        return (os.system, (f"touch {shlex.quote(self.marker)}",))
+
+
+def test_deepspeed_files_load_safely_and_a_hostile_one_is_refused_on_every_path(runs, tmp_path):
+    import shutil
+
+    from torchfleet.checkpoint.consolidate import consolidate
+    from torchfleet.checkpoint.zero import ENGINE_GLOBALS, check_engine_files
+    from torchfleet.errors import CheckpointError
+
+    src = runs["dir"] / "stage_2.ckpt"
+    tag_dir = src / "deepspeed" / "checkpoint"
+    # DeepSpeed pickles classes of its own into its optimizer files: a bare weights-only load refuses them,
+    # and exactly the ones torchfleet allows by name are what it asks for
+    asked = {g for f in tag_dir.glob("*.pt") for g in torch.serialization.get_unsafe_globals_in_checkpoint(f)}
+    assert asked and asked <= {f"{m}.{n}" for m, n in ENGINE_GLOBALS}
+    check_engine_files(str(tag_dir))
+    marker = tmp_path / "PAYLOAD_RAN"
+    hostile = tmp_path / "hostile.ckpt"
+    shutil.copytree(src, hostile)
+    optim = next((hostile / "deepspeed" / "checkpoint").glob("*rank_1_*optim_states.pt"))
+    state = torch.load(optim, weights_only=False)  # written by the test run above: trusted
+    torch.save({**state, "extra": _Payload(marker)}, optim)
+    with pytest.raises(CheckpointError, match=r"system"):
+        consolidate(hostile, tmp_path / "out.ckpt")
+    # the engine's own load (same stage and world size) and torchfleet's reader of ZeRO files (another stage)
+    out = run_script({"out": str(tmp_path / "hostile.pt"), "devices": 2, "runs": [
+        {"name": "engine", "strategy": "deepspeed_stage_2", "resume": str(hostile), "expect_error": True},
+        {"name": "reader", "strategy": "deepspeed_stage_3", "resume": str(hostile), "expect_error": True},
+    ]})
+    for name in ("engine", "reader"):
+        assert out[name]["error"] and "CheckpointError" in out[name]["error"] and "system" in out[name]["error"], out
+    assert not marker.exists()

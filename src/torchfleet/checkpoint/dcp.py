@@ -10,14 +10,23 @@ each shard lives, so the files load at any world size: into sharded modules in p
 Single-file checkpoints keep optimizer states in ``torch.optim``'s positional form (parameters
 numbered 0, 1, ... in parameter-group order); ``optimizer_state_to_positional`` and
 ``optimizer_state_to_fqn`` convert between the two.
+
+DCP's own reader unpickles ``.metadata`` and the non-tensor entries with a full unpickler; here
+``.metadata`` is read by an unpickler that builds DCP's metadata classes only, and every
+non-tensor entry passes torch's weights-only loader first (``weights_only=False`` trusts the files).
+A load that fails is reported as one CheckpointError naming the file, never as DCP's per-rank tracebacks.
 """
 
 from __future__ import annotations
 
+import functools
+import io
 import os
+import pickle
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from torchfleet.checkpoint import safe
 from torchfleet.checkpoint.distributed import (
     Ranks,
     atomic_checkpoint_dir,
@@ -53,11 +62,13 @@ class DCPEntry:
     """Stands for an entry of a loaded "dcp" checkpoint that is still on disk; the strategy loads it in place.
 
     ``key`` is the checkpoint entry ("state_dict", "optimizer_states"), ``kind`` "module" or
-    "optimizer", ``index`` the position in a list entry (one per optimizer), or None.
+    "optimizer", ``index`` the position in a list entry (one per optimizer), or None;
+    ``weights_only``: whether its files are read without running code from them (the load's choice).
     """
 
-    def __init__(self, path: str, key: str, kind: str, index: int | None = None) -> None:
+    def __init__(self, path: str, key: str, kind: str, index: int | None = None, weights_only: bool = True) -> None:
         self.path, self.key, self.kind, self.index = path, key, kind, index
+        self.weights_only = weights_only
 
     @property
     def prefix(self) -> str:
@@ -98,28 +109,147 @@ def save_dcp_checkpoint(path: str | os.PathLike, plain: Mapping[str, Any], ranks
             write_meta(tmp, meta)
 
 
-def read_dcp_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+def read_dcp_checkpoint(path: str | os.PathLike, weights_only: bool = True) -> dict[str, Any]:
     """The checkpoint dict of a "dcp" directory: its meta, with a ``DCPEntry`` for each entry in the DCP files."""
     path = os.fspath(path)
-    meta = read_meta(path)
+    meta = read_meta(path, weights_only)
     checkpoint = dict(meta)
     for key, info in meta[FORMAT_KEY].get(SHARDED_ENTRIES, {}).items():
         kind, count = info["kind"], info["count"]
-        checkpoint[key] = (DCPEntry(path, key, kind) if count is None
-                           else [DCPEntry(path, key, kind, i) for i in range(count)])
+        checkpoint[key] = (DCPEntry(path, key, kind, weights_only=weights_only) if count is None
+                           else [DCPEntry(path, key, kind, i, weights_only) for i in range(count)])
     return checkpoint
 
 
-def _metadata(path: str) -> Any:
+# ---------------------------------------------------------------------------- reading the files safely
+#: the classes a DCP ``.metadata`` pickle is made of (torch 2.x)
+_METADATA_GLOBALS = {
+    ("torch.distributed.checkpoint.metadata", name) for name in (
+        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
+        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING")
+} | {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+      ("torch.serialization", "_get_layout"), ("collections", "OrderedDict")} | {
+    ("pathlib", name) for name in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds DCP's metadata classes, dtypes and paths; any other global is refused (named), never imported."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        if (module, name) in _METADATA_GLOBALS or (
+                module == "torch" and isinstance(vars(torch).get(name), (torch.dtype, torch.layout, torch.memory_format))):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"GLOBAL {module}.{name} is not part of DCP's metadata")
+
+
+def _checked_bytes(value: io.BytesIO) -> io.BytesIO:
+    """``value`` after torch's weights-only loader read it without complaint (the same bytes, rewound)."""
+    data = value.read()
+    safe.load(io.BytesIO(data), what="an entry of the DCP files")
+    return io.BytesIO(data)
+
+
+@functools.cache
+def _safe_types() -> tuple[type, type, type]:
+    """DCP's reader and load planners, reading ``.metadata`` and non-tensor entries without running their code."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            path = self._get_metadata_path(kwargs.get("rank"))
+            with self.fs.create_stream(path, "rb") as stream:
+                try:
+                    metadata = _MetadataUnpickler(stream).load()
+                except pickle.UnpicklingError as exc:
+                    raise safe.refusal(repr(os.fspath(path)), safe.GLOBAL_NAME.findall(str(exc)), exc) from None
+            if getattr(metadata, "storage_meta", None) is None:  # as FileSystemReader.read_metadata does
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    class SafePlanner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            super().load_bytes(read_item, _checked_bytes(value))
+
+    class SafeFullPlanner(_EmptyStateDictLoadPlanner):
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            super().load_bytes(read_item, _checked_bytes(value))
+
+    return SafeReader, SafePlanner, SafeFullPlanner
+
+
+def _reader(path: str, weights_only: bool) -> Any:
     from torch.distributed.checkpoint import FileSystemReader
 
+    return _safe_types()[0](path) if weights_only else FileSystemReader(path)
+
+
+def _failure(path: str, exc: BaseException) -> CheckpointError:
+    """One paragraph for a failed DCP read (``exc`` may be DCP's CheckpointException holding every rank's error)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, Mapping) and failures:
+        ranks = sorted(failures)
+        exc = next(iter(failures[r][0] for r in ranks))
+        who = f" (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
+    else:
+        who = ""
+    if isinstance(exc, CheckpointError):
+        return CheckpointError(str(exc))
+    if isinstance(exc, FileNotFoundError):
+        return CheckpointError(
+            f"The sharded checkpoint {path!r} is incomplete: {exc.filename or exc} is missing{who}. A file of it was "
+            "deleted or never copied; resume from another checkpoint (ModelCheckpoint keeps the last complete ones)."
+        )
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return CheckpointError(
+        f"The DCP files of {path!r} cannot be read{who}: {type(exc).__name__}: {detail}. The directory is damaged "
+        "or was not written by a torchfleet sharded strategy; resume from another checkpoint."
+    )
+
+
+def _metadata(path: str, weights_only: bool = True) -> Any:
     try:
-        return FileSystemReader(path).read_metadata()
-    except Exception as exc:
+        return _reader(path, weights_only).read_metadata()
+    except CheckpointError:
+        raise
+    except FileNotFoundError:
         raise CheckpointError(
-            f"The DCP files of {path!r} cannot be read ({type(exc).__name__}: {exc}). The directory is damaged or "
-            "was not written by a torchfleet sharded strategy."
-        ) from exc
+            f"The sharded checkpoint {path!r} has no .metadata file, which lists where every saved tensor is: the "
+            "directory is incomplete or damaged. Resume from another checkpoint."
+        ) from None
+    except Exception as exc:
+        raise _failure(path, exc) from None
+
+
+def files_problem(path: str | os.PathLike, weights_only: bool = True) -> str | None:
+    """What keeps the DCP files at ``path`` from loading (a missing, short or unsafe file), or None.
+
+    Checked before any rank starts DCP's collective read, so that all can agree the load fails.
+    """
+    path = os.fspath(path)
+    try:
+        storage = _metadata(path, weights_only).storage_data
+    except CheckpointError as exc:
+        return str(exc)
+    needed: dict[str, int] = {}
+    for info in (storage or {}).values():
+        rel = getattr(info, "relative_path", None)
+        if rel is not None:
+            needed[rel] = max(needed.get(rel, 0), int(info.offset) + int(info.length))
+    for rel, size in sorted(needed.items()):
+        file = os.path.join(path, rel)
+        try:
+            have = os.path.getsize(file)
+        except OSError:
+            return str(_failure(path, FileNotFoundError(2, "missing", file)))
+        if have < size:
+            return (f"The sharded checkpoint {path!r} is incomplete: {file} holds {have} bytes where its .metadata "
+                    f"places data up to byte {size} (a copy or a save cut short). Resume from another checkpoint.")
+    return None
 
 
 def _flatten(template: Mapping[str, Any]) -> dict[str, Any]:
@@ -134,12 +264,13 @@ def _listing(items: Sequence[str], limit: int = 5) -> str:
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
-def check_against_checkpoint(template: Mapping[str, Any], path: str, strict: bool = True) -> None:
+def check_against_checkpoint(template: Mapping[str, Any], path: str, strict: bool = True,
+                             weights_only: bool = True) -> None:
     """Raise CheckpointError naming the first keys of ``template`` that the DCP files at ``path`` lack,
     the first they hold beyond it (strict only), and tensors whose global shapes differ."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    saved = _metadata(path).state_dict_metadata
+    saved = _metadata(path, weights_only).state_dict_metadata
     wanted = _flatten(template)
     roots = {k.split(".", 1)[0] for k in template}
     # optimizer entries hold scalars (step counts) whose form depends on the optimizer; only tensors are matched
@@ -164,45 +295,58 @@ def check_against_checkpoint(template: Mapping[str, Any], path: str, strict: boo
         )
 
 
-def saved_keys(path: str) -> set[str]:
+def saved_keys(path: str, weights_only: bool = True) -> set[str]:
     """The flattened keys ("state_dict.net.0.weight", "optimizer_states.0.state.net.0.weight.exp_avg", ...) in the DCP files."""
-    return set(_metadata(path).state_dict_metadata)
+    return set(_metadata(path, weights_only).state_dict_metadata)
 
 
-def load_dcp_into(path: str, template: dict[str, Any], strict: bool = True) -> None:
-    """Fill ``template`` (state dicts of sharded or plain tensors) in place from the DCP files at ``path``."""
+def load_dcp_into(path: str, template: dict[str, Any], strict: bool = True, weights_only: bool = True) -> None:
+    """Fill ``template`` (state dicts of sharded or plain tensors) in place from the DCP files at ``path``.
+
+    Every rank calls it; DCP gathers the ranks' read errors, so all of them raise the same CheckpointError.
+    """
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-    check_against_checkpoint(template, path, strict=strict)
-    dcp.load(template, checkpoint_id=path, planner=DefaultLoadPlanner(allow_partial_load=not strict))
+    check_against_checkpoint(template, path, strict=strict, weights_only=weights_only)
+    planner = (_safe_types()[1] if weights_only else DefaultLoadPlanner)(allow_partial_load=not strict)
+    try:
+        dcp.load(template, storage_reader=_reader(path, weights_only), planner=planner)
+    except CheckpointException as exc:
+        raise _failure(path, exc) from None
 
 
-def read_dcp_full(path: str | os.PathLike, keys: set[str] | None = None) -> dict[str, Any]:
+def read_dcp_full(path: str | os.PathLike, keys: set[str] | None = None, weights_only: bool = True) -> dict[str, Any]:
     """The entries (all, or ``keys``) of the DCP files at ``path`` as whole tensors, in this one process.
 
     Needs no process group and no model: the shapes come from the DCP metadata. The whole model
     (and optimizer, if asked for) must fit this process's memory.
     """
-    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
+    path = os.fspath(path)
     state: dict[str, Any] = {}
-    # dcp.load rebuilds its argument's keys first, so a planner that creates them needs the inner loader
-    _load_state_dict(state, storage_reader=FileSystemReader(os.fspath(path)),
-                     planner=_EmptyStateDictLoadPlanner(keys=keys), no_dist=True)
+    planner = (_safe_types()[2] if weights_only else _EmptyStateDictLoadPlanner)(keys=keys)
+    try:
+        # dcp.load rebuilds its argument's keys first, so a planner that creates them needs the inner loader
+        _load_state_dict(state, storage_reader=_reader(path, weights_only), planner=planner, no_dist=True)
+    except (CheckpointException, OSError, pickle.UnpicklingError) as exc:
+        raise _failure(path, exc) from None
     return state
 
 
-def read_full_dcp_checkpoint(path: str | os.PathLike, with_optimizer: bool = True) -> dict[str, Any]:
+def read_full_dcp_checkpoint(path: str | os.PathLike, with_optimizer: bool = True,
+                             weights_only: bool = True) -> dict[str, Any]:
     """A "dcp" directory as one ordinary checkpoint dict: whole tensors, optimizer states in positional form."""
     path = os.fspath(path)
-    checkpoint = read_dcp_checkpoint(path)
+    checkpoint = read_dcp_checkpoint(path, weights_only)
     entries = {k: v for k, v in checkpoint.items() if _holds_entries(v)}
     kinds = {k: (v if isinstance(v, DCPEntry) else v[0]).kind for k, v in entries.items()}
     wanted = {k for k in entries if with_optimizer or kinds[k] != "optimizer"}
-    loaded = read_dcp_full(path, keys=wanted) if wanted else {}
+    loaded = read_dcp_full(path, keys=wanted, weights_only=weights_only) if wanted else {}
     for key, entry in entries.items():
         if key not in wanted:
             del checkpoint[key]

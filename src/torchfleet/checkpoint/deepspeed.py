@@ -23,9 +23,9 @@ import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import torch
 from torch import Tensor
 
+from torchfleet.checkpoint import safe
 from torchfleet.checkpoint.distributed import (
     Ranks,
     atomic_checkpoint_dir,
@@ -36,7 +36,14 @@ from torchfleet.checkpoint.distributed import (
     write_meta,
 )
 from torchfleet.checkpoint.format import FORMAT_KEY, FORMAT_VERSION
-from torchfleet.checkpoint.zero import FullOptimizerState, has_zero_files, read_zero_optimizer, strip_wrapper
+from torchfleet.checkpoint.zero import (
+    FullOptimizerState,
+    check_engine_files,
+    engine_globals,
+    has_zero_files,
+    read_zero_optimizer,
+    strip_wrapper,
+)
 from torchfleet.errors import CheckpointError, ConfigurationError
 
 log = logging.getLogger(__name__)
@@ -105,21 +112,23 @@ class InEngine(dict):
     """Stands in a checkpoint dict for a module's or optimizer's state that lives in the DeepSpeed engine checkpoint.
 
     An empty mapping, so hooks that look at ``checkpoint["state_dict"]`` still find a dict; ``path``
-    says which checkpoint directory the engine loads it from (None while saving).
+    says which checkpoint directory the engine loads it from (None while saving), ``weights_only``
+    whether its files are read without running code from them (the load's choice).
     """
 
-    def __init__(self, kind: str, path: str | None = None) -> None:
+    def __init__(self, kind: str, path: str | None = None, weights_only: bool = True) -> None:
         super().__init__()
         self.kind = kind
         self.path = path
+        self.weights_only = weights_only
 
     def __repr__(self) -> str:
         return f"<{self.kind} state in the DeepSpeed engine checkpoint{'' if self.path is None else ' ' + self.path}>"
 
 
-def is_deepspeed_checkpoint(path: str | os.PathLike) -> bool:
+def is_deepspeed_checkpoint(path: str | os.PathLike, weights_only: bool = True) -> bool:
     """Whether ``path`` is a complete sharded checkpoint directory of the "deepspeed" layout."""
-    return is_sharded_checkpoint(path) and checkpoint_layout(path) == "deepspeed"
+    return is_sharded_checkpoint(path) and checkpoint_layout(path, weights_only) == "deepspeed"
 
 
 def _is_optimizer_marker(value: Any) -> bool:
@@ -163,34 +172,35 @@ def deepspeed_info(meta: Mapping[str, Any], path: Any) -> dict[str, Any]:
     return dict(info)
 
 
-def read_deepspeed_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+def read_deepspeed_checkpoint(path: str | os.PathLike, weights_only: bool = True) -> dict[str, Any]:
     """The checkpoint dict of a "deepspeed" directory: its meta, with placeholders for what the engine checkpoint holds."""
-    meta = read_meta(path)
+    meta = read_meta(path, weights_only)
     info = deepspeed_info(meta, path)
     checkpoint = dict(meta)
     where = os.fspath(path)
     for key in info.get("modules", []):
-        checkpoint[key] = InEngine("module", where)
+        checkpoint[key] = InEngine("module", where, weights_only)
     for key, count in info.get("optimizers", {}).items():
-        checkpoint[key] = InEngine("optimizer", where) if count is None else [
-            InEngine("optimizer", where) for _ in range(count)]
+        checkpoint[key] = InEngine("optimizer", where, weights_only) if count is None else [
+            InEngine("optimizer", where, weights_only) for _ in range(count)]
     return checkpoint
 
 
-def checkpoint_path(checkpoint: Mapping[str, Any]) -> str:
-    """The directory a checkpoint dict read by ``read_deepspeed_checkpoint`` came from."""
+def engine_entry(checkpoint: Mapping[str, Any]) -> InEngine:
+    """A placeholder of a checkpoint dict read by ``read_deepspeed_checkpoint``: where it came from, how to read it."""
     for value in checkpoint.values():
         for v in value if isinstance(value, list) else [value]:
             if isinstance(v, InEngine) and v.path is not None:
-                return v.path
+                return v
     raise CheckpointError("The checkpoint dict does not say which DeepSpeed checkpoint directory it came from.")
 
 
 # ---------------------------------------------------------------------------- reading whole, in one process
-def consolidated_weights(path: str | os.PathLike, info: Mapping[str, Any] | None = None) -> dict[str, Tensor]:
+def consolidated_weights(path: str | os.PathLike, info: Mapping[str, Any] | None = None,
+                         weights_only: bool = True) -> dict[str, Tensor]:
     """The float32 weights of a "deepspeed" checkpoint under the user module's names (one process, any stage)."""
     if info is None:
-        info = deepspeed_info(read_meta(path), path)
+        info = deepspeed_info(read_meta(path, weights_only), path)
     import_deepspeed("Reading a DeepSpeed checkpoint")
     ds_dir = os.path.join(os.fspath(path), DEEPSPEED_SUBDIR)
     tag_dir = os.path.join(ds_dir, info["tag"])
@@ -198,10 +208,11 @@ def consolidated_weights(path: str | os.PathLike, info: Mapping[str, Any] | None
         raise CheckpointError(f"{os.fspath(path)!r} lacks the engine checkpoint {tag_dir!r}: the directory is incomplete.")
     if int(info.get("zero_stage", 0)) == 0 and not has_zero_files(tag_dir):
         # no ZeRO: the model-states file holds the whole module
-        module = torch.load(os.path.join(tag_dir, _MODEL_STATES), map_location="cpu", weights_only=False)["module"]
+        module = _read_model_states(tag_dir, weights_only)["module"]
         return {k: v.float() if v.is_floating_point() else v for k, v in _strip_wrapper(module).items()}
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
+    check_engine_files(tag_dir, weights_only)  # DeepSpeed's reader unpickles them with weights_only=False
     with quiet_deepspeed():
         state = get_fp32_state_dict_from_zero_checkpoint(ds_dir, tag=info["tag"])
     return {k: v.clone() for k, v in _strip_wrapper(state).items()}
@@ -211,15 +222,21 @@ def _strip_wrapper(state: Mapping[str, Any]) -> dict[str, Any]:
     return {strip_wrapper(k): v for k, v in state.items()}
 
 
-def read_full_optimizer(path: str | os.PathLike, info: Mapping[str, Any]) -> FullOptimizerState:
+def _read_model_states(tag_dir: str, weights_only: bool) -> dict[str, Any]:
+    return safe.load(os.path.join(tag_dir, _MODEL_STATES), weights_only=weights_only,
+                     allow=engine_globals() if weights_only else ())
+
+
+def read_full_optimizer(path: str | os.PathLike, info: Mapping[str, Any], weights_only: bool = True) -> FullOptimizerState:
     """The ZeRO optimizer partitions of a "deepspeed" checkpoint, whole and per parameter (one process)."""
     tag_dir = os.path.join(os.fspath(path), DEEPSPEED_SUBDIR, info["tag"])
     if not os.path.isdir(tag_dir):
         raise CheckpointError(f"{os.fspath(path)!r} lacks the engine checkpoint {tag_dir!r}: the directory is incomplete.")
-    return read_zero_optimizer(tag_dir)
+    return read_zero_optimizer(tag_dir, weights_only)
 
 
-def consolidated_optimizer_state(path: str | os.PathLike, info: Mapping[str, Any]) -> dict[str, Any]:
+def consolidated_optimizer_state(path: str | os.PathLike, info: Mapping[str, Any],
+                                 weights_only: bool = True) -> dict[str, Any]:
     """The optimizer state of a "deepspeed" checkpoint in ``torch.optim.Optimizer.state_dict()`` form (one process).
 
     Any torch optimizer: every state key is mapped back onto the parameters. They are numbered as
@@ -229,11 +246,12 @@ def consolidated_optimizer_state(path: str | os.PathLike, info: Mapping[str, Any
     tag_dir = os.path.join(os.fspath(path), DEEPSPEED_SUBDIR, info["tag"])
     if int(info.get("zero_stage", 0)) == 0 and not has_zero_files(tag_dir):
         # no ZeRO: DeepSpeed saved the torch optimizer's own state dict
-        return torch.load(os.path.join(tag_dir, _MODEL_STATES), map_location="cpu", weights_only=False)["optimizer"]
-    return read_full_optimizer(path, info).to_torch(info.get("param_names"))
+        return _read_model_states(tag_dir, weights_only)["optimizer"]
+    return read_full_optimizer(path, info, weights_only).to_torch(info.get("param_names"))
 
 
-def consolidate_deepspeed(path: str | os.PathLike, with_optimizer: bool = False) -> dict[str, Any]:
+def consolidate_deepspeed(path: str | os.PathLike, with_optimizer: bool = False,
+                          weights_only: bool = True) -> dict[str, Any]:
     """One torchfleet checkpoint dict from a "deepspeed" layout checkpoint directory, in this one process.
 
     ``state_dict`` holds the float32 weights under the user module's names (any ZeRO stage, any
@@ -241,22 +259,22 @@ def consolidate_deepspeed(path: str | os.PathLike, with_optimizer: bool = False)
     ``torch.optim`` form (any torch optimizer, every state key), so the result resumes under any strategy.
     """
     import_deepspeed("Consolidating a DeepSpeed checkpoint")
-    if not is_deepspeed_checkpoint(path):
+    if not is_deepspeed_checkpoint(path, weights_only):
         raise CheckpointError(
             f"{os.fspath(path)!r} is not a DeepSpeed checkpoint directory (one holding a torchfleet.pt that names the "
             "'deepspeed' layout, written by DeepSpeedStrategy). Give the path of such a directory."
         )
-    meta = read_meta(path)
+    meta = read_meta(path, weights_only)
     info = deepspeed_info(meta, path)
     out = {k: v for k, v in meta.items() if k != META_DEEPSPEED_KEY}
     marker = dict(meta.get(FORMAT_KEY, {}))
     marker.pop("layout", None)
     marker["format"] = FORMAT_VERSION
     out[FORMAT_KEY] = marker
-    weights = consolidated_weights(path, info)
+    weights = consolidated_weights(path, info, weights_only)
     for key in info.get("modules", []):
         out[key] = weights
-    optimizer = consolidated_optimizer_state(path, info) if with_optimizer else None
+    optimizer = consolidated_optimizer_state(path, info, weights_only) if with_optimizer else None
     for key, count in info.get("optimizers", {}).items():
         if optimizer is not None:
             out[key] = optimizer if count is None else [optimizer]

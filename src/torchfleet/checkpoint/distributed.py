@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
+from torchfleet.checkpoint import safe
 from torchfleet.checkpoint.format import FORMAT_KEY
 from torchfleet.checkpoint.io import _fsync_dir
 from torchfleet.errors import CheckpointError
@@ -85,8 +86,8 @@ def _describe_foreign(path: str) -> str:
     return f"it holds {', '.join(names[:5])}{', ...' if len(names) > 5 else ''} but no {META_NAME}"
 
 
-def checkpoint_layout(path: str | os.PathLike) -> str:
-    """The layout ("dcp" or "deepspeed") of the sharded checkpoint directory at ``path``.
+def checkpoint_layout(path: str | os.PathLike, weights_only: bool = True) -> str:
+    """The layout ("dcp" or "deepspeed") of the sharded checkpoint directory at ``path`` (``weights_only``: see read_meta).
 
     Raises CheckpointError for a path that is not a directory, a directory without ``META_NAME``
     (an unfinished save or another tool's files) or a marker naming an unknown layout.
@@ -104,7 +105,7 @@ def checkpoint_layout(path: str | os.PathLike) -> str:
             f"{META_NAME} last, so a directory without it never finished saving; resume from an earlier checkpoint "
             "(ModelCheckpoint's last.ckpt still points at the last complete one)."
         )
-    marker = read_meta(path).get(FORMAT_KEY)
+    marker = read_meta(path, weights_only).get(FORMAT_KEY)
     layout = marker.get("layout") if isinstance(marker, Mapping) else None
     if layout not in LAYOUTS:
         raise CheckpointError(
@@ -137,8 +138,11 @@ def write_meta(directory: str | os.PathLike, meta: Mapping[str, Any]) -> None:
     _fsync_dir(directory)
 
 
-def read_meta(path: str | os.PathLike) -> dict[str, Any]:
-    """The dict stored as ``META_NAME`` in the sharded checkpoint directory ``path``."""
+def read_meta(path: str | os.PathLike, weights_only: bool = True) -> dict[str, Any]:
+    """The dict stored as ``META_NAME`` in the sharded checkpoint directory ``path``.
+
+    Read without running code from it; ``weights_only=False`` unpickles anything (a file you trust).
+    """
     file = os.path.join(os.fspath(path), META_NAME)
     if not os.path.isfile(file):
         raise CheckpointError(
@@ -146,12 +150,14 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
             f"{_describe_foreign(os.fspath(path)) if os.path.isdir(path) else 'the directory does not exist'}."
         )
     try:
-        meta = torch.load(file, map_location="cpu", weights_only=False)
+        meta = safe.load(file, weights_only=weights_only)
+    except CheckpointError:
+        raise
     except Exception as exc:
         raise CheckpointError(
             f"{file!r} cannot be read ({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}): "
             "the checkpoint directory is damaged. Resume from another checkpoint."
-        ) from exc
+        ) from None
     if not isinstance(meta, dict):
         raise CheckpointError(f"{file!r} holds a {type(meta).__name__}, not the dict torchfleet writes there.")
     return meta

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from torchfleet.checkpoint.hparams import from_plain
 from torchfleet.errors import CheckpointError
 
 #: key holding the format marker; its value is {"version": torchfleet version, "format": FORMAT_VERSION}
@@ -14,10 +15,15 @@ FORMAT_VERSION = 1
 
 #: keys every Trainer checkpoint has
 REQUIRED_KEYS = ("state_dict", "epoch", "global_step")
+#: the key of the module's hyperparameters, written in plain form (torchfleet.checkpoint.hparams)
+HPARAMS_KEY = "hyper_parameters"
 
 
 def check_checkpoint(checkpoint: Any, path: str | os.PathLike) -> dict[str, Any]:
-    """Return ``checkpoint`` if it is a torchfleet training checkpoint, else raise CheckpointError."""
+    """Return ``checkpoint`` if it is a torchfleet training checkpoint, else raise CheckpointError.
+
+    Its hyperparameters come back as the objects they were saved from (see torchfleet.checkpoint.hparams).
+    """
     if not isinstance(checkpoint, Mapping):
         raise CheckpointError(
             f"{os.fspath(path)!r} holds a {type(checkpoint).__name__}, not a torchfleet checkpoint (a dict written "
@@ -32,15 +38,22 @@ def check_checkpoint(checkpoint: Any, path: str | os.PathLike) -> dict[str, Any]
             f"{keys}). Resume from a file written by Trainer.save_checkpoint or ModelCheckpoint; to start from "
             "plain weights, load them into the model before calling fit, without ckpt_path."
         )
-    return dict(checkpoint)
+    checkpoint = dict(checkpoint)
+    if HPARAMS_KEY in checkpoint:
+        checkpoint[HPARAMS_KEY] = from_plain(checkpoint[HPARAMS_KEY])
+    return checkpoint
 
 
-def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
-    """Read and check a torchfleet checkpoint (a file, or a sharded directory read whole) with the default CheckpointIO."""
+def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", weights_only: bool = True) -> dict[str, Any]:
+    """Read and check a torchfleet checkpoint (a file, or a sharded directory read whole) with the default CheckpointIO.
+
+    ``weights_only=False`` unpickles anything the file holds: only for files you trust.
+    """
     if os.path.isdir(path):
         from torchfleet.checkpoint.consolidate import read_full_checkpoint
 
-        return read_full_checkpoint(path)
+        return read_full_checkpoint(path, weights_only=weights_only)
     from torchfleet.checkpoint.io import TorchCheckpointIO
 
-    return check_checkpoint(TorchCheckpointIO().load_checkpoint(path, map_location=map_location), path)
+    io = TorchCheckpointIO(weights_only=weights_only)
+    return check_checkpoint(io.load_checkpoint(path, map_location=map_location), path)

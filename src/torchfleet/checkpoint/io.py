@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import shutil
+import socket
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -16,6 +17,7 @@ from typing import Any
 
 import torch
 
+from torchfleet.checkpoint import safe
 from torchfleet.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -28,8 +30,14 @@ class CheckpointIO(ABC):
     """Saves and loads checkpoint dicts. Subclass it to store checkpoints elsewhere (object stores, ...).
 
     Subclasses implement the two abstract methods with their declared signatures: torchfleet calls
-    ``save_checkpoint(checkpoint, path, storage_options=...)`` and ``load_checkpoint(path, map_location=...)``.
+    ``save_checkpoint(checkpoint, path, storage_options=...)`` and ``load_checkpoint(path, map_location=...)``,
+    adding ``weights_only=`` only when the user gave it (``fit(..., weights_only=False)``), so an
+    implementation without that argument keeps working until someone asks for it.
     """
+
+    #: whether loads refuse pickled code (torch.load(weights_only=True)); the strategy's readers of sharded
+    #: checkpoint directories follow it too. False trusts every file the run loads.
+    weights_only: bool = True
 
     @abstractmethod
     def save_checkpoint(
@@ -38,8 +46,10 @@ class CheckpointIO(ABC):
         """Write ``checkpoint`` to ``path``."""
 
     @abstractmethod
-    def load_checkpoint(self, path: str | os.PathLike, map_location: Any | None = None) -> dict[str, Any]:
-        """Read the checkpoint at ``path``."""
+    def load_checkpoint(
+        self, path: str | os.PathLike, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Read the checkpoint at ``path`` (``weights_only``: None means this CheckpointIO's own setting)."""
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         """Delete the checkpoint at ``path`` (a file or a directory); a missing path is not an error."""
@@ -60,18 +70,65 @@ class CheckpointIO(ABC):
 
 
 _save_counter = itertools.count()
-_TEMP = re.compile(r"^\..+\.tmp-\d+(-\d+)?$")
+#: ``.<name>.tmp-<pid>[-<count>][@<host>]``; names without a host come from older torchfleet versions (taken as this machine's)
+_TEMP = re.compile(r"^\..+\.tmp-(?P<pid>\d+)(-\d+)?(@(?P<host>[A-Za-z0-9_.-]+))?$")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "localhost"
 
 
 def temp_name(path: str | os.PathLike) -> str:
-    """Where a save writes before the rename: beside the target, hidden, marked with the writer's pid and a count."""
+    """Where a save writes before the rename: beside the target, hidden, marked with the writer's pid, a count and
+    its machine (so a later save can tell a crashed writer's leftover from a live one)."""
     head, tail = os.path.split(os.fspath(path))
-    return os.path.join(head, f".{tail}.tmp-{os.getpid()}-{next(_save_counter)}")
+    return os.path.join(head, f".{tail}.tmp-{os.getpid()}-{next(_save_counter)}@{_host()}")
 
 
 def is_temp_file(path: str | os.PathLike) -> bool:
     """Whether ``path`` names a temporary file of an unfinished (or crashed) save, never a checkpoint."""
     return bool(_TEMP.match(os.path.basename(os.fspath(path))))
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: the existence check, nothing is delivered
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: alive under another user
+        return True
+    return True
+
+
+def remove_stale_temp_files(directory: str | os.PathLike) -> list[str]:
+    """Delete the temporary files in ``directory`` left by saves whose process died (killed mid-save); return them.
+
+    Only files written on this machine by a process that no longer exists are removed: a save still
+    running (in this or another process, or on another machine sharing the folder) keeps its file.
+    """
+    if os.name == "nt":  # os.kill(pid, 0) is not an existence check there
+        return []
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    host = _host()
+    for entry in entries:
+        match = _TEMP.match(entry.name)
+        if match is None or match.group("host") not in (None, host) or _process_alive(int(match.group("pid"))):
+            continue
+        try:
+            if entry.is_file(follow_symlinks=False):
+                os.remove(entry.path)
+                removed.append(entry.path)
+        except OSError:  # removed meanwhile by another cleaner, or not ours to remove
+            continue
+    if removed:
+        log.info("Removed %d temporary file(s) of interrupted saves in %s.", len(removed), os.fspath(directory))
+    return removed
 
 
 def _fsync_dir(directory: str) -> None:
@@ -114,12 +171,13 @@ class TorchCheckpointIO(CheckpointIO):
     """``torch.save``/``torch.load`` on local files, written atomically.
 
     The checkpoint goes to a hidden temporary file beside the target, is flushed and fsynced, then
-    renamed over the target: a crash mid-save leaves the previous file intact. ``weights_only``
-    is passed to ``torch.load``; training checkpoints hold RNG states and hyperparameters, so the
-    default is False: load only checkpoints you trust.
+    renamed over the target: a crash mid-save leaves the previous file intact (and the next save in
+    that folder removes what it left). Loading runs no code from the file (``weights_only=True``,
+    see torchfleet.checkpoint.safe): everything torchfleet writes loads that way.
+    ``TorchCheckpointIO(weights_only=False)`` unpickles anything, for a run whose files you trust.
     """
 
-    def __init__(self, weights_only: bool = False) -> None:
+    def __init__(self, weights_only: bool = True) -> None:
         self.weights_only = weights_only
 
     def save_checkpoint(
@@ -148,9 +206,12 @@ class TorchCheckpointIO(CheckpointIO):
                 pass
             raise
         _fsync_dir(directory)
+        remove_stale_temp_files(directory)
 
-    def load_checkpoint(self, path: str | os.PathLike, map_location: Any | None = None) -> dict[str, Any]:
-        """Read the checkpoint at ``path``; a missing or unreadable file raises CheckpointError."""
+    def load_checkpoint(
+        self, path: str | os.PathLike, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """Read the checkpoint at ``path``; a missing, unreadable or (loading safely) unsafe file raises CheckpointError."""
         path = os.fspath(path)
         if not os.path.exists(path):
             raise _missing(path)
@@ -162,17 +223,15 @@ class TorchCheckpointIO(CheckpointIO):
         if os.path.getsize(path) == 0:
             raise CheckpointError(f"{path!r} is not a readable checkpoint: the file is empty.")
         try:
-            return torch.load(path, map_location=map_location, weights_only=self.weights_only)
+            return safe.load(path, map_location=map_location,
+                             weights_only=self.weights_only if weights_only is None else weights_only)
+        except CheckpointError:
+            raise
         except Exception as exc:
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            hint = ""
-            if self.weights_only and "weights only" in str(exc).lower():
-                hint = (" It holds objects other than tensors and plain containers; if you trust the file, load it "
-                        "with TorchCheckpointIO(weights_only=False).")
             raise CheckpointError(
-                f"{path!r} is not a readable checkpoint: torch.load failed with {type(exc).__name__}: "
-                f"{first_line}.{hint}"
-            ) from exc
+                f"{path!r} is not a readable checkpoint: torch.load failed with {type(exc).__name__}: {first_line}."
+            ) from None
 
     def __repr__(self) -> str:
         return f"TorchCheckpointIO(weights_only={self.weights_only})"
@@ -235,6 +294,11 @@ class AsyncCheckpointIO(CheckpointIO):
         self._error: tuple[str, BaseException] | None = None
         self._lock = threading.Lock()
 
+    @property
+    def weights_only(self) -> bool:  # type: ignore[override]
+        """The wrapped CheckpointIO's setting."""
+        return self.checkpoint_io.weights_only
+
     def _run(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any) -> None:
         try:
             self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
@@ -270,10 +334,12 @@ class AsyncCheckpointIO(CheckpointIO):
             )
             self._thread.start()
 
-    def load_checkpoint(self, path: str | os.PathLike, map_location: Any | None = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self, path: str | os.PathLike, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
         """Wait for the save in flight, then load through the wrapped CheckpointIO."""
         self.wait()
-        return self.checkpoint_io.load_checkpoint(path, map_location=map_location)
+        return load_through(self.checkpoint_io, path, map_location, weights_only)
 
     def remove_checkpoint(self, path: str | os.PathLike) -> None:
         """Wait for the save in flight (it may be writing ``path``), then remove ``path``."""
@@ -289,3 +355,23 @@ class AsyncCheckpointIO(CheckpointIO):
 
     def __repr__(self) -> str:
         return f"AsyncCheckpointIO({self.checkpoint_io!r})"
+
+
+def load_through(io: CheckpointIO, path: str | os.PathLike, map_location: Any, weights_only: bool | None) -> dict[str, Any]:
+    """``io.load_checkpoint(path, map_location)``, with ``weights_only=`` only when one was asked for.
+
+    A CheckpointIO written before the argument existed still loads; asked for a setting it cannot
+    take, it gets a clear error instead of a TypeError.
+    """
+    if weights_only is None:
+        return io.load_checkpoint(path, map_location=map_location)
+    try:
+        return io.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+    except TypeError as exc:
+        if "weights_only" not in str(exc):
+            raise
+        raise CheckpointError(
+            f"weights_only={weights_only} was asked for, but {type(io).__name__}.load_checkpoint takes no weights_only "
+            "argument. Add `weights_only: bool | None = None` to it (None: its own setting), or load without "
+            "weights_only."
+        ) from None

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from torchfleet.checkpoint import safe
 from torchfleet.errors import CheckpointError
 
 #: the engine's module is our _HookDispatch around the user's module: every name it saves starts with this
@@ -96,9 +98,44 @@ def has_zero_files(tag_dir: str) -> bool:
     return any(_OPTIM_FILE.search(f) for f in os.listdir(tag_dir))
 
 
-def _load(path: str) -> Any:
-    # the files pickle DeepSpeed objects (its loss scaler, an enum): not loadable with weights_only
-    return torch.load(path, map_location="cpu", weights_only=False)
+#: the classes DeepSpeed (0.19) itself pickles into its engine files, beside tensors and plain values: the ZeRO
+#: optimizer's loss scaler, ZeRO's stage enum, and the bf16 optimizer's fragment addresses (a dataclass)
+ENGINE_GLOBALS = (("deepspeed.runtime.fp16.loss_scaler", "LossScaler"),
+                  ("deepspeed.runtime.fp16.loss_scaler", "DynamicLossScaler"),
+                  ("deepspeed.runtime.zero.config", "ZeroStageEnum"),
+                  ("deepspeed.utils.tensor_fragment", "fragment_address"))
+
+
+def engine_globals() -> list[Any]:
+    """The classes of ``ENGINE_GLOBALS`` this DeepSpeed has (imported from it: reading its files needs it anyway)."""
+    import importlib
+
+    found = []
+    for module, name in ENGINE_GLOBALS:
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):  # another DeepSpeed version: its files cannot hold it either
+            continue
+    return found
+
+
+def _load(path: str, weights_only: bool = True, mmap: bool = False) -> Any:
+    return safe.load(path, weights_only=weights_only, allow=engine_globals() if weights_only else (), mmap=mmap)
+
+
+def check_engine_files(tag_dir: str, weights_only: bool = True) -> None:
+    """Read every file of the engine checkpoint in ``tag_dir`` without running code from it, before DeepSpeed reads them.
+
+    DeepSpeed's loaders unpickle with ``weights_only=False``; a file that needs more than tensors,
+    plain values and ``ENGINE_GLOBALS`` raises CheckpointError here instead. Tensors are mapped, not
+    read (``mmap``), so the check costs a parse of each file's pickle.
+    """
+    if not weights_only:
+        return
+    for name in sorted(os.listdir(tag_dir)):
+        path = os.path.join(tag_dir, name)
+        if os.path.isfile(path) and name.endswith(".pt"):
+            _load(path, mmap=zipfile.is_zipfile(path))
 
 
 def _rank_files(tag_dir: str) -> list[str]:
@@ -120,24 +157,24 @@ def _rank_files(tag_dir: str) -> list[str]:
     return [found[r] for r in range(len(found))]
 
 
-def _model_states(tag_dir: str) -> Mapping[str, Any]:
+def _model_states(tag_dir: str, weights_only: bool = True) -> Mapping[str, Any]:
     for name in _MODEL_FILES:
         path = os.path.join(tag_dir, name)
         if os.path.isfile(path):
-            return _load(path)
+            return _load(path, weights_only)
     raise CheckpointError(f"{tag_dir!r} lacks the engine's model-states file (one of {', '.join(_MODEL_FILES)}).")
 
 
-def read_zero_optimizer(tag_dir: str) -> FullOptimizerState:
+def read_zero_optimizer(tag_dir: str, weights_only: bool = True) -> FullOptimizerState:
     """Every rank's ZeRO partitions under ``tag_dir`` mapped back onto whole parameters (one process)."""
-    model = _model_states(tag_dir)
+    model = _model_states(tag_dir, weights_only)
     shapes = model.get("param_shapes")
     if isinstance(shapes, Mapping):
         shapes = [shapes]
     if not shapes:
         raise CheckpointError(f"The model-states file under {tag_dir!r} has no param_shapes: it is not a ZeRO checkpoint.")
     groups = [[(strip_wrapper(n), torch.Size(s)) for n, s in g.items()] for g in shapes]
-    ranks = [_load(f)["optimizer_state_dict"] for f in _rank_files(tag_dir)]
+    ranks = [_load(f, weights_only)["optimizer_state_dict"] for f in _rank_files(tag_dir)]
     if "fp32_flat_groups" in ranks[0]:
         flats = [_rank_flats(sd, sd["fp32_flat_groups"], sd["optimizer_state_dict"], tag_dir) for sd in ranks]
         per_param = _merge_stage3(flats, [p for g in groups for p in g], tag_dir)

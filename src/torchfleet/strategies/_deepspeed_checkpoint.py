@@ -18,14 +18,15 @@ from torch import Tensor, nn
 
 from torchfleet.checkpoint.deepspeed import (
     DEEPSPEED_SUBDIR,
-    checkpoint_path,
     consolidated_weights,
     deepspeed_info,
+    engine_entry,
     quiet_deepspeed,
     read_full_optimizer,
     save_deepspeed_checkpoint,
 )
 from torchfleet.checkpoint.state import load_state_dict_checked
+from torchfleet.checkpoint.zero import check_engine_files
 from torchfleet.errors import CheckpointError
 from torchfleet.strategies._zero_state import load_into_engine
 
@@ -57,16 +58,19 @@ def load_engine_checkpoint(
     stage. With the optimizer: DeepSpeed's own load at the same world size and stage; otherwise the
     ZeRO files are read whole (any torch optimizer) and placed into this engine's partitions.
     """
-    path = checkpoint_path(checkpoint)
+    entry = engine_entry(checkpoint)
+    path, weights_only = str(entry.path), entry.weights_only
     info = deepspeed_info(checkpoint, path)
     engine = strategy.engine
     if not with_optimizer or engine.optimizer is None:
-        load_full_weights(strategy, strategy.unwrap(engine), consolidated_weights(path, info), strict=strict)
+        load_full_weights(strategy, strategy.unwrap(engine), consolidated_weights(path, info, weights_only), strict=strict)
         return
     saved_stage, stage = int(info["zero_stage"]), strategy.zero_stage
     saved_ws, ws = int(info["world_size"]), strategy.world_size
     ds_dir = os.path.join(path, DEEPSPEED_SUBDIR)
     if saved_stage == stage and (saved_ws == ws or stage == 0):
+        # DeepSpeed unpickles its files with weights_only=False: they pass the safe loader first
+        check_engine_files(os.path.join(ds_dir, info["tag"]), weights_only)
         with quiet_deepspeed():
             loaded, _ = engine.load_checkpoint(ds_dir, tag=info["tag"], load_module_strict=strict,
                                                load_optimizer_states=True, load_lr_scheduler_states=False)
@@ -81,8 +85,8 @@ def load_engine_checkpoint(
         )
     log.info("Resuming %s (ZeRO-%d on %d processes) with ZeRO-%d on %d processes: placing its whole optimizer "
              "state into this engine's partitions", path, saved_stage, saved_ws, stage, ws)
-    full = read_full_optimizer(path, info)
-    load_full_weights(strategy, strategy.unwrap(engine), consolidated_weights(path, info), strict=strict)
+    full = read_full_optimizer(path, info, weights_only)
+    load_full_weights(strategy, strategy.unwrap(engine), consolidated_weights(path, info, weights_only), strict=strict)
     load_into_engine(engine, full, path)
 
 

@@ -20,6 +20,7 @@ from torch.optim import Optimizer
 from torchfleet.checkpoint.dcp import (
     DCPEntry,
     DCPStateDict,
+    files_problem,
     load_dcp_into,
     optimizer_state_to_fqn,
     optimizer_state_to_positional,
@@ -107,13 +108,15 @@ def load_into(
     """
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
+    _agree_files_load(strategy, checkpoint, state)
     template: dict[str, Any] = {}
     finish = []
     dcp_path: str | None = None
+    weights_only = True
     for key, target, kind, entry in stateful_entries(checkpoint, state, path):
         if kind == MODULE:
             if isinstance(entry, DCPEntry):
-                dcp_path = entry.path
+                dcp_path, weights_only = entry.path, entry.weights_only
                 model_state = template[key] = _module_template(target)
                 finish.append(lambda m=target, s=model_state: set_model_state_dict(m, s, options=_options(strict=strict)))
             else:
@@ -123,7 +126,7 @@ def load_into(
         for optimizer, saved in paired_optimizer_states(key, target, entry, path):
             module = module_of(strategy, optimizer)
             if isinstance(saved, DCPEntry):
-                dcp_path = saved.path
+                dcp_path, weights_only = saved.path, saved.weights_only
                 opt_state = _optimizer_template(module, optimizer, saved)
                 states.append(opt_state)
                 finish.append(lambda m=module, o=optimizer, s=opt_state: _set_optimizer(m, o, s))
@@ -133,9 +136,26 @@ def load_into(
             template[key] = states if isinstance(entry, list) else states[0]
     if template:
         assert dcp_path is not None
-        load_dcp_into(dcp_path, template, strict=strict)
+        load_dcp_into(dcp_path, template, strict=strict, weights_only=weights_only)
         for step in finish:
             step()
+
+
+def _agree_files_load(strategy: FSDPStrategy, checkpoint: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    """Raise the same CheckpointError on every rank when the DCP files this load reads cannot be read on any rank.
+
+    A rank that failed alone, before DCP's collective read, would leave the others waiting in it; and
+    DCP's own report of a failed read is a traceback per rank.
+    """
+    entries = [e for k in state for v in [checkpoint.get(k)] for e in (v if isinstance(v, list) else [v])
+               if isinstance(e, DCPEntry)]
+    if not entries:
+        return
+    problem = files_problem(entries[0].path, entries[0].weights_only)
+    if strategy.world_size > 1:
+        problem = next((p for p in strategy.all_gather_object(problem, name="checkpoint files check") if p), None)
+    if problem is not None:
+        raise CheckpointError(problem)
 
 
 def _module_template(module: nn.Module) -> dict[str, Any]:
@@ -148,7 +168,7 @@ def _optimizer_template(module: nn.Module, optimizer: Optimizer, entry: DCPEntry
     """An FQN-keyed state dict of ``optimizer`` with this rank's shapes, to be filled from the DCP files."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    has_state = any(k.startswith(f"{entry.prefix}.state.") for k in saved_keys(entry.path))
+    has_state = any(k.startswith(f"{entry.prefix}.state.") for k in saved_keys(entry.path, entry.weights_only))
     if not has_state:
         # saved before its first step: only the hyperparameters (param_groups) are to be loaded
         return optimizer_state_to_fqn({"state": {}, "param_groups": optimizer.state_dict()["param_groups"]},

@@ -448,12 +448,14 @@ class DeepSpeedStrategy(DDPStrategy):
         save_deepspeed(self, path, self.state_for_saving(state))
 
     def load_checkpoint(
-        self, path: str | os.PathLike, state: Mapping[str, Any] | None = None, strict: bool = True
+        self, path: str | os.PathLike, state: Mapping[str, Any] | None = None, strict: bool = True,
+        weights_only: bool | None = None,
     ) -> dict[str, Any]:
         """Read a checkpoint: a "deepspeed" directory loads through the engine (any world size), anything else as full weights."""
-        if not is_deepspeed_checkpoint(path):
-            return super().load_checkpoint(path, state, strict)
-        checkpoint = read_deepspeed_checkpoint(path)
+        trusted = self.resolve_weights_only(weights_only)
+        if not is_deepspeed_checkpoint(path, trusted):
+            return super().load_checkpoint(path, state, strict, weights_only)
+        checkpoint = read_deepspeed_checkpoint(path, trusted)
         self.load_into(checkpoint, state or {}, strict=strict, path=path)
         return checkpoint
 

@@ -472,11 +472,10 @@ class FSDPStrategy(DDPStrategy):
             )
         save_dcp_checkpoint(path, self.state_for_saving(state), self)
 
-    def load_checkpoint(
-        self, path: str | os.PathLike, state: Mapping[str, Any] | None = None, strict: bool = True
-    ) -> dict[str, Any]:
+    def load_checkpoint(self, path: str | os.PathLike, state: Mapping[str, Any] | None = None,
+                        strict: bool = True, weights_only: bool | None = None) -> dict[str, Any]:
         """Read a checkpoint of any layout; sharded entries stay on disk until ``load_into`` loads them in place."""
-        checkpoint = read_keeping_dcp_entries(path, self.checkpoint_io)
+        checkpoint = read_keeping_dcp_entries(path, self.checkpoint_io, weights_only)
         self.load_into(checkpoint, state or {}, strict=strict, path=path)
         return checkpoint
 

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from torchfleet.checkpoint.consolidate import read_full_checkpoint
-from torchfleet.checkpoint.io import TorchCheckpointIO
+from torchfleet.checkpoint.io import TorchCheckpointIO, load_through
 from torchfleet.checkpoint.state import (
     MODULE,
     load_state_dict_checked,
@@ -428,16 +428,24 @@ class Strategy(ABC):
             self.checkpoint_io.save_checkpoint(plain, path, storage_options=storage_options)
 
     def load_checkpoint(
-        self, path: str | os.PathLike, state: Mapping[str, Any] | None = None, strict: bool = True
+        self, path: str | os.PathLike, state: Mapping[str, Any] | None = None, strict: bool = True,
+        weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        """Read the checkpoint at ``path``, load it into the modules/optimizers in ``state``, return it whole."""
+        """Read the checkpoint at ``path``, load it into the modules/optimizers in ``state``, return it whole.
+
+        Nothing in the file runs (``weights_only``); ``weights_only=False`` trusts it. None: the CheckpointIO's setting.
+        """
         if os.path.isdir(path):
             # a sharded checkpoint (any layout, any world size), read whole into this process
-            checkpoint = read_full_checkpoint(path)
+            checkpoint = read_full_checkpoint(path, weights_only=self.resolve_weights_only(weights_only))
         else:
-            checkpoint = self.checkpoint_io.load_checkpoint(path, map_location="cpu")
+            checkpoint = load_through(self.checkpoint_io, path, "cpu", weights_only)
         self.load_into(checkpoint, state or {}, strict=strict, path=path)
         return checkpoint
+
+    def resolve_weights_only(self, weights_only: bool | None) -> bool:
+        """Whether a load reads files without running code from them: ``weights_only``, else the CheckpointIO's setting."""
+        return self.checkpoint_io.weights_only if weights_only is None else bool(weights_only)
 
     def load_into(
         self, checkpoint: Mapping[str, Any], state: Mapping[str, Any], strict: bool = True, path: Any = None

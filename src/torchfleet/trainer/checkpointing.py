@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import logging
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from torchfleet.checkpoint.distributed import META_NAME
 from torchfleet.checkpoint.format import FORMAT_KEY, FORMAT_VERSION, check_checkpoint
+from torchfleet.checkpoint.hparams import to_plain
 from torchfleet.errors import CheckpointError
 from torchfleet.preemption import RESTART_VARIABLES, is_restart
 from torchfleet.seed import capture_rng
+from torchfleet.trainer.preemption import preemption_checkpoint_path
 
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
@@ -30,7 +34,7 @@ def dump_checkpoint(trainer: Trainer, weights_only: bool = False) -> dict[str, A
         "epoch": run["epoch"],
         "global_step": run["global_step"],
         "state_dict": trainer.state.wrapped,
-        "hyper_parameters": dict(module.hparams),
+        "hyper_parameters": _plain_hparams(module),
     }
     if not weights_only:
         state["optimizer_states"] = list(trainer.optimizers)
@@ -49,29 +53,55 @@ def dump_checkpoint(trainer: Trainer, weights_only: bool = False) -> dict[str, A
     return plain
 
 
-def _complete_checkpoints(folder: str, recursive: bool) -> list[str]:
-    """The finished checkpoints in ``folder``: ``*.ckpt`` files, and directories holding their metadata file.
+def _plain_hparams(module: Any) -> dict[str, Any]:
+    """The module's hyperparameters in the plain form that safe loading reads back (torchfleet.checkpoint.hparams)."""
+    pickled: list[str] = []
+    plain = to_plain(dict(module.hparams), pickled)
+    if pickled:
+        warnings.warn(
+            f"{type(module).__name__}'s hyperparameters {', '.join(pickled[:4])}{' ...' if len(pickled) > 4 else ''} "
+            "are saved pickled: loading the checkpoint refuses them unless it is given weights_only=False or their "
+            "classes are allowed with torch.serialization.add_safe_globals. Pass plain values, enums, dataclasses "
+            "or paths instead, or leave them out with save_hyperparameters(ignore=[...]).", UserWarning, stacklevel=4)
+    return plain
+
+
+def _complete_checkpoints(folder: str) -> list[str]:
+    """The finished checkpoints in ``folder`` (not below it): ``*.ckpt`` files, and directories holding their metadata.
 
     A save in progress or cut short leaves only hidden names (``.x.ckpt.tmp-*``, ``.x.ckpt.partial``),
     which glob does not return; a sharded directory counts once its metadata, written last, is there.
     """
-    pattern = os.path.join(glob.escape(folder), "**", "*.ckpt") if recursive else os.path.join(glob.escape(folder), "*.ckpt")
     found = []
-    for path in glob.glob(pattern, recursive=recursive):
+    for path in glob.glob(os.path.join(glob.escape(folder), "*.ckpt")):
         if os.path.isfile(path) or os.path.isfile(os.path.join(path, META_NAME)):
             found.append(path)
     return found
 
 
+def checkpoint_folders(trainer: Trainer) -> list[str]:
+    """The folders torchfleet itself writes this run's checkpoints into, where "last" and a restart look.
+
+    Each ModelCheckpoint's dirpath; the preemption checkpoint's folder; and, for a ModelCheckpoint in the
+    logger's version folder (its default), the ``checkpoints`` folders of the logger's other versions, since
+    a restarted run logs to a new version. Never a search below default_root_dir, which may hold anyone's files.
+    """
+    folders = [os.path.dirname(preemption_checkpoint_path(trainer))]
+    default = os.path.join(trainer.log_dir, "checkpoints")
+    for cb in trainer.checkpoint_callbacks:
+        folders.append(cb.dirpath or default)
+    if os.path.normpath(trainer.log_dir) != os.path.normpath(trainer.default_root_dir) and default in folders:
+        versions = os.path.dirname(os.path.normpath(trainer.log_dir))
+        with contextlib.suppress(OSError):
+            folders += [os.path.join(e.path, "checkpoints") for e in os.scandir(versions) if e.is_dir()]
+    return list(dict.fromkeys(os.path.normpath(f) for f in folders))
+
+
 def find_last_checkpoint(trainer: Trainer) -> str | None:
     """The checkpoint ``ckpt_path="last"`` (and a restart) means: the newest complete one, by modification time,
-    in the checkpoint callbacks' folders and anywhere under default_root_dir (``preempted.ckpt``, ``last.ckpt``
-    and ModelCheckpoint's files alike; on a tie ``last.ckpt`` and ``preempted.ckpt`` win)."""
-    candidates = set(_complete_checkpoints(trainer.default_root_dir, recursive=True))
-    for cb in trainer.checkpoint_callbacks:
-        dirpath = cb.dirpath or os.path.join(trainer.log_dir, "checkpoints")
-        if os.path.isdir(dirpath):
-            candidates.update(_complete_checkpoints(dirpath, recursive=False))
+    in ``checkpoint_folders`` (``preempted.ckpt``, ``last.ckpt`` and ModelCheckpoint's files alike; on a tie
+    ``last.ckpt`` and ``preempted.ckpt`` win)."""
+    candidates = {c for folder in checkpoint_folders(trainer) for c in _complete_checkpoints(folder)}
     if not candidates:
         return None
 
@@ -97,8 +127,8 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: Any, stage: str) -> str | Non
         if trainer.is_global_zero:
             restart = ", ".join(f"{v}={os.environ[v]}" for v in RESTART_VARIABLES if os.environ.get(v))
             if found is None:
-                log.info("This run is a restart (%s) but no checkpoint was found under %s: fit starts from the "
-                         "beginning.", restart, trainer.default_root_dir)
+                log.info("This run is a restart (%s) but no checkpoint was found in %s: fit starts from the "
+                         "beginning.", restart, ", ".join(checkpoint_folders(trainer)))
             else:
                 log.info("This run is a restart (%s): resuming from %s, the newest complete checkpoint "
                          "(Trainer(auto_resume=False) turns this off).", restart, found)
@@ -117,8 +147,8 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: Any, stage: str) -> str | Non
             log.info("ckpt_path='last' is %s.", found)
         if found is None:
             log.warning(
-                "ckpt_path='last' found no checkpoint under %s; %s starts from the model as it is.",
-                trainer.default_root_dir, stage,
+                "ckpt_path='last' found no checkpoint in %s; %s starts from the model as it is.",
+                ", ".join(checkpoint_folders(trainer)), stage,
             )
         return found
     path = os.fspath(ckpt_path)
@@ -133,10 +163,13 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: Any, stage: str) -> str | Non
     return path
 
 
-def restore(trainer: Trainer, path: str, full: bool) -> dict[str, Any]:
-    """Load ``path`` into the set-up run: weights always; with ``full``, everything needed to continue training."""
+def restore(trainer: Trainer, path: str, full: bool, weights_only: bool | None = None) -> dict[str, Any]:
+    """Load ``path`` into the set-up run: weights always; with ``full``, everything needed to continue training.
+
+    ``weights_only``: see Strategy.load_checkpoint (None: the CheckpointIO's setting, safe by default).
+    """
     strategy = trainer.strategy
-    checkpoint = check_checkpoint(strategy.load_checkpoint(path), path)
+    checkpoint = check_checkpoint(strategy.load_checkpoint(path, weights_only=weights_only), path)
     module = trainer.module
     module.on_load_checkpoint(checkpoint)
     targets: dict[str, Any] = {"state_dict": trainer.state.wrapped}

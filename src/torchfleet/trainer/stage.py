@@ -129,11 +129,12 @@ def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl:
     end_profiling = None
     try:
         end_profiling = attach_profiler(trainer, stage)
+        weights_only = kw.get("weights_only")  # None: the CheckpointIO's setting (safe unless it says otherwise)
         if stage == "fit":
-            return _fit(trainer, model, train_dl, eval_dl, ckpt_path)
+            return _fit(trainer, model, train_dl, eval_dl, ckpt_path, weights_only)
         if stage == "predict":
-            return _predict(trainer, model, eval_dl, ckpt_path, kw.get("return_predictions", True))
-        return _evaluate_stage(trainer, model, stage, eval_dl, ckpt_path, kw.get("verbose", True))
+            return _predict(trainer, model, eval_dl, ckpt_path, kw.get("return_predictions", True), weights_only)
+        return _evaluate_stage(trainer, model, stage, eval_dl, ckpt_path, kw.get("verbose", True), weights_only)
     except BaseException as exc:
         failed = True
         for cb in trainer.callbacks:
@@ -253,7 +254,7 @@ def _defines_step(model: Any, name: str) -> bool:
     return impl is not None and impl is not getattr(Module, name)
 
 
-def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: Any) -> None:
+def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: Any, weights_only: bool | None) -> None:
     strategy = trainer.strategy
     _check_training_step_signature(model)
     train_loader = _source(trainer, model, "train", train_dl)
@@ -286,7 +287,7 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
     path = resolve_ckpt_path(trainer, ckpt_path, "fit")
     trainer.ckpt_path = path
     if path is not None:
-        restore(trainer, path, full=True)
+        restore(trainer, path, full=True, weights_only=weights_only)
     _log_summary(trainer, model)
     hparams = _hparams_to_log(model, trainer.datamodule) if trainer.is_global_zero and trainer.loggers else None
     for lg in trainer.loggers if hparams is not None else []:
@@ -335,7 +336,8 @@ def _sanity_check(trainer: Trainer, model: Any, val_loaders: list[Any]) -> None:
     trainer.state.bar_metrics.clear()
 
 
-def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path: Any, verbose: bool) -> list[dict[str, float]]:
+def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path: Any, verbose: bool,
+                    weights_only: bool | None) -> list[dict[str, float]]:
     kind = "val" if stage == "validate" else "test"
     step = "validation_step" if stage == "validate" else "test_step"
     if getattr(type(model), step, None) is None:
@@ -358,7 +360,7 @@ def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path
     _setup_model(trainer, model, with_optimizers=False)
     path = resolve_ckpt_path(trainer, ckpt_path, stage)
     if path is not None:
-        restore(trainer, path, full=False)
+        restore(trainer, path, full=False, weights_only=weights_only)
     trainer.state.epoch_metrics.clear()
     results = EvalLoop(trainer, model, stage, loaders, limits).run()
     if verbose and trainer.is_global_zero and results:
@@ -372,7 +374,8 @@ def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path
     return results
 
 
-def _predict(trainer: Trainer, model: Any, dl: Any, ckpt_path: Any, return_predictions: bool) -> Any:
+def _predict(trainer: Trainer, model: Any, dl: Any, ckpt_path: Any, return_predictions: bool,
+             weights_only: bool | None) -> Any:
     loaders = [_for_strategy(trainer, v, "predict") for v in _as_list(_source(trainer, model, "predict", dl))]
     if not loaders:
         raise ConfigurationError(
@@ -384,7 +387,7 @@ def _predict(trainer: Trainer, model: Any, dl: Any, ckpt_path: Any, return_predi
     _setup_model(trainer, model, with_optimizers=False)
     path = resolve_ckpt_path(trainer, ckpt_path, "predict")
     if path is not None:
-        restore(trainer, path, full=False)
+        restore(trainer, path, full=False, weights_only=weights_only)
     loop = EvalLoop(trainer, model, "predict", loaders, limits, collect=return_predictions)
     loop.run()
     if not return_predictions:

@@ -576,31 +576,32 @@ class Trainer:
         train_dataloaders: Any = None,
         val_dataloaders: Any = None,
         datamodule: Any = None,
-        ckpt_path: str | os.PathLike | None = None,
+        ckpt_path: str | os.PathLike | None = None, weights_only: bool | None = None,
     ) -> None:
         """Train ``model``; ``ckpt_path`` (a file, or "last") resumes a run exactly where it stopped."""
-        self._run("fit", model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+        self._run("fit", model, train_dataloaders, val_dataloaders, datamodule, ckpt_path, weights_only=weights_only)
 
     def validate(
         self, model: nn.Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-        verbose: bool = True, datamodule: Any = None,
+        verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """Run the validation loop once; returns one dict of epoch metrics per dataloader."""
-        return self._run("validate", model, None, dataloaders, datamodule, ckpt_path, verbose=verbose)
+        return self._run("validate", model, None, dataloaders, datamodule, ckpt_path, verbose=verbose, weights_only=weights_only)
 
     def test(
         self, model: nn.Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-        verbose: bool = True, datamodule: Any = None,
+        verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None,
     ) -> list[dict[str, float]]:
         """Run the test loop once; returns one dict of epoch metrics per dataloader."""
-        return self._run("test", model, None, dataloaders, datamodule, ckpt_path, verbose=verbose)
+        return self._run("test", model, None, dataloaders, datamodule, ckpt_path, verbose=verbose, weights_only=weights_only)
 
     def predict(
         self, model: nn.Module | None = None, dataloaders: Any = None, datamodule: Any = None,
-        return_predictions: bool = True, ckpt_path: str | None = None,
+        return_predictions: bool = True, ckpt_path: str | None = None, weights_only: bool | None = None,
     ) -> list[Any] | None:
         """Run ``predict_step`` over the dataloaders; returns the predictions (a list per dataloader when several)."""
-        return self._run("predict", model, None, dataloaders, datamodule, ckpt_path, return_predictions=return_predictions)
+        return self._run("predict", model, None, dataloaders, datamodule, ckpt_path,
+                         return_predictions=return_predictions, weights_only=weights_only)
 
     def _run(self, stage: str, model: Any, train_dl: Any, eval_dl: Any, datamodule: Any, ckpt_path: Any, **kw: Any) -> Any:
         from torchfleet.data import loaders_or_datamodule
