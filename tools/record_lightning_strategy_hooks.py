@@ -21,7 +21,8 @@ the same points, as often, with arguments that mean the same). How it works:
   launcher re-runs this script for rank 1). Every rank writes its own record; the parent process gathers
   them and derives the counts.
 
-Event strings (one per call, indented two spaces per level of nesting inside another recorded call):
+Event strings (one per call, indented two spaces per level of nesting inside another recorded call or
+inside a Strategy context manager's block):
 ``S.<hook>(<arg>: <kind>, <kwarg>=<kind>) -> <return kind>`` for a Strategy method (``-> ...`` only when it
 returned something other than None), ``S.<hook> exit`` when a Strategy context manager is left,
 ``S.<property> = <kind>`` for a property write, ``S.<property> read -> <kind>`` for a read of one of
