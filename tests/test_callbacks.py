@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from torch import nn
 
 from tests.helpers import RegressionData, Regressor, loader, quiet
 from torchfleet import Trainer
@@ -191,6 +192,41 @@ def test_progress_bar_shows_metrics(tmp_path, capsys):
     assert "Epoch 0" in err and "train_loss" in err and "8/8" in err and "Validation" in err
 
 
+def test_progress_bar_totals_follow_the_epoch(tmp_path):
+    bar = ProgressBar(refresh_interval=3600.0)
+    with pytest.raises(ConfigurationError, match="before the bar was given to a running Trainer"):
+        bar.total_val_batches
+    seen = []
+
+    class Watch(Callback):
+        def on_train_epoch_start(self, trainer, module):
+            seen.append((trainer.current_epoch, bar.total_train_batches, bar.total_val_batches))
+
+    trainer = Trainer(max_epochs=4, check_val_every_n_epoch=2, limit_val_batches=3, limit_train_batches=5,
+                      callbacks=[bar, Watch()], **{k: v for k, v in quiet().items() if k != "enable_progress_bar"})
+    class TwoValLoaders(Regressor):
+        def validation_step(self, batch, batch_idx, dataloader_idx=0):
+            return super().validation_step(batch, batch_idx)
+
+    two_val_loaders = [loader(64, batch_size=8), loader(16, batch_size=8)]  # 3 batches, then 2 (all it has)
+    trainer.fit(TwoValLoaders(), loader(64, batch_size=8), two_val_loaders)
+    assert seen == [(0, 5, 0), (1, 5, 5), (2, 5, 0), (3, 5, 5)]
+    assert bar.trainer is trainer
+
+
+def test_progress_bar_counts_down_the_steps_left_when_epochs_are_unbounded():
+    bar = ProgressBar(refresh_interval=3600.0)
+    totals = []
+
+    class Watch(Callback):
+        def on_train_epoch_start(self, trainer, module):
+            totals.append(bar.total_train_batches)
+
+    Trainer(max_epochs=-1, max_steps=20, callbacks=[bar, Watch()],
+            **{k: v for k, v in quiet().items() if k != "enable_progress_bar"}).fit(Regressor(), loader(64, 8))
+    assert totals == [8, 8, 4]  # 8 batches an epoch; the third epoch ends the run at step 20
+
+
 def test_progress_bar_off_removes_it():
     trainer = Trainer(enable_progress_bar=False, **{k: v for k, v in quiet().items() if k != "enable_progress_bar"})
     assert not any(isinstance(c, ProgressBar) for c in trainer.callbacks)
@@ -311,3 +347,72 @@ def test_fast_dev_run_keeps_model_checkpoint_but_saves_nothing(tmp_path):
     assert ck.best_model_path == "" and ck.last_model_path == ""
     with pytest.raises(ConfigurationError, match="enable_checkpointing=False"):
         Trainer(accelerator="cpu", fast_dev_run=1, enable_checkpointing=False, callbacks=[ModelCheckpoint()])
+
+
+def test_lr_monitor_names_and_momentum_follow_lightning(recwarn):
+    class TwoOptimizers(Regressor):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            for opt in self.optimizers():
+                opt.zero_grad()
+                self.manual_backward(nn.functional.mse_loss(self(batch[0]), batch[1]))
+                opt.step()
+
+        def on_train_epoch_end(self):
+            self.lr_schedulers().step()  # manual optimisation steps its schedulers itself
+
+        def configure_optimizers(self):
+            named = torch.optim.SGD([{"params": [self.net[0].weight], "name": "w"},
+                                     {"params": [self.net[0].bias], "weight_decay": 0.5}], lr=0.1, momentum=0.9)
+            plain = torch.optim.Adam(self.parameters(), lr=0.01, betas=(0.8, 0.99))
+            asgd = torch.optim.ASGD(self.parameters(), lr=0.02)
+            sched = {"scheduler": torch.optim.lr_scheduler.StepLR(plain, 1, gamma=0.5), "name": "adam_lr"}
+            return [named, plain, asgd], [sched]
+
+    rec = Recorder()
+    monitor = LearningRateMonitor(log_momentum=True, log_weight_decay=True)
+    Trainer(max_epochs=2, logger=rec, callbacks=[monitor], **{k: v for k, v in quiet().items() if k != "logger"}
+            ).fit(TwoOptimizers(), loader(32, 8))
+    # the scheduled optimizer comes first, under its scheduler's name; param groups by name or position
+    assert list(monitor.lrs) == ["adam_lr", "lr-SGD/w", "lr-SGD/pg2", "lr-ASGD"]
+    assert monitor.lrs["adam_lr"] == [0.01, 0.005]
+    assert monitor.last_momentum_values == {"adam_lr-momentum": 0.8, "lr-SGD/w-momentum": 0.9,
+                                            "lr-SGD/pg2-momentum": 0.9, "lr-ASGD-momentum": 0.0}
+    assert monitor.last_weight_decay_values["lr-SGD/pg2-weight_decay"] == 0.5
+    assert rec.rows[-1][1]["lr-ASGD-momentum"] == 0.0
+    assert any(w.category is RuntimeWarning and "neither momentum nor betas" in str(w.message) for w in recwarn)
+
+
+def test_lr_monitor_refuses_what_it_cannot_log():
+    with pytest.raises(ConfigurationError, match="this Trainer has none"):
+        Trainer(max_epochs=1, callbacks=[LearningRateMonitor()], **quiet()).fit(Regressor(), loader())
+
+    class SameGroupNames(Regressor):
+        def configure_optimizers(self):
+            return torch.optim.SGD([{"params": [self.net[0].weight], "name": "x"},
+                                    {"params": [self.net[0].bias], "name": "x"}], lr=0.1)
+
+    with pytest.raises(ConfigurationError, match=r"share the name\(s\) \['x'\]"):
+        Trainer(max_epochs=1, logger=Recorder(), callbacks=[LearningRateMonitor()],
+                **{k: v for k, v in quiet().items() if k != "logger"}).fit(SameGroupNames(), loader())
+
+
+def test_model_checkpoint_writes_its_top_k_as_yaml(tmp_path):
+    import yaml
+
+    unset = ModelCheckpoint(monitor="val_loss")
+    with pytest.raises(ConfigurationError, match="to_yaml.. without a path needs the callback's dirpath"):
+        unset.to_yaml()
+    ckpt = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=2)
+    Trainer(max_epochs=3, callbacks=[ckpt], **quiet(enable_checkpointing=True)).fit(Regressor(), loader(), loader())
+    assert len(ckpt.best_k_models) == 2
+    written = ckpt.to_yaml()
+    assert written == str(tmp_path / "ck" / "best_k_models.yaml")
+    with open(written) as f:
+        assert yaml.safe_load(f) == pytest.approx({p: float(s) for p, s in ckpt.best_k_models.items()})
+    elsewhere = ckpt.to_yaml(tmp_path / "top.yaml")
+    with open(elsewhere) as f:
+        assert set(yaml.safe_load(f)) == set(ckpt.best_k_models)

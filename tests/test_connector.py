@@ -166,3 +166,32 @@ def test_a_strategy_built_for_the_cpu_stays_there_on_a_gpu_machine(four_gpus):
     # without a device of its own the strategy takes the machine's best one, as before
     assert resolve(strategy=SingleDeviceStrategy(), devices=1).accelerator.name == "cuda"
     assert not torch.cuda.is_initialized()
+
+
+@pytest.fixture
+def only_mps(monkeypatch):
+    """A Mac: one MPS device, no CUDA."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+
+
+@pytest.mark.parametrize("accelerator", ["mps", "gpu", "auto"])
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_fork", "fsdp", "deepspeed"])
+def test_process_group_strategies_are_refused_on_mps(only_mps, accelerator, strategy):
+    from torchfleet.strategies import StrategyRegistry
+
+    with pytest.raises(ConfigurationError, match=r"no backend for MPS devices.*accelerator='cpu'"):
+        resolve(accelerator=accelerator, strategy=strategy)
+    with pytest.raises(ConfigurationError, match="not supported on the MPS accelerator"):
+        resolve(accelerator=accelerator, strategy=StrategyRegistry.get(strategy))
+    # the same strategies run on the CPU of that machine, and the Mac's GPU trains in one process
+    assert resolve(accelerator="cpu", strategy=strategy, devices=2).root_device.type == "cpu"
+    assert resolve(accelerator=accelerator).root_device.type == "mps"
+
+
+def test_strategy_names_are_matched_in_lower_case_after_an_exact_match():
+    assert type(resolve(accelerator="cpu", strategy="DDP_Spawn", devices=2)).__name__ == "DDPStrategy"
+    assert resolve(accelerator="cpu", strategy="DDP_Spawn", devices=2).start_method == "spawn"
+    with pytest.raises(ConfigurationError, match="Unknown strategy 'DPP'. Did you mean 'ddp'"):
+        resolve(accelerator="cpu", strategy="DPP")

@@ -148,3 +148,20 @@ def test_entry_point_strategies_load_on_first_miss(tmp_path, monkeypatch):
 
 def test_strategy_objects_are_strategies():
     assert issubclass(SingleDeviceStrategy, Strategy)
+
+
+def test_registries_read_like_lightnings_dicts():
+    from torchfleet.accelerators import AcceleratorRegistry, CPUAccelerator
+    from torchfleet.strategies import DeepSpeedStrategy
+
+    entry = StrategyRegistry["deepspeed_stage_2_offload"]
+    assert entry["strategy"] is DeepSpeedStrategy
+    assert entry["init_params"] == {"stage": 2, "offload_optimizer": True}
+    assert "offloaded" in entry["description"]
+    entry["init_params"]["stage"] = 3  # a copy: the registry keeps building stage 2
+    assert StrategyRegistry.get("deepspeed_stage_2_offload").zero_stage == 2
+    assert AcceleratorRegistry["cpu"]["accelerator"] is CPUAccelerator
+    assert list(StrategyRegistry) == StrategyRegistry.keys() == StrategyRegistry.available()
+    assert "ddp_spawn" in list(StrategyRegistry)
+    with pytest.raises(ConfigurationError, match="Unknown strategy 'dpp'. Did you mean .*'ddp'"):
+        StrategyRegistry["dpp"]

@@ -300,7 +300,7 @@ def test_checkpoints_load_with_weights_only(tmp_path):
     callbacks = [ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_last=True),
                  EarlyStopping(monitor="val_loss", patience=5), LearningRateMonitor()]
     _, trainer = _fit_cpu(NumpyNoise, scheduler="epoch", callbacks=callbacks, max_epochs=2, max_time={"hours": 1},
-                          enable_checkpointing=True, default_root_dir=tmp_path)
+                          enable_checkpointing=True, default_root_dir=tmp_path, logger=True)  # the monitor logs
     trainer.save_checkpoint(tmp_path / "all.ckpt")
     for path in [tmp_path / "all.ckpt", tmp_path / "ck" / "last.ckpt", trainer.checkpoint_callback.best_model_path]:
         ckpt = torch.load(path, weights_only=True)

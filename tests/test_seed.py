@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -33,7 +34,8 @@ def _draws():
 
 
 def test_no_seed_means_zero_unless_the_environment_says(monkeypatch, records):
-    assert torchfleet.seed_everything() == 0
+    with pytest.warns(UserWarning, match="No seed found: seed_everything.. set the seed to 0"):
+        assert torchfleet.seed_everything() == 0
     first = _draws()
     random.seed(0), np.random.seed(0), torch.manual_seed(0)
     assert first == _draws()
@@ -43,14 +45,39 @@ def test_no_seed_means_zero_unless_the_environment_says(monkeypatch, records):
     assert "Seed set to 123" not in records
 
 
+def test_no_seed_warns_once_and_only_when_verbose(recwarn):
+    torchfleet.seed_everything(verbose=False)  # quiet: neither the log line nor the warning
+    assert not [w for w in recwarn if "No seed found" in str(w.message)]
+    del os.environ[SEED_ENV]
+    with pytest.warns(UserWarning, match="No seed found"):
+        torchfleet.seed_everything()
+    recwarn.clear()
+    torchfleet.seed_everything()  # the environment now holds the seed: nothing to warn about
+    assert not [w for w in recwarn if "No seed found" in str(w.message)]
+
+
 def test_bad_seeds_are_refused(monkeypatch):
-    with pytest.raises(ConfigurationError, match=r"seed=-1 is not valid"):
+    with pytest.raises(ConfigurationError, match=r"seed=-1 is not in bounds"):
         torchfleet.seed_everything(-1)
-    with pytest.raises(ConfigurationError, match=r"seed=4294967296 is not valid"):
+    with pytest.raises(ConfigurationError, match=r"seed=4294967296 is not in bounds"):
         torchfleet.seed_everything(2**32)
+    with pytest.raises(ConfigurationError, match=r"seed=10000000000.0 is not in bounds"):
+        torchfleet.seed_everything(10e9)
+    with pytest.raises(ConfigurationError, match=r"seed=3.5 is not an int"):
+        torchfleet.seed_everything(3.5)
+    with pytest.raises(ConfigurationError, match=r"seed='7' is not an int"):
+        torchfleet.seed_everything("7")
     monkeypatch.setenv(SEED_ENV, "abc")
     with pytest.raises(ConfigurationError, match=r"TF_GLOBAL_SEED='abc' is not a seed"):
         torchfleet.seed_everything()
+
+
+def test_a_whole_float_seed_is_that_int():
+    assert torchfleet.seed_everything(1e3, verbose=False) == 1000
+    assert os.environ[SEED_ENV] == "1000"
+    first = torch.rand(3)
+    torchfleet.seed_everything(1000, verbose=False)
+    assert torch.equal(first, torch.rand(3))
 
 
 def test_reset_seed_repeats_the_seeded_stream():
@@ -121,6 +148,19 @@ def test_worker_init_function_gives_distinct_reproducible_worker_seeds():
     for column in (1, 2, 3):
         assert not torch.equal(rank1[:, column], rows[:, column])
         assert not torch.equal(plain[:, column], rows[:, column])
+
+
+def test_lightning_worker_init_name_gives_each_worker_and_rank_its_own_streams():
+    from torchfleet.seed import pl_worker_init_function
+
+    streams = set()
+    for worker_id in range(6):
+        for rank in range(6):
+            torchfleet.seed_everything(2**32 - 1, verbose=False)  # the largest seed: base - worker_id stays valid
+            pl_worker_init_function(worker_id, rank)
+            streams.add((tuple(torch.randint(0, 10**6, (8,)).tolist()), random.random(), float(np.random.rand())))
+    assert len(streams) == 36
+    assert len({s[0] for s in streams}) == len({s[1] for s in streams}) == len({s[2] for s in streams}) == 36
 
 
 class _FromDraws(Regressor):

@@ -31,3 +31,25 @@ def test_max_time_and_a_timer_callback_conflict():
         Trainer(max_time="00:00:01:00", callbacks=[Timer("00:00:02:00")], **quiet(accelerator="cpu"))
     with pytest.raises(ConfigurationError, match="interval"):
         Timer("00:00:01:00", interval="batch")
+
+
+def test_timer_clocks_each_stage(monkeypatch):
+    import torchfleet.trainer.callbacks.timer as timer_module
+    from tests.helpers import Regressor, loader
+
+    clock = iter(float(t) for t in range(100, 10_000, 10))  # each reading of the clock is 10 s after the last
+    monkeypatch.setattr(timer_module, "_now", lambda: next(clock))
+    timer = Timer(duration={"hours": 1})
+    assert timer.start_time() is None and timer.time_elapsed("validate") == 0.0 and timer.time_remaining() == 3600
+    trainer = Trainer(max_epochs=1, limit_train_batches=2, callbacks=[timer], **quiet(accelerator="cpu"))
+    trainer.fit(Regressor(), loader(), loader())
+    train_span = timer.end_time("train") - timer.start_time("train")
+    val_span = timer.end_time("validate") - timer.start_time("validate")
+    assert train_span > val_span > 0  # validation ran inside the training span
+    assert timer.time_elapsed() == timer.time_elapsed("train") == train_span
+    assert timer.time_remaining() == 3600 - train_span
+    assert timer.time_elapsed("test") == 0.0 and timer.end_time("test") is None
+    trainer.test(Regressor(), loader())
+    assert timer.time_elapsed("test") == timer.end_time("test") - timer.start_time("test") > 0
+    with pytest.raises(ConfigurationError, match="Timer stage 'sanity' is not one it clocks"):
+        timer.time_elapsed("sanity")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -393,9 +394,23 @@ def test_fit_needs_module_and_data():
         Trainer(**quiet()).fit(Regressor())
 
 
-def test_deterministic_mode_sets_torch_flag():
+def test_deterministic_mode_sets_torch_flag(monkeypatch):
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     try:
         Trainer(max_epochs=1, deterministic=True, **quiet()).fit(Regressor(), loader())
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.is_deterministic_algorithms_warn_only_enabled()
+        # cuBLAS refuses deterministic mode on CUDA without a workspace setting; the user's own choice is kept
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+        Trainer(max_epochs=1, deterministic="warn", **quiet()).fit(Regressor(), loader())
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+        # a later Trainer that says False turns off what an earlier one in this process turned on
+        Trainer(max_epochs=1, deterministic=False, **quiet()).fit(Regressor(), loader())
+        assert not torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(True)
+        Trainer(max_epochs=1, **quiet()).fit(Regressor(), loader())  # None leaves torch's setting alone
         assert torch.are_deterministic_algorithms_enabled()
     finally:
         torch.use_deterministic_algorithms(False)

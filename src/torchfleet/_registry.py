@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -109,6 +110,21 @@ class Registry(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def __getitem__(self, name: str) -> dict[str, Any]:
+        """Lightning's dict view of an entry: ``StrategyRegistry["ddp"]["strategy"]`` is the class, plus
+        ``"init_params"`` and ``"description"``. A copy: changing it changes nothing registered."""
+        entry = self.entry(name)
+        return {"name": entry.name, self.kind: entry.cls, "init_params": dict(entry.init_params),
+                "description": entry.description}
+
+    def __iter__(self) -> Iterator[str]:
+        """The registered names, sorted (so ``list(StrategyRegistry)`` and ``dict``-style loops work)."""
+        return iter(self.available())
+
+    def keys(self) -> list[str]:
+        """The registered names, sorted (Lightning's registries are dicts)."""
+        return self.available()
 
     def load_entry_points(self) -> None:
         """Register what installed packages declare in the entry-point group (once)."""

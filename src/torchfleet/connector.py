@@ -145,6 +145,8 @@ def resolve(
             )
     elif isinstance(strategy, str):
         built = None
+        if strategy != "auto" and strategy not in StrategyRegistry and strategy.lower() in StrategyRegistry:
+            strategy = strategy.lower()  # names are matched as accelerator names are: exactly, then in lower case
         if strategy != "auto":
             if strategy not in StrategyRegistry:  # unknown names fail here, before devices are looked at
                 raise unknown_name("strategy", strategy, StrategyRegistry.available(),

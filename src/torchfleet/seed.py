@@ -29,14 +29,19 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
     """Seed Python's, NumPy's and torch's generators (every process alike); returns the seed used.
 
     With no ``seed``, the one in ``TF_GLOBAL_SEED`` (set by an earlier call, inherited by launched
-    processes) is used, else 0 (as Lightning). ``workers=True`` makes the Trainer give its DataLoaders
-    ``worker_init_function`` where they have no ``worker_init_fn`` of their own. ``verbose`` logs
-    "Seed set to N".
+    processes) is used, else 0 with a warning (as Lightning). ``workers=True`` makes the Trainer give its
+    DataLoaders ``worker_init_function`` where they have no ``worker_init_fn`` of their own. ``verbose`` logs
+    "Seed set to N" (and allows the warning).
     """
     if seed is None:
         env = os.environ.get(SEED_ENV)
         if env is None:
             seed = 0
+            if verbose:
+                from torchfleet.utilities import rank_zero_warn
+
+                rank_zero_warn(f"No seed found: seed_everything() set the seed to {seed}. Pass seed=... (or set "
+                               f"{SEED_ENV}) to choose it; later calls without a seed reuse this one.")
         else:
             try:
                 seed = int(env)
@@ -45,8 +50,12 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
                     f"{SEED_ENV}={env!r} is not a seed: set it to an int in [0, {_MAX_SEED}], or unset it "
                     "(seed_everything() then uses 0)."
                 ) from None
-    if isinstance(seed, bool) or not isinstance(seed, int) or not (0 <= seed <= _MAX_SEED):
-        raise ConfigurationError(f"seed={seed!r} is not valid: give an int in [0, {_MAX_SEED}] (2**32 - 1).")
+    if isinstance(seed, bool) or not isinstance(seed, (int, float)) or (isinstance(seed, float) and
+                                                                        not seed.is_integer()):
+        raise ConfigurationError(f"seed={seed!r} is not an int: give an int in [0, {_MAX_SEED}] (2**32 - 1).")
+    if not (0 <= seed <= _MAX_SEED):
+        raise ConfigurationError(f"seed={seed!r} is not in bounds: give an int in [0, {_MAX_SEED}] (2**32 - 1).")
+    seed = int(seed)  # a whole float (1e3) is that int, as Lightning takes it
     if verbose:
         from torchfleet.utilities import rank_prefixed_message
 
@@ -106,6 +115,10 @@ def worker_init_function(worker_id: int, rank: int | None = None) -> None:
         np.random.seed(numpy_seed)
     except ImportError:
         pass
+
+
+#: Lightning's name for :func:`worker_init_function` (same arguments), so ported imports keep their name
+pl_worker_init_function = worker_init_function
 
 
 def add_worker_init_fn(dataloader: Any, rank: int) -> Any:

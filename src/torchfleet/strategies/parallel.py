@@ -91,6 +91,15 @@ class ParallelStrategy(Strategy, ABC):
     def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:
         if self.parallel_devices is None:
             self.parallel_devices = devices
+        if any(torch.device(d).type == "mps" for d in self.parallel_devices):
+            # torch.distributed has no backend for MPS tensors: init_process_group would succeed, the first
+            # collective would not; say so here, before any process starts
+            raise ConfigurationError(
+                f"{type(self).__name__} runs its processes in a torch.distributed group, which has no backend for "
+                "MPS devices: strategies from the DDP family are not supported on the MPS accelerator (here: "
+                f"devices {[str(d) for d in self.parallel_devices]}). Use strategy='auto' (or 'single_device') to "
+                "train on the Mac's GPU in one process, or accelerator='cpu' to run several processes on the CPU."
+            )
         self._num_nodes = num_nodes
         if self._cluster_environment is None:
             self._cluster_environment = cluster_environment

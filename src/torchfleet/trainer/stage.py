@@ -9,6 +9,7 @@ import dataclasses
 import inspect
 import logging
 import math
+import os
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -81,6 +82,25 @@ def _num_batches(loader: Any, limit: int | float) -> int | float:
 
 
 # ---------------------------------------------------------------------------- entry
+#: what cuBLAS needs for reproducible results under torch.use_deterministic_algorithms (else CUDA matmuls raise)
+CUBLAS_DETERMINISTIC = ":4096:8"
+
+
+def set_torch_flags(deterministic: bool | str | None, benchmark: bool | None) -> None:
+    """Apply ``Trainer(deterministic=..., benchmark=...)`` to torch in this process.
+
+    None leaves torch as it is; False turns deterministic algorithms off (a Trainer that ran with True earlier in
+    the process left them on); True and "warn" turn them on (raising, or warning, where an operation has none)
+    and give cuBLAS the workspace setting it needs for that, unless the environment already chose one.
+    """
+    if deterministic is not None:
+        torch.use_deterministic_algorithms(bool(deterministic), warn_only=deterministic == "warn")
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_DETERMINISTIC)
+    if benchmark is not None:
+        torch.backends.cudnn.benchmark = benchmark
+
+
 def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any, kw: dict) -> Any:
     """Run one of fit/validate/test/predict in this process (called directly or by the launcher in each rank)."""
     if stage == "fit":  # SIGTERM/SIGUSR1 save a checkpoint and stop (trainer/preemption.py)
@@ -93,11 +113,7 @@ def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl:
     strategy = trainer.strategy
     trainer.state.start_stage(stage)
     strategy.setup_environment()
-    if trainer.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=trainer.deterministic == "warn")
-        torch.backends.cudnn.benchmark = False
-    if trainer.benchmark is not None:  # each rank's process (spawned ones too)
-        torch.backends.cudnn.benchmark = trainer.benchmark
+    set_torch_flags(trainer.deterministic, trainer.benchmark)  # in each rank's process (spawned ones too)
     model.trainer = trainer
     dm = trainer.datamodule
     if dm is not None:

@@ -320,3 +320,23 @@ class ModelCheckpoint(Callback):
         files = [f for f in glob.glob(os.path.join(dirpath, "*" + ModelCheckpoint.FILE_EXTENSION))
                  if not os.path.basename(f).startswith(".")]
         return max(files, key=os.path.getmtime) if files else None
+
+    def to_yaml(self, filepath: str | os.PathLike | None = None) -> str:
+        """Write ``best_k_models`` (checkpoint path -> score) as YAML; returns the file's path.
+
+        The default file is ``best_k_models.yaml`` in ``dirpath``, which exists once the callback has been set up.
+        """
+        import yaml
+
+        if filepath is None:
+            if self.dirpath is None:
+                raise ConfigurationError(
+                    "ModelCheckpoint.to_yaml() without a path needs the callback's dirpath, which is decided when "
+                    "the Trainer sets the callback up (fit/validate/...). Pass to_yaml(filepath) before that, or "
+                    "give ModelCheckpoint(dirpath=...)."
+                )
+            filepath = os.path.join(self.dirpath, "best_k_models.yaml")
+        filepath = os.fspath(filepath)
+        with open(filepath, "w", encoding="utf-8") as f:
+            yaml.safe_dump({path: float(score) for path, score in self.best_k_models.items()}, f)
+        return filepath

@@ -37,6 +37,37 @@ class ProgressBar(Callback):
     def is_enabled(self) -> bool:
         return self._enabled
 
+    def setup(self, trainer: Any, module: Any, stage: str) -> None:
+        self._trainer = trainer
+
+    @property
+    def trainer(self) -> Any:
+        """The Trainer this bar reports on (set when a stage starts)."""
+        trainer = getattr(self, "_trainer", None)
+        if trainer is None:
+            from torchfleet.errors import ConfigurationError
+
+            raise ConfigurationError(f"{type(self).__name__}.trainer is read before the bar was given to a running "
+                                     "Trainer (Trainer(callbacks=[bar]) and fit/validate/test/predict set it).")
+        return trainer
+
+    @property
+    def total_train_batches(self) -> int | float:
+        """Training batches in this epoch (fewer when ``max_steps`` ends the run sooner; inf when unknown)."""
+        t = self.trainer
+        if t.max_epochs == -1 and t.max_steps is not None and t.max_steps > 0:
+            return min(t.num_training_batches, t.max_steps - t.global_step)
+        return t.num_training_batches
+
+    @property
+    def total_val_batches(self) -> int | float:
+        """Validation batches of every validation loader in this epoch; 0 in an epoch that does not validate."""
+        t = self.trainer
+        every = t.check_val_every_n_epoch
+        if every is not None and (t.current_epoch + 1) % every != 0:
+            return 0
+        return sum(t.num_val_batches)
+
     def _new_bar(self, desc: str, total: Any, leave: bool, position: int = 0) -> Any:
         from tqdm.auto import tqdm
 

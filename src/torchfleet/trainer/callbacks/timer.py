@@ -36,11 +36,16 @@ def parse_duration(duration: Any) -> float | None:
     return duration.total_seconds()
 
 
+#: the stages a Timer clocks (Lightning's RunningStage values); the budget applies to "train"
+STAGES = ("train", "validate", "test", "predict")
+
+
 class Timer(Callback):
     """Stop training once ``duration`` has passed, checked after every step (``interval="step"``) or epoch.
 
-    The time already spent is saved in checkpoints, so a resumed run gets what is left of the budget.
-    Every rank stops at the same step: rank 0's clock decides.
+    The time already spent training is saved in checkpoints, so a resumed run gets what is left of the budget.
+    Every rank stops at the same step: rank 0's clock decides. Validation, test and predict are clocked too
+    (``time_elapsed("validate")``), outside the budget.
     """
 
     def __init__(self, duration: Any = None, interval: str = "step", verbose: bool = True) -> None:
@@ -48,19 +53,37 @@ class Timer(Callback):
             raise ConfigurationError(f"Timer(interval={interval!r}) is not valid: use 'step' or 'epoch'.")
         self.duration = parse_duration(duration)
         self.interval, self.verbose = interval, verbose
-        self._start: float | None = None
-        self._end: float | None = None
-        self._offset = 0.0  # seconds spent by the runs this one resumes
+        self._start: dict[str, float | None] = dict.fromkeys(STAGES)
+        self._end: dict[str, float | None] = dict.fromkeys(STAGES)
+        self._offset = 0.0  # seconds spent training by the runs this one resumes
 
-    def time_elapsed(self) -> float:
-        """Seconds spent training, including those of the runs resumed from."""
-        if self._start is None:
-            return self._offset
-        return self._offset + ((self._end if self._end is not None else _now()) - self._start)
+    @staticmethod
+    def _stage(stage: str) -> str:
+        stage = str(stage)
+        if stage not in STAGES:
+            raise ConfigurationError(f"Timer stage {stage!r} is not one it clocks: use one of {', '.join(STAGES)}.")
+        return stage
 
-    def time_remaining(self) -> float | None:
+    def start_time(self, stage: str = "train") -> float | None:
+        """When ``stage`` last started (``time.monotonic()``), None before it ran."""
+        return self._start[self._stage(stage)]
+
+    def end_time(self, stage: str = "train") -> float | None:
+        """When ``stage`` last ended, None before it ended (or while it runs)."""
+        return self._end[self._stage(stage)]
+
+    def time_elapsed(self, stage: str = "train") -> float:
+        """Seconds ``stage`` ran (its latest run); for "train", plus those of the runs resumed from."""
+        stage = self._stage(stage)
+        offset = self._offset if stage == "train" else 0.0
+        start, end = self._start[stage], self._end[stage]
+        if start is None:
+            return offset
+        return offset + ((end if end is not None else _now()) - start)
+
+    def time_remaining(self, stage: str = "train") -> float | None:
         """Seconds left of the budget (None without one)."""
-        return None if self.duration is None else self.duration - self.time_elapsed()
+        return None if self.duration is None else self.duration - self.time_elapsed(stage)
 
     def state_dict(self) -> dict[str, Any]:
         return {"time_elapsed": self.time_elapsed()}
@@ -68,11 +91,37 @@ class Timer(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._offset = float(state_dict.get("time_elapsed", 0.0))
 
+    def _begin(self, stage: str) -> None:
+        self._start[stage], self._end[stage] = _now(), None
+
+    def _finish(self, stage: str) -> None:
+        self._end[stage] = _now()
+
     def on_train_start(self, trainer: Any, module: Any) -> None:
-        self._start, self._end = _now(), None
+        self._begin("train")
 
     def on_train_end(self, trainer: Any, module: Any) -> None:
-        self._end = _now()
+        self._finish("train")
+
+    def on_validation_start(self, trainer: Any, module: Any) -> None:
+        if not trainer.sanity_checking:
+            self._begin("validate")
+
+    def on_validation_end(self, trainer: Any, module: Any) -> None:
+        if not trainer.sanity_checking:
+            self._finish("validate")
+
+    def on_test_start(self, trainer: Any, module: Any) -> None:
+        self._begin("test")
+
+    def on_test_end(self, trainer: Any, module: Any) -> None:
+        self._finish("test")
+
+    def on_predict_start(self, trainer: Any, module: Any) -> None:
+        self._begin("predict")
+
+    def on_predict_end(self, trainer: Any, module: Any) -> None:
+        self._finish("predict")
 
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.interval == "step":
