@@ -56,7 +56,7 @@ def _child_env(**extra: object) -> dict[str, str]:
 
 
 def _free_port_in(lo: int, hi: int) -> int:
-    """A port in [lo, hi] that is free right now (SLURM derives its port from the job id: 10000 + 4 digits)."""
+    """A port in [lo, hi] that is free right now (SLURM derives its port from the job id: 15000 + 4 digits)."""
     base = os.getpid() % (hi - lo + 1)
     for i in range(hi - lo + 1):
         port = lo + (base + 7919 * i) % (hi - lo + 1)
@@ -268,8 +268,8 @@ def _slurm_env(procid: int, nodeid: int, localid: int, ntasks: int, nnodes: int,
 
 def test_two_nodes_simulated_slurm(tmp_path):
     """2 nodes x 1 task as srun starts them: no MASTER_ADDR/PORT, derived from SLURM_NODELIST and SLURM_JOB_ID."""
-    port = _free_port_in(10000, 19999)
-    job_id = f"31{port - 10000:04d}"  # SLURMEnvironment listens on 10000 + the last four digits of the job id
+    port = _free_port_in(15000, 24999)
+    job_id = f"31{port - 15000:04d}"  # SLURMEnvironment listens on 15000 + the last four digits of the job id
     nodelist = "127.0.0.1,127.0.0.2"  # the first host is the main address
     cmd = _script_cmd(tmp_path, devices=1, num_nodes=2, batch=BATCH, epochs=EPOCHS)
     results = _run_together([
@@ -338,8 +338,8 @@ def test_preflight_every_torchrun_worker_fails(tmp_path, strategy):
 @pytest.mark.parametrize("ntasks_per_node", [2, None], ids=["srun--ntasks-per-node=2", "srun-n2"])
 def test_preflight_slurm_ntasks_disagrees(tmp_path, ntasks_per_node):
     """SLURM_NTASKS=2 on one node with Trainer(devices=3): every task fails in Trainer(...) naming 2 and 3."""
-    port = _free_port_in(10000, 19999)
-    job_id = f"52{port - 10000:04d}"
+    port = _free_port_in(15000, 24999)
+    job_id = f"52{port - 15000:04d}"
     cmd = _script_cmd(tmp_path, devices=3, num_nodes=1)
     results = _run_together([
         (f"task{k}", cmd, _slurm_env(k, 0, k, ntasks=2, nnodes=1, ntasks_per_node=ntasks_per_node, job_id=job_id,
