@@ -45,7 +45,8 @@ class HookDispatcher:
             base = getattr(self._callback_base, name)
             plain, monitoring = [], []
             for c in self.callbacks:
-                if getattr(type(c), name, base) is not base:
+                # a hook set on the instance (LambdaCallback, or c.on_fit_end = fn) counts as overridden too
+                if getattr(type(c), name, base) is not base or name in getattr(c, "__dict__", ()):
                     fn = getattr(c, name) if self.wrap is None else self.wrap(c, name, getattr(c, name))
                     (monitoring if isinstance(c, self._monitoring) else plain).append(fn)
             self._cb[name] = found = plain + monitoring
