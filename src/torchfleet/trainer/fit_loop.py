@@ -19,7 +19,7 @@ from torchfleet.samplers import set_sampler_epoch
 from torchfleet.seed import capture_rng, restore_rng
 from torchfleet.trainer.eval_loop import EvalLoop, publish_epoch
 from torchfleet.trainer.hooks import batch_transfer_fn, trim_step_arguments
-from torchfleet.trainer.logging import Results
+from torchfleet.trainer.logging import Results, logger_step, open_train_results, train_epoch_results
 from torchfleet.watchdog import set_position
 
 if TYPE_CHECKING:
@@ -141,6 +141,7 @@ class FitLoop:
                 trainer.state.current_epoch = restored_epoch
                 trainer.state.progress = {**trainer.state.progress, **progress, "resume_rng": resume_rng}
         trainer.state.in_train = True
+        open_train_results(trainer.state, self.model, self.strategy.root_device)  # on_train_start may self.log
         trainer._hooks.call("on_train_start", trainer)
         ran = False
         while not self._done():
@@ -184,8 +185,7 @@ class FitLoop:
                            val_pending=False, epoch_start_rng=epoch_start_rng, stopped_mid_epoch=False,
                            resume_rng=None, batches_before=self._batches_before,
                            epoch_stepped=bool(resume_at and resume_at.get("epoch_stepped")))
-        results = Results("train")
-        results.device = strategy.root_device
+        results = train_epoch_results(state, strategy.root_device)
         state.train_results = results
         model._results = results
         model.train()
@@ -455,12 +455,12 @@ class FitLoop:
         for name, value in callback.items():
             results.values[name].latest = value
         if logged:
-            trainer.state.logged_metrics = logged
+            trainer.state.logged_metrics.update(logged)  # as Lightning: every name logged so far, latest values
             if trainer.is_global_zero:
                 metrics = {k: float(v) for k, v in logged.items()}
                 metrics["epoch"] = trainer.state.current_epoch
                 for lg in trainer.loggers:
-                    lg.log_metrics(metrics, step=trainer.state.global_step)
+                    lg.log_metrics(metrics, step=logger_step(trainer))  # the step Lightning logs at
 
     def _sync_latest(self, results: Results) -> None:
         # on-step values logged since the last logging point: reduce them now (one collective for all),

@@ -142,6 +142,9 @@ class RunState(_Status):
         self.should_stop = False
         self.resume = None
         self.progress = None
+        # as Lightning: each stage starts with no metrics (none left from an earlier fit, validate or test)
+        self.train_results = None
+        self.epoch_metrics, self.bar_metrics, self.logged_metrics = {}, {}, {}
 
     def end_stage(self, failed: bool) -> None:
         """The stage returned (finished) or raised (interrupted)."""
