@@ -15,7 +15,14 @@ from typing import Any
 import torch
 
 from torchfleet.errors import ConfigurationError
-from torchfleet.loggers.base import DummyExperiment, FolderLogger, on_rank_zero, plain_params, with_prefix
+from torchfleet.loggers.base import (
+    DummyExperiment,
+    FolderLogger,
+    on_rank_zero,
+    plain_params,
+    save_hparams_to_yaml,
+    with_prefix,
+)
 from torchfleet.utilities import rank_zero_only
 
 
@@ -98,15 +105,12 @@ class TensorBoardLogger(FolderLogger):
         ``metrics``: a dict of values, or one value (logged as ``hp_metric``), shown beside the
         hyperparameters in TensorBoard.
         """
-        import yaml
-
         if isinstance(params, Namespace):
             params = vars(params)
         params = dict(params or {})
         self.hparams.update(plain_params(params))
         os.makedirs(self.log_dir, exist_ok=True)
-        with open(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), "w") as f:
-            yaml.safe_dump(self.hparams, f, sort_keys=False)
+        save_hparams_to_yaml(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), self.hparams)
         if metrics is None:
             metrics = {"hp_metric": -1} if self._default_hp_metric else None
         elif not isinstance(metrics, Mapping):
@@ -150,14 +154,20 @@ class TensorBoardLogger(FolderLogger):
         self.experiment.add_graph(model, input_array)
 
     def save(self) -> None:
+        """Flush the event file; write hparams.yaml (the hyperparameters so far, maybe none) if the folder lacks it."""
         if self._experiment is not None:
             self._experiment.flush()
+        path = os.path.join(self.log_dir, self.NAME_HPARAMS_FILE)
+        if on_rank_zero() and os.path.isdir(self.log_dir) and not os.path.isfile(path):
+            save_hparams_to_yaml(path, self.hparams)
 
     def finalize(self, status: str) -> None:
         if self._experiment is not None:
             self._experiment.flush()
             self._experiment.close()
             self._experiment = None
+        if status == "success":
+            self.save()
 
 
 def _to(value: Any, device: torch.device) -> Any:

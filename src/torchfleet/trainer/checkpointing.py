@@ -6,6 +6,7 @@ import contextlib
 import glob
 import logging
 import os
+import re
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -100,7 +101,7 @@ def checkpoint_folders(trainer: Trainer) -> list[str]:
 def find_last_checkpoint(trainer: Trainer) -> str | None:
     """The checkpoint ``ckpt_path="last"`` (and a restart) means: the newest complete one, by modification time,
     in ``checkpoint_folders`` (``preempted.ckpt``, ``last.ckpt`` and ModelCheckpoint's files alike; on a tie
-    ``last.ckpt`` and ``preempted.ckpt`` win)."""
+    ``last.ckpt`` (or ``last-vN.ckpt``) and ``preempted.ckpt`` win)."""
     candidates = {c for folder in checkpoint_folders(trainer) for c in _complete_checkpoints(folder)}
     if not candidates:
         return None
@@ -110,7 +111,7 @@ def find_last_checkpoint(trainer: Trainer) -> str | None:
             mtime = os.path.getmtime(path)
         except OSError:  # removed while we looked (another run's top-k)
             mtime = -1.0
-        return mtime, os.path.basename(path) in ("last.ckpt", "preempted.ckpt")
+        return mtime, re.fullmatch(r"last(-v\d+)?\.ckpt|preempted\.ckpt", os.path.basename(path)) is not None
 
     return max(sorted(candidates), key=newest)
 
