@@ -198,6 +198,14 @@ def restore(trainer: Trainer, path: str, full: bool, weights_only: bool | None =
     for cb in trainer.callbacks:
         if cb.state_key in saved_cbs:
             cb.load_state_dict(saved_cbs[cb.state_key])
+    missing = [key for key in saved_cbs if key not in {cb.state_key for cb in trainer.callbacks}]
+    if missing and trainer.is_global_zero:
+        # "Please add the following callbacks: [...]" is Lightning's phrase, kept for ported warning filters
+        warnings.warn(
+            f"{path} holds the state of callbacks this Trainer does not have, so that state is not restored. Be "
+            "aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided during "
+            f"`Trainer` instantiation. Please add the following callbacks: {missing!r}.", stacklevel=2,
+        )
     strategy.precision.load_state_dict(checkpoint.get("precision", {}))
     if trainer.datamodule is not None and "datamodule" in checkpoint:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
