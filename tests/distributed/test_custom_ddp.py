@@ -24,12 +24,17 @@ pytestmark = [pytest.mark.distributed]
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "custom_ddp_train.py")
 
 
+def _pythonpath() -> str:
+    """The repository root (tests.*) first, then what the caller put on PYTHONPATH (a checkout's src, if any)."""
+    return os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+
+
 def test_docs_custom_ddp_strategy_is_used_and_matches_one_process(tmp_path):
     out = tmp_path / "result.pt"
     env = {k: v for k, v in os.environ.items()
            if k not in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
     proc = subprocess.run([sys.executable, SCRIPT, json.dumps({"out": str(out)})], capture_output=True, text=True,
-                          timeout=120, env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}, cwd=ROOT)
+                          timeout=120, env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath()}, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     result = torch.load(out)
     # each rank built the docs' DDP once, kept it as strategy.model and ran its training steps through it

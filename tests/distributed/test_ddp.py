@@ -1,8 +1,9 @@
 """DDP on 2 real CPU processes over gloo: numerical equivalence with one process, every launch style.
 
-The reference is one process with the global batch (2 x the per-rank batch) over the same data,
-shuffle off and a mean loss: DDP averages the ranks' gradients, so the weights must agree to
-fp32 rounding. Validation uses 63 samples, which 2 ranks cannot split evenly; exact evaluation
+The reference is one process with the global batch (2 x the per-rank batch) over the same data, in the
+order the ranks read it (the Trainer shuffles a distributed training loader, as Lightning's does:
+tests/distributed/trainer_order.py), and a mean loss: DDP averages the ranks' gradients, so the weights
+must agree to fp32 rounding. Validation uses 63 samples, which 2 ranks cannot split evenly; exact evaluation
 must still count each sample once.
 """
 
@@ -26,9 +27,14 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ddp_train.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def _pythonpath() -> str:
+    """The repository root (tests.*) first, then what the caller put on PYTHONPATH (a checkout's src, if any)."""
+    return os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+
+
 def run_script(cfg: dict, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the training script as a user would (``python script.py``); ddp re-runs it for rank 1."""
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, **(env or {}))
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_pythonpath(), **(env or {}))
     for var in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
         if env is None or var not in env:
             full_env.pop(var, None)
@@ -39,8 +45,8 @@ def run_script(cfg: dict, timeout: float = 120, env: dict | None = None) -> subp
 def reference(batch: int, epochs: int = 2, accumulate: int = 1) -> dict:
     """One process, the global batch: what every DDP variant must reproduce."""
     tf.seed_everything(0)
-    model, trainer, train, val = build({"devices": 1, "batch": batch, "epochs": epochs, "accumulate": accumulate},
-                                       strategy="single_device")
+    model, trainer, train, val = build({"devices": 1, "batch": batch, "epochs": epochs, "accumulate": accumulate,
+                                        "reference_of": 2}, strategy="single_device")
     trainer.fit(model, train, val)
     return {"weights": model.state_dict(), "global_step": trainer.global_step,
             "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()}}
@@ -158,7 +164,7 @@ def test_script_is_importable_for_spawn():
 
 def test_ddp_relaunches_python_dash_m(tmp_path):
     out = tmp_path / "result.pt"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_pythonpath())
     cfg = json.dumps({"strategy": "ddp", "devices": 2, "batch": 8, "epochs": 1, "out": str(out)})
     proc = subprocess.run([sys.executable, "-m", "tests.distributed.scripts.ddp_train", cfg], capture_output=True,
                           text=True, timeout=120, env=env, cwd=ROOT)
@@ -194,7 +200,7 @@ print("STRATEGY", type(trainer.strategy).__name__, trainer.strategy.start_method
 
 @pytest.mark.parametrize("how", ["python -c", "stdin"])
 def test_fork_works_where_the_script_cannot_be_rerun(how):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_pythonpath())
     if how == "python -c":
         # ddp_notebook as named: fork from a command string
         proc = subprocess.run([sys.executable, "-c", _INLINE.format(strategy="ddp_notebook")], capture_output=True,

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
+from tests.distributed.trainer_order import trainer_batches
 from torchfleet.environments import find_free_port
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -163,15 +163,18 @@ def _script_module():
     return module
 
 
-def _reference_weights(global_batch: int, epochs: int = EPOCHS) -> tuple[dict[str, list[float]], int]:
-    """One process, plain PyTorch: the script's model and data, batch ``global_batch``, same epochs."""
+def _reference_weights(global_batch: int, epochs: int = EPOCHS, world_size: int = 2) -> tuple[dict[str, list[float]], int]:
+    """One process, plain PyTorch: the script's model and data, batch ``global_batch``, same epochs, each step's
+    samples those the ``world_size`` ranks of the Trainer read at that step (it shuffles, seed 0: trainer_order)."""
     script = _script_module()
     with torch.random.fork_rng():  # TinyNet seeds the global generator: leave this process's as it was
         model = script.TinyNet()
     opt = model.configure_optimizers()
     steps = 0
-    for _ in range(epochs):
-        for x, y in DataLoader(script.make_data(), batch_size=global_batch, shuffle=False):
+    data = script.make_data()
+    for epoch in range(epochs):
+        for idx in trainer_batches(len(data), world_size, global_batch // world_size, seed=0, epoch=epoch):
+            x, y = data[idx]
             opt.zero_grad()
             nn.functional.mse_loss(model.net(x), y).backward()
             opt.step()
@@ -182,7 +185,7 @@ def _reference_weights(global_batch: int, epochs: int = EPOCHS) -> tuple[dict[st
 
 def _check_training(result: dict, world_size: int) -> None:
     """The run's final weights are those of one process with the global batch; so is its step count."""
-    expected, steps = _reference_weights(BATCH * world_size)
+    expected, steps = _reference_weights(BATCH * world_size, world_size=world_size)
     assert result["global_step"] == steps
     assert set(result["weights"]) == set(expected)
     for name, values in expected.items():

@@ -18,7 +18,7 @@ import torch
 
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
 from torchfleet.module import Module
-from torchfleet.samplers import without_shuffle
+from torchfleet.samplers import shuffled_for_training, without_shuffle
 from torchfleet.seed import add_worker_init_fn
 from torchfleet.settings import loader_batch_size
 from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore
@@ -242,6 +242,8 @@ def _log_summary(trainer: Trainer, model: Any) -> None:
 
 def _for_strategy(trainer: Trainer, loader: Any, stage: str) -> Any:
     # use_distributed_sampler=False: the user shards the data themselves (their own sampler)
+    if stage == "fit" and trainer.use_distributed_sampler and trainer.world_size > 1 and not trainer.overfit_batches:
+        loader = shuffled_for_training(loader)  # as Lightning's Trainer: a distributed training loader always shuffles
     loader = trainer.strategy.process_dataloader(loader, stage) if trainer.use_distributed_sampler else loader
     return add_worker_init_fn(loader, trainer.global_rank)  # seed_everything(workers=True)
 
