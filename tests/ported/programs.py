@@ -9,8 +9,10 @@ save_hyperparameters(logger=False), BatchNorm with sync_batchnorm), and two Flee
 Fabric's examples (an image classifier with rank_zero_first and loggers; a PPO agent whose loss goes
 through ``get_action_and_value``, marked as a forward method).
 
-Every program is deterministic and its data is split across ranks without shuffling, with the same
-global batch at every world size: one process and two must end with the same weights.
+Every program is deterministic, with the same global batch at every world size: one process and two must end
+with the same weights. The Trainer shuffles a 2-process run's training loader (as Lightning's Trainer does), so
+the one-process reference reads, at each step, the samples the two ranks read (``train_loader``); Fleet keeps
+the loaders in order (as Fabric).
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ N_SAMPLES = 64
 
 def per_rank_batch(world_size: int) -> int:
     return GLOBAL_BATCH // world_size
+
+
+def train_loader(dataset: TensorDataset, batch_size: int) -> DataLoader:
+    """A Trainer program's training loader; with the whole global batch (the one-process reference), one that
+    reads each step the samples 2 ranks read at that step (their DistributedSampler shuffles, seed 0)."""
+    if batch_size == GLOBAL_BATCH:
+        from tests.distributed.trainer_order import TrainerOrder
+
+        return DataLoader(dataset, batch_sampler=TrainerOrder(len(dataset), 2, GLOBAL_BATCH // 2))
+    return DataLoader(dataset, batch_size=batch_size)
 
 
 def _data(n: int, d: int, seed: int, classes: int | None = None) -> TensorDataset:
@@ -108,7 +120,7 @@ def gan_program(trainer_kw: dict[str, Any], world_size: int) -> dict[str, Any]:
     tf.seed_everything(0)
     model = GAN()
     trainer = tf.Trainer(max_epochs=2, **trainer_kw)
-    trainer.fit(model, DataLoader(_data(N_SAMPLES, 8, 1), batch_size=per_rank_batch(world_size)))
+    trainer.fit(model, train_loader(_data(N_SAMPLES, 8, 1), per_rank_batch(world_size)))
     return {"model": model, "trainer": trainer, "metrics": ["g_loss", "d_loss"]}
 
 
@@ -123,7 +135,7 @@ class PointsData(tf.DataModule):
         self.val_set = _data(32, 12, 3)
 
     def train_dataloader(self):
-        return DataLoader(self.train_set, batch_size=self.hparams.batch_size)
+        return train_loader(self.train_set, self.hparams.batch_size)
 
     def val_dataloader(self):
         return DataLoader(self.val_set, batch_size=self.hparams.batch_size)
@@ -229,7 +241,7 @@ def transformer_program(trainer_kw: dict[str, Any], world_size: int) -> dict[str
     tf.seed_everything(0)
     model = ReverseTransformer()
     trainer = tf.Trainer(max_epochs=2, **trainer_kw)
-    trainer.fit(model, DataLoader(reverse_data(), batch_size=per_rank_batch(world_size)))
+    trainer.fit(model, train_loader(reverse_data(), per_rank_batch(world_size)))
     return {"model": model, "trainer": trainer, "metrics": ["train_loss"],
             "lr": model.lr_scheduler.get_last_lr()[0], "scheduler_steps": model.lr_scheduler.last_epoch}
 
@@ -294,7 +306,7 @@ def classifier_program(trainer_kw: dict[str, Any], world_size: int) -> dict[str,
     model = Classifier(DenseNet())
     trainer = tf.Trainer(max_epochs=2, sync_batchnorm=True, **trainer_kw)
     bs = per_rank_batch(world_size)
-    trainer.fit(model, DataLoader(_data(N_SAMPLES, 10, 5, classes=3), batch_size=bs),
+    trainer.fit(model, train_loader(_data(N_SAMPLES, 10, 5, classes=3), bs),
                 DataLoader(_data(32, 10, 6, classes=3), batch_size=bs))
     return {"model": model, "trainer": trainer, "metrics": ["train/loss", "train/acc", "val/loss", "val/acc",
                                                             "val/acc_best"],

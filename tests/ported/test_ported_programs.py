@@ -1,7 +1,8 @@
 """Programs written as public Lightning/Fabric programs are, under single_device, ddp and fsdp on CPU.
 
-The reference is each program run in this process on one device with the whole global batch; the same
-program on 2 processes (half the batch each, no shuffling) must end with the same weights and metrics.
+The reference is each program run in this process on one device with the whole global batch (for Trainer
+programs, each step's samples those the 2 shuffling ranks read: programs.train_loader); the same program on 2
+processes (half the batch each) must end with the same weights and metrics.
 A program that silently skipped a feature (an optimizer_step override, a gradient sync through a method
 that is not forward, a torchmetrics object) would end elsewhere.
 """
