@@ -166,6 +166,8 @@ class FitLoop:
         t = self.trainer
         if t.max_steps != -1 and t.state.global_step >= t.max_steps:
             return True
+        if t.state.should_stop and self._may_stop(t.state.current_epoch):  # set before fit (a spent Timer)
+            return True
         return t.max_epochs != -1 and t.state.current_epoch >= t.max_epochs
 
     def _may_stop(self, epochs_done: int) -> bool:

@@ -97,6 +97,10 @@ class Timer(Callback):
     def _finish(self, stage: str) -> None:
         self._end[stage] = _now()
 
+    def on_fit_start(self, trainer: Any, module: Any) -> None:
+        # as Lightning: once a checkpoint is restored, a budget it had already spent stops fit before its first step
+        self._check(trainer)
+
     def on_train_start(self, trainer: Any, module: Any) -> None:
         self._begin("train")
 
