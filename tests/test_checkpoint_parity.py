@@ -122,3 +122,12 @@ def test_state_from_another_folder_keeps_only_the_best_path(tmp_path):
 def test_link_needs_a_local_folder(tmp_path):
     with pytest.raises(ConfigurationError, match=r"`ModelCheckpoint\(save_last='link'\)` is only supported for local"):
         ModelCheckpoint(dirpath="s3://bucket/ck", save_last="link").setup(trainer=None, pl_module=None, stage="fit")
+
+
+def test_a_missing_monitored_value_warns_before_any_validation_and_fails_after(tmp_path):
+    ck = ModelCheckpoint(dirpath=tmp_path / "a", monitor="val_acc")
+    with pytest.warns(UserWarning, match="could not find the monitored key in the returned metrics"):
+        _fit(Regressor(), [ck], tmp_path, max_epochs=1, limit_val_batches=0)  # saves at epoch end, no validation
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(ConfigurationError, match=r"ModelCheckpoint\(monitor='val_acc'\) found no metric 'val_acc'"):
+        _fit(Regressor(), [ModelCheckpoint(dirpath=tmp_path / "b", monitor="val_acc")], tmp_path, max_epochs=1)

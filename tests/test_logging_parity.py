@@ -146,3 +146,13 @@ def test_values_that_cannot_be_logged_name_the_call(value):
     with pytest.raises(ConfigurationError, match=rf"`self\.log\(foo, {__import__('re').escape(str(value))}\)` was "
                                                  rf"called, but a value of type {type(value).__name__} cannot be logged"):
         _trainer(False, max_epochs=1).fit(Bad(), _data())
+
+
+def test_loggers_are_called_with_metrics_by_keyword():
+    class KeywordOnly(Recorder):
+        def log_metrics(self, *, metrics, step=None):  # a Lightning logger may rely on the keyword
+            super().log_metrics(metrics, step)
+
+    recorder = KeywordOnly()
+    _trainer(recorder, max_epochs=1).fit(Model(), _data(), _data())
+    assert recorder.calls[0] == (1, ["loss_step"])

@@ -42,7 +42,7 @@ def publish_epoch(trainer: Trainer, results: Results, suffix: str = "") -> dict[
             metrics = {k: float(v) for k, v in logged.items()}
             metrics["epoch"] = trainer.state.current_epoch
             for lg in trainer.loggers:
-                lg.log_metrics(metrics, step=logger_step(trainer))  # the step Lightning logs at
+                lg.log_metrics(metrics=metrics, step=logger_step(trainer))  # by keyword, at the step, as Lightning
     return {k: float(v) for k, v in callback.items()}
 
 

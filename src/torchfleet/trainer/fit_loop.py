@@ -462,7 +462,7 @@ class FitLoop:
                 metrics = {k: float(v) for k, v in logged.items()}
                 metrics["epoch"] = trainer.state.current_epoch
                 for lg in trainer.loggers:
-                    lg.log_metrics(metrics, step=logger_step(trainer))  # the step Lightning logs at
+                    lg.log_metrics(metrics=metrics, step=logger_step(trainer))  # by keyword, at the step, as Lightning
 
     def _sync_latest(self, results: Results) -> None:
         # on-step values logged since the last logging point: reduce them now (one collective for all),

@@ -104,6 +104,7 @@ class ModelCheckpoint(Callback):
         self._last_checkpoint_saved = ""  # what save_last="link" points last.ckpt at
         self._deferred = False  # a step or time save waits for the validation that logs the monitored value
         self._writes = 0
+        self._validated = False  # a validation ran in this fit (a monitored value missing after it is an error)
 
     # ----------------------------------------------------------------- state
     @property
@@ -154,6 +155,7 @@ class ModelCheckpoint(Callback):
 
     def on_train_start(self, trainer: Any, module: Any) -> None:
         self._last_time = time.monotonic()
+        self._validated = False
 
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = trainer.global_step
@@ -178,6 +180,8 @@ class ModelCheckpoint(Callback):
         self._save(trainer)
 
     def on_validation_end(self, trainer: Any, module: Any) -> None:
+        if trainer.stage == "fit" and not trainer.sanity_checking:
+            self._validated = True
         if self._skip(trainer) or self._on_train_epoch_end(trainer):
             return
         if self._deferred:
@@ -320,17 +324,21 @@ class ModelCheckpoint(Callback):
             for lg in trainer.loggers:
                 lg.after_save_checkpoint(self)
 
-    def _score(self, trainer: Any, metrics: dict[str, Any]) -> float:
+    def _score(self, trainer: Any, metrics: dict[str, Any]) -> float | None:
+        """The monitored value, rank 0's for everyone; None (with a warning) while no validation has run yet."""
         # rank 0's value decides for everyone (also for a value only rank 0 logs: rank_zero_only=True)
         local = metrics.get(self.monitor)
         value = trainer.strategy.broadcast(None if local is None else float(local), src=0)
         if value is None:
             logged = sorted(k for k in metrics if k not in ("epoch", "step"))
-            raise ConfigurationError(
-                f"ModelCheckpoint(monitor={self.monitor!r}) found no metric {self.monitor!r}. Logged metrics: "
-                f"{', '.join(logged) or 'none'}. Log it with self.log (in validation_step for a validation metric), "
-                "or change monitor."
-            )
+            # "could not find the monitored key in the returned metrics" is Lightning's phrase
+            text = (f"ModelCheckpoint(monitor={self.monitor!r}) found no metric {self.monitor!r}: it could not find "
+                    f"the monitored key in the returned metrics. Logged metrics: {', '.join(logged) or 'none'}. Log "
+                    "it with self.log (in validation_step for a validation metric), or change monitor.")
+            if not self._validated:  # as Lightning: before any validation ran, a metric it logs may still come
+                warnings.warn(text + " No checkpoint is ranked until it is logged.", stacklevel=2)
+                return None
+            raise ConfigurationError(text)
         return float(value)
 
     def _better(self, a: float, b: float) -> bool:
@@ -338,6 +346,8 @@ class ModelCheckpoint(Callback):
 
     def _save_top_k(self, trainer: Any, metrics: dict[str, Any]) -> None:
         score = self._score(trainer, metrics)
+        if score is None:
+            return
         if math.isnan(score):
             # as Lightning: NaN is the worst score there is (+inf in mode min, -inf in mode max)
             score = math.inf if self.mode == "min" else -math.inf

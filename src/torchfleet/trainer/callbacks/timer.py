@@ -141,4 +141,5 @@ class Timer(Callback):
         if trainer.strategy.broadcast(self.time_elapsed() >= self.duration, src=0):
             trainer.should_stop = True
             if self.verbose and trainer.is_global_zero:
-                log.info("Timer: the time budget of %s is spent; stopping.", timedelta(seconds=self.duration))
+                log.info("Time limit reached. Timer: the time budget of %s is spent; stopping.",
+                         timedelta(seconds=self.duration))
