@@ -77,3 +77,17 @@ def test_resuming_without_a_callback_that_saved_state_warns(tmp_path):
     trainer = Trainer(max_epochs=2, default_root_dir=tmp_path, callbacks=[second], **quiet(enable_checkpointing=True))
     with pytest.warns(UserWarning, match=re.escape(f"Please add the following callbacks: [{first.state_key!r}]")):
         trainer.fit(Regressor(), datamodule=RegressionData(), ckpt_path=first.best_model_path)
+
+
+def test_the_timer_says_it_stops_training():
+    from datetime import timedelta
+
+    from tests.helpers import LogRecords
+    from torchfleet.callbacks import Timer
+
+    trainer = Trainer(max_epochs=3, callbacks=[Timer(timedelta(0))], **quiet())
+    with LogRecords() as messages:
+        trainer.fit(Regressor(), datamodule=RegressionData())
+    assert trainer.global_step == 1
+    (line,) = [m for m in messages if "Timer" in m]
+    assert line.startswith("Time limit reached.") and "Signaling Trainer to stop." in line and "0:00:00" in line

@@ -141,5 +141,6 @@ class Timer(Callback):
         if trainer.strategy.broadcast(self.time_elapsed() >= self.duration, src=0):
             trainer.should_stop = True
             if self.verbose and trainer.is_global_zero:
-                log.info("Time limit reached. Timer: the time budget of %s is spent; stopping.",
+                # "Time limit reached." and "Signaling Trainer to stop." are Lightning's phrases (log filters)
+                log.info("Time limit reached. Timer: the time budget of %s is spent. Signaling Trainer to stop.",
                          timedelta(seconds=self.duration))
