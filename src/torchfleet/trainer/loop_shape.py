@@ -129,8 +129,10 @@ class LookAhead:
 class _NeverLast:
     """What the fit loop reads ``last`` from when the epoch's length is known: never the last batch early."""
 
-    last = False
-    uneven = False
+    __slots__ = ("last", "uneven")  # read once per batch: a slot is the cheapest attribute
+
+    def __init__(self) -> None:
+        self.last = self.uneven = False
 
 
 NEVER_LAST = _NeverLast()
