@@ -134,6 +134,30 @@ def inject_distributed_sampler(
     return _rebuild(dataloader, sampler)
 
 
+def pad_evaluation_shards(dataloader: Any, num_replicas: int, rank: int, stage: str, strategy: str) -> Any:
+    """``dataloader`` giving every rank the same number of evaluation batches, for strategies whose forward is a
+    collective (fsdp, deepspeed stage 3 gather parameters from all ranks in every forward).
+
+    An evaluation loader with an ``ExactDistributedSampler`` whose samples do not split evenly comes back with a
+    ``DistributedSampler`` that repeats a sample or two on the last ranks (the metrics count them; rank 0 says how
+    many). Anything else comes back unchanged. ``strategy`` names the strategy in that message.
+    """
+    sampler = getattr(dataloader, "sampler", None)
+    if stage == "fit" or not isinstance(sampler, ExactDistributedSampler):
+        return dataloader
+    size = len(sampler.dataset)
+    if size % num_replicas == 0:
+        return dataloader
+    if rank == 0:
+        log.warning(
+            "The %s data (%d samples) do not split evenly among %d processes; under %s every rank must run the "
+            "same number of batches, so %d sample(s) are evaluated twice and count twice in the %s metrics.",
+            stage, size, num_replicas, strategy, -size % num_replicas, stage,
+        )
+    padded = DistributedSampler(sampler.dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+    return _rebuild(dataloader, padded)
+
+
 def _check_topology(num_replicas: int, rank: int) -> None:
     if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
         raise ConfigurationError(f"num_replicas must be a positive integer (the number of processes), got {num_replicas!r}.")

@@ -9,6 +9,7 @@ regression fails with the watchdog's report instead of stalling the suite.
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -23,8 +24,10 @@ from tests.distributed.scripts.loop_shape_model import (
     RankSized,
     RankStream,
 )
+from tests.distributed.sharded_helpers import ROOT, load_results, run_script
 from tests.helpers import loader, quiet
 from torchfleet.callbacks import EarlyStopping, ModelCheckpoint
+from torchfleet.checkpoint.deepspeed import deepspeed_available
 from torchfleet.launchers import ProcessFailedError
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -141,3 +144,13 @@ def test_a_collective_in_validation_step_on_uneven_shards_is_reported_as_a_contr
     # real call sites under spawn: the user's line for rank 0, the Trainer's own code for rank 1
     assert "loop_shape_model.py:" in report.split("rank 1")[0]
     assert "torchfleet/trainer/eval_loop.py:" in report and "<string>" not in report
+
+
+@pytest.mark.skipif(not deepspeed_available(), reason="deepspeed is not installed (the 'deepspeed' extra)")
+def test_deepspeed_stage_3_evaluates_uneven_data_with_equal_shards(tmp_path):
+    # every forward gathers the parameters from all ranks: 3 samples are padded to 2 per rank, not 2 and 1
+    cfg = {"out": str(tmp_path / "metrics.pt")}
+    proc = run_script(os.path.join(ROOT, "tests", "distributed", "scripts", "loop_shape_deepspeed.py"), cfg)
+    metrics = load_results(cfg, proc)
+    assert metrics["val_count"] == 4.0  # the 3 samples and the one repeated on the last rank
+    assert "1 sample(s) are evaluated twice" in proc.stderr

@@ -415,28 +415,10 @@ class FSDPStrategy(DDPStrategy):
         others would wait for them forever. Where the samples do not divide evenly, the last
         ranks repeat a sample or two (as torch's DistributedSampler does), which the metrics count.
         """
+        from torchfleet.samplers import pad_evaluation_shards
+
         loader = super().process_dataloader(dataloader, stage)
-        from torchfleet.samplers import ExactDistributedSampler
-
-        sampler = getattr(loader, "sampler", None)
-        if stage == "fit" or not isinstance(sampler, ExactDistributedSampler):
-            return loader
-        size = len(sampler.dataset)
-        if size % self.world_size == 0:
-            return loader
-        from torch.utils.data import DistributedSampler
-
-        from torchfleet.samplers import _rebuild
-
-        if self.is_global_zero:
-            log.warning(
-                "The %s data (%d samples) do not split evenly among %d processes; under fsdp every rank must run the "
-                "same number of batches, so %d sample(s) are evaluated twice and count twice in the %s metrics.",
-                stage, size, self.world_size, -size % self.world_size, stage,
-            )
-        padded = DistributedSampler(sampler.dataset, num_replicas=self.world_size, rank=self.global_rank,
-                                    shuffle=False, drop_last=False)
-        return _rebuild(loader, padded)
+        return pad_evaluation_shards(loader, self.world_size, self.global_rank, stage, "fsdp")
 
     def release_module(self, module: nn.Module) -> None:
         """The shards stay where they are: moving DTensor parameters off their mesh's device would break them."""
