@@ -61,3 +61,10 @@ def test_without_user_code_the_site_is_torchfleets_own_caller_not_a_spawned_stri
     thread.start()
     thread.join()
     assert out == [f"torchfleet{os.sep}trainer{os.sep}some_loop.py:4 in loop"]
+
+
+def test_a_fleet_loop_without_positions_gets_no_positions_line():
+    kind, lines = watchdog.analyse({0: _rec(4, "in", "all_reduce(fleet.all_reduce)", ""),
+                                    1: _rec(4, "in", "barrier(end of step)", "")})
+    assert kind == "desync" and not any(line.startswith("Loop positions") for line in lines)
+    assert "control-flow divergence inside the run" in lines[-1]

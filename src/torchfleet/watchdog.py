@@ -611,11 +611,10 @@ def analyse(records: dict[int, dict[str, Any] | None]) -> tuple[str, list[str]]:
             a = next(iter(seen))
             b = next(r for r in seen if (seen[r][0], seen[r][2]) != (seen[a][0], seen[a][2]))
             (na, sa, wa), (nb, sb, wb) = seen[a], seen[b]
-            return "desync", [
+            return _desync(known, (
                 f"Desync: the ranks called different collectives as #{seq}: rank {a} {na} at {sa}"
-                f"{f' ({wa})' if wa else ''}, rank {b} {nb} at {sb}{f' ({wb})' if wb else ''}.",
-                _positions(known), _DESYNC_HINT,
-            ]
+                f"{f' ({wa})' if wa else ''}, rank {b} {nb} at {sb}{f' ({wb})' if wb else ''}."
+            ))
     by_seq: dict[int, list[int]] = {}
     for r, rec in known.items():
         by_seq.setdefault(rec["seq"], []).append(r)
@@ -624,11 +623,10 @@ def analyse(records: dict[int, dict[str, Any] | None]) -> tuple[str, list[str]]:
         names = {known[r]["name"] for r in ranks}
         if len(names) > 1:
             a, b = ranks[0], next(r for r in ranks if known[r]["name"] != known[ranks[0]]["name"])
-            return "desync", [
+            return _desync(known, (
                 f"Desync: the ranks called different collectives as #{seq}: rank {a} {known[a]['name']} at "
-                f"{known[a]['site']}{_at(known[a])}, rank {b} {known[b]['name']} at {known[b]['site']}{_at(known[b])}.",
-                _positions(known), _DESYNC_HINT,
-            ]
+                f"{known[a]['site']}{_at(known[a])}, rank {b} {known[b]['name']} at {known[b]['site']}{_at(known[b])}."
+            ))
     waiting = {r: rec for r, rec in known.items() if rec["state"] == "in"}
     if len(by_seq) > 1:
         top = max(by_seq)
@@ -638,12 +636,11 @@ def analyse(records: dict[int, dict[str, Any] | None]) -> tuple[str, list[str]]:
         a = ahead[0]
         if behind_waiting:
             b = behind_waiting[0]
-            return "desync", [
+            return _desync(known, (
                 f"Desync: rank {a} is in #{top} {known[a]['name']} (called at {known[a]['site']}{_at(known[a])}) "
                 f"while rank {b} waits in #{known[b]['seq']} {known[b]['name']} (called at {known[b]['site']}"
-                f"{_at(known[b])}): the ranks issued different numbers of collectives.",
-                _positions(known), _DESYNC_HINT,
-            ]
+                f"{_at(known[b])}): the ranks issued different numbers of collectives."
+            ))
         b = behind[0]
         return "hang", [
             f"Hang: rank {a} waits in #{top} {known[a]['name']} (called at {known[a]['site']}{_at(known[a])}), "
@@ -667,11 +664,15 @@ _DESYNC_HINT = ("This is a control-flow divergence inside the run (the ranks too
                 "and a collective of your own in validation_step has no partner on a rank that ran out).")
 
 
-def _positions(known: dict[int, dict[str, Any]]) -> str:
-    """Where each rank's loops were at its latest collective (the Trainer's stage, epoch and batch)."""
-    return "Loop positions: " + "; ".join(
-        f"rank {r} {rec.get('where') or 'outside the Trainer loops'} (#{rec['seq']})" for r, rec in sorted(known.items())
-    ) + "."
+def _desync(known: dict[int, dict[str, Any]], first: str) -> tuple[str, list[str]]:
+    """("desync", lines): ``first``, where each rank's loops were at its latest collective (the Trainer's stage,
+    epoch and batch; left out when no rank is in a Trainer loop, as in a Fleet loop), then the hint."""
+    lines = [first]
+    if any(rec.get("where") for rec in known.values()):
+        lines.append("Loop positions: " + "; ".join(
+            f"rank {r} {rec.get('where') or 'outside the Trainer loops'} (#{rec['seq']})"
+            for r, rec in sorted(known.items())) + ".")
+    return "desync", [*lines, _DESYNC_HINT]
 
 
 def main_thread_stack(dump: str) -> str:
