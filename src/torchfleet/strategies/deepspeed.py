@@ -220,10 +220,19 @@ class DeepSpeedStrategy(DDPStrategy):
 
     # ----------------------------------------------------------------- data
     def process_dataloader(self, dataloader: Any, stage: str) -> Any:
-        """DDP's sampler injection; the training loader's batch size is the default micro batch size."""
+        """DDP's sampler injection; the training loader's batch size is the default micro batch size.
+
+        Under ZeRO stage 3 every forward gathers parameters from all ranks: evaluation loaders then give every
+        rank the same number of batches (as under fsdp), else a rank with one batch more would wait forever.
+        """
         if stage == "fit":
             self._loader_batch_size = loader_batch_size(dataloader)
-        return super().process_dataloader(dataloader, stage)
+        loader = super().process_dataloader(dataloader, stage)
+        if self.zero_stage != 3:
+            return loader
+        from torchfleet.samplers import pad_evaluation_shards
+
+        return pad_evaluation_shards(loader, self.world_size, self.global_rank, stage, "deepspeed stage 3")
 
     def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
         """Move the batch; under DeepSpeed's fp16/bf16 the module's parameters are 16-bit, so floating inputs are too."""

@@ -415,19 +415,10 @@ class FSDPStrategy(DDPStrategy):
         others would wait for them forever. Where the samples do not divide evenly, the last
         ranks repeat a sample or two (as torch's DistributedSampler does), which the metrics count.
         """
-        loader = super().process_dataloader(dataloader, stage)
-        if stage == "fit" or self.world_size == 1:
-            return loader
-        from torchfleet.samplers import even_shards
+        from torchfleet.samplers import pad_evaluation_shards
 
-        loader, repeated, size = even_shards(loader, self.world_size, self.global_rank)
-        if repeated and self.is_global_zero:
-            log.warning(
-                "The %s data (%d samples, or batches of a batch_sampler) do not split evenly among %d processes; under "
-                "fsdp every rank must run the same number of batches, so %d of them are evaluated twice and count "
-                "twice in the %s metrics.", stage, size, self.world_size, repeated, stage,
-            )
-        return loader
+        loader = super().process_dataloader(dataloader, stage)
+        return pad_evaluation_shards(loader, self.world_size, self.global_rank, stage, "fsdp")
 
     def release_module(self, module: nn.Module) -> None:
         """The shards stay where they are: moving DTensor parameters off their mesh's device would break them."""

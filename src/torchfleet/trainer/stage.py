@@ -24,6 +24,7 @@ from torchfleet.settings import loader_batch_size
 from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore
 from torchfleet.trainer.eval_loop import EvalLoop
 from torchfleet.trainer.fit_loop import FitLoop
+from torchfleet.trainer.loop_shape import agree_eval, agree_fit, has_length
 from torchfleet.trainer.optim import parse_optimizers, validate_schedulers
 from torchfleet.trainer.preemption import FitPreemption
 from torchfleet.trainer.profiling import attach as attach_profiler
@@ -65,10 +66,7 @@ def _as_list(loaders: Any) -> list[Any]:
 
 
 def _num_batches(loader: Any, limit: int | float) -> int | float:
-    try:
-        n = len(loader)
-    except TypeError:
-        n = float("inf")
+    n = len(loader) if has_length(loader) else float("inf")
     if isinstance(limit, float):
         if math.isinf(n):
             if limit not in (0.0, 1.0):
@@ -212,8 +210,10 @@ def _setup_model(trainer: Trainer, model: Any, with_optimizers: bool, micro_batc
         opts, found = parse_optimizers(model.configure_optimizers())
         validate_schedulers(found, model.automatic_optimization, trainer._hooks.mod("lr_scheduler_step") is not None)
         scheds.extend(found)
-        if not opts:
-            log.warning("configure_optimizers() returned None: fit runs forward and backward but changes no weights.")
+        if not opts and trainer.is_global_zero:
+            warnings.warn("configure_optimizers() returned None: fit runs forward and backward but changes no weights "
+                          "(global_step still counts each step, so max_steps ends the fit, as in Lightning).",
+                          UserWarning, stacklevel=2)
         if model.automatic_optimization and len(opts) > 1:
             raise MisconfiguredModuleError(
                 f"configure_optimizers() returned {len(opts)} optimizers, but automatic optimisation steps one. "
@@ -294,8 +294,10 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
     micro_batch_size = loader_batch_size(train_loader)
     train_loader = _for_strategy(trainer, train_loader, "fit")
     val_loaders = [_for_strategy(trainer, v, "validate") for v in val_source]
-    trainer.num_training_batches = _num_batches(train_loader, trainer.limit_train_batches)
-    trainer.num_val_batches = [_num_batches(v, trainer.limit_val_batches) for v in val_loaders]
+    # every rank runs the same number of training and validation batches (loop_shape.py): one collective
+    shape = agree_fit(strategy, _num_batches(train_loader, trainer.limit_train_batches), has_length(train_loader),
+                      [_num_batches(v, trainer.limit_val_batches) for v in val_loaders])
+    trainer.num_training_batches, trainer.num_val_batches = shape.train_batches, shape.val_batches
     trainer.train_dataloader, trainer.val_dataloaders = train_loader, _one_or_list(val_loaders)
     trainer.state.current_epoch = 0
     trainer.state.global_step = 0
@@ -311,7 +313,7 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
     trainer._hooks.call("on_fit_start", trainer)
     if trainer.num_sanity_val_steps and val_loaders and trainer.limit_val_batches:
         _sanity_check(trainer, model, val_loaders)
-    FitLoop(trainer, model, train_loader, val_loaders).run()
+    FitLoop(trainer, model, train_loader, val_loaders, lockstep=shape.lockstep).run()
     trainer._hooks.call("on_fit_end", trainer)
     if trainer.is_global_zero:
         for lg in trainer.loggers:
@@ -368,7 +370,7 @@ def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path
             f"define {kind}_dataloader() on the model."
         )
     limit = trainer.limit_val_batches if stage == "validate" else trainer.limit_test_batches
-    limits = [_num_batches(v, limit) for v in loaders]
+    limits = agree_eval(trainer.strategy, [_num_batches(v, limit) for v in loaders])
     if stage == "validate":
         trainer.num_val_batches, trainer.val_dataloaders = limits, _one_or_list(loaders)
     else:
@@ -398,7 +400,7 @@ def _predict(trainer: Trainer, model: Any, dl: Any, ckpt_path: Any, return_predi
             "trainer.predict() found no data: pass dataloaders=..., a datamodule with predict_dataloader(), or "
             "define predict_dataloader() on the model."
         )
-    limits = [_num_batches(v, trainer.limit_predict_batches) for v in loaders]
+    limits = agree_eval(trainer.strategy, [_num_batches(v, trainer.limit_predict_batches) for v in loaders])
     trainer.num_predict_batches, trainer.predict_dataloaders = limits, _one_or_list(loaders)
     _setup_model(trainer, model, with_optimizers=False)
     path = resolve_ckpt_path(trainer, ckpt_path, "predict")
