@@ -6,10 +6,10 @@ import os
 import re
 from abc import ABC, abstractmethod
 from argparse import Namespace
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from torchfleet.errors import ConfigurationError
+from torchfleet.errors import ConfigurationError, not_valid
 
 
 def next_version(root: str) -> int:
@@ -227,3 +227,22 @@ class UploadsCheckpoints(Logger):
         """At the end of training (``finalize``): upload what ``log_model=True`` held back."""
         if self._checkpoint_callback is not None and on_rank_zero():
             self._upload_new(self._checkpoint_callback)
+
+
+#: the loggers torchfleet ships, for the error that names what is accepted
+LOGGER_FORMS = ("a Logger object (e.g. CSVLogger(save_dir), TensorBoardLogger(save_dir), MLflowLogger(...), "
+                "WandbLogger(...) from torchfleet.loggers, or a subclass of torchfleet.loggers.Logger)")
+
+
+def check_loggers(value: Any, name: str, others: str, owner: str = "") -> list[Logger]:
+    """``value`` (one Logger or several) as a list of Logger objects, or one paragraph naming ``name``; ``others``
+    says what else the caller accepts (None, True, False)."""
+    accepted = f"{name} takes {LOGGER_FORMS}, a list of them, {others}"
+    if isinstance(value, (str, bytes)):
+        raise not_valid(name, value, f"a logger is not named by a string. {accepted}", owner)
+    given = list(value) if isinstance(value, Iterable) and not isinstance(value, Mapping) else [value]
+    for lg in given:
+        if not isinstance(lg, Logger):
+            which = "it" if given == [value] else f"it holds {lg!r} of type {type(lg).__name__}, which"
+            raise not_valid(name, value, f"{which} is not a Logger. {accepted}", owner)
+    return given
