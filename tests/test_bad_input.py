@@ -164,12 +164,3 @@ def test_accepted_loader_forms_still_train():
     trainer.fit(Regressor(), batches, {"a": DataLoader(TensorDataset(x, torch.randn(8, 1)), batch_size=4)})
     assert trainer.global_step == 3
 
-
-@pytest.mark.parametrize("value", ["csv", 5, [CSVLogger("unused"), 3]])
-def test_fleet_loggers_must_be_loggers(value):
-    from torchfleet import Fleet
-
-    with pytest.raises(ConfigurationError) as info:
-        Fleet(accelerator="cpu", loggers=value)
-    text = one_paragraph(info)
-    assert text.startswith(f"Fleet(loggers={value!r}) is not valid") and "a list of them, or None" in text

@@ -116,11 +116,7 @@ class Fleet:
         #: how this loop trains, told to the strategy at setup (DeepSpeed builds its config from it)
         self.training = training if training is not None else TrainingSettings()
         self.callbacks: list[Any] = _as_list(callbacks)
-        self._loggers: list[Any] = []
-        if loggers is not None:
-            from torchfleet.loggers.base import check_loggers
-
-            self._loggers = check_loggers(loggers, "loggers", "or None", "Fleet")
+        self._loggers: list[Any] = _as_list(loggers)
         if self._loggers:  # a loop has no end the Fleet sees: what the loggers buffer is written when Python exits
             atexit.register(_save_loggers, self._loggers)
         self._environment_ready = False

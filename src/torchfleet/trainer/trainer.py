@@ -70,8 +70,8 @@ class Trainer:
         logger: a Logger, a list of them, False for none; default: a CSVLogger in ``default_root_dir/logs``.
         callbacks: Callback objects (ModelCheckpoint, EarlyStopping, LearningRateMonitor, ...).
         fast_dev_run: True (1) or n: run n training and evaluation batches once to check the code, logging nothing.
-        max_epochs: stop after this many epochs (-1: no limit; not given, there is none when max_steps or max_time
-            is).
+        max_epochs: stop after this many epochs (-1: no limit). Left unset, there is no limit either when max_steps
+            or max_time is given.
         min_epochs: train at least this many epochs, even if a callback asks to stop.
         max_steps: stop after this many optimizer steps (-1: no limit).
         min_steps: take at least this many optimizer steps, even if a callback asks to stop.
