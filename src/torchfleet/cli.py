@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+from torchfleet.cli_input import check_config_files, explain_build_error, prepare_argv
 from torchfleet.errors import ConfigurationError
 
 EXAMPLE_MODEL = "torchfleet.examples.addition.AdditionTransformer"
@@ -97,159 +98,10 @@ def _list_registry(kind: str) -> int:
     return 0
 
 
-_CLASS_PATH_FORMS = (
-    "Give it as a dotted import path, 'package.module.ClassName' (importable from the current "
-    "directory or an installed package), or as a file and a class, 'path/to/file.py:ClassName'."
-)
-
-
-def _looks_like_class_path(value: str) -> bool:
-    # --model also accepts a YAML/JSON config or a bare class name; only class paths are checked here
-    value = value.strip()
-    if not value or value[0] in "{[" or "\n" in value or value.endswith((".yaml", ".yml", ".json")):
-        return False
-    return ".py:" in value or "." in value
-
-
-def _import_file_class(kind: str, given: str) -> str:
-    """Import ``path/to/file.py`` as a module named after the file; return its dotted class path."""
-    import importlib
-
-    file_name, _, class_name = given.rpartition(":")
-    path = os.path.abspath(file_name)
-    module_name = os.path.splitext(os.path.basename(path))[0]
-    if not os.path.isfile(path):
-        raise ConfigurationError(
-            f"--{kind} {given!r} could not be imported: there is no file {path!r}. {_CLASS_PATH_FORMS}"
-        )
-    if not module_name.isidentifier():
-        raise ConfigurationError(
-            f"--{kind} {given!r} could not be imported: {os.path.basename(path)!r} is not a valid Python "
-            f"module name (letters, digits and underscores only). Rename the file. {_CLASS_PATH_FORMS}"
-        )
-    # Prefer the dotted name relative to the current directory (sub/my_model.py -> sub.my_model):
-    # --print_config then writes a class path that works again from the same directory.
-    relative = os.path.splitext(os.path.relpath(path))[0].split(os.sep)
-    if all(part.isidentifier() for part in relative):
-        import importlib.util
-
-        try:
-            spec = importlib.util.find_spec(".".join(relative))
-        except (ImportError, ValueError):
-            spec = None
-        if spec is not None and spec.origin and os.path.abspath(spec.origin) == path:
-            module_name = ".".join(relative)
-    loaded = sys.modules.get(module_name)
-    if loaded is not None and os.path.abspath(getattr(loaded, "__file__", "") or "") != path:
-        raise ConfigurationError(
-            f"--{kind} {given!r} could not be imported: a different module named {module_name!r} is "
-            f"already imported (from {getattr(loaded, '__file__', None)!r}). Rename the file. {_CLASS_PATH_FORMS}"
-        )
-    # The file's folder goes on sys.path (not a one-off module spec) so that processes started by
-    # the spawn launcher, which import classes by module name, find the module too.
-    folder = os.path.dirname(path)
-    if "." not in module_name and folder not in sys.path:
-        sys.path.insert(0, folder)
-    try:
-        importlib.import_module(module_name)
-    except Exception as exc:
-        raise ConfigurationError(
-            f"--{kind} {given!r} could not be imported: importing {path!r} failed with "
-            f"{type(exc).__name__}: {exc}. {_CLASS_PATH_FORMS}"
-        ) from exc
-    return f"{module_name}.{class_name}"
-
-
-def _check_class_path(kind: str, given: str) -> str:
-    """Import the class ``given`` for --model/--data; return it as a dotted path, or raise one paragraph."""
-    import importlib
-
-    from torchfleet.data import DataModule
-    from torchfleet.module import Module
-
-    dotted = _import_file_class(kind, given) if ".py:" in given else given.strip()
-    module_name, _, class_name = dotted.rpartition(".")
-    if not module_name or not class_name:
-        raise ConfigurationError(f"--{kind} {given!r} is not a class path. {_CLASS_PATH_FORMS}")
-    try:
-        obj = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(
-            f"--{kind} {given!r} could not be imported ({type(exc).__name__}: {exc}). {_CLASS_PATH_FORMS}"
-        ) from None
-    base = Module if kind == "model" else DataModule
-    if not (isinstance(obj, type) and issubclass(obj, base)):
-        raise ConfigurationError(
-            f"--{kind} {given!r} is {obj!r}, not a subclass of torchfleet.{base.__name__}. "
-            f"--{kind} takes a {base.__name__} class; its constructor's arguments become --{kind}.NAME options."
-        )
-    return dotted
-
-
-def _check_config_file(path: str) -> tuple[str, bool]:
-    """Check a --config file's model/data class paths; returns what to pass on and whether it names a model.
-
-    A file-form class path ('file.py:Class') is rewritten to its dotted form, and the config is then
-    passed on as YAML text instead of the file's path.
-    """
-    if not os.path.isfile(path):
-        return path, False  # jsonargparse reports a missing file, or parses YAML text given inline
-    import yaml
-
-    with open(path) as f:
-        config = yaml.safe_load(f) or {}
-    if not isinstance(config, dict):
-        return path, False
-    rewritten = False
-    for kind in ("model", "data"):
-        section = config.get(kind)
-        value = section.get("class_path") if isinstance(section, dict) else section
-        if isinstance(value, str) and _looks_like_class_path(value):
-            dotted = _check_class_path(kind, value)
-            if dotted != value:
-                rewritten = True
-                if isinstance(section, dict):
-                    section["class_path"] = dotted
-                else:
-                    config[kind] = dotted
-    model = config.get("model")
-    # a model section without a class (only init_args) tunes the bundled example
-    names_model = isinstance(model, str) or (isinstance(model, dict) and "class_path" in model)
-    return (yaml.safe_dump(config) if rewritten else path), names_model
-
-
-def _prepare_argv(argv: list[str]) -> tuple[list[str], bool]:
-    """Check --model/--data class paths before jsonargparse sees them; True when the example is to be trained.
-
-    jsonargparse's own message for a class it cannot import is a page of union-type diagnostics;
-    checking first gives one paragraph with the import error in it.
-    """
-    out: list[str] = []
-    names_model = False
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        option, eq, value = arg.partition("=")
-        if option in ("--model", "--data", "--config") and not eq and i + 1 < len(argv):
-            value, i = argv[i + 1], i + 1
-        elif option not in ("--model", "--data", "--config"):
-            out.append(arg)
-            i += 1
-            continue
-        if option == "--config":
-            value, has_model = _check_config_file(value)
-            names_model = names_model or has_model
-        else:
-            names_model = names_model or option == "--model"
-            if _looks_like_class_path(value):
-                value = _check_class_path(option[2:], value)
-        out.append(f"{option}={value}")
-        i += 1
-    return out, not names_model
-
-
 def _help_formatter() -> type:
     from jsonargparse import DefaultHelpFormatter
+
+    from torchfleet.trainer.arguments import DEFAULTS as TRAINER_DEFAULTS
 
     class HelpFormatter(DefaultHelpFormatter):
         """jsonargparse's help, without "type: Any" for arguments that take several kinds of value: their
@@ -258,6 +110,15 @@ def _help_formatter() -> type:
         def _get_type_str(self, action: Any) -> str | None:
             found = super()._get_type_str(action)
             return None if found in ("Any", "Optional[Any]") else found
+
+        def _get_help_string(self, action: Any) -> str:
+            # a Trainer argument left at None takes its value from one table, which the help shows too
+            text = super()._get_help_string(action)
+            kind, _, name = str(action.dest).partition(".")
+            if kind == "trainer" and action.default is None and name in TRAINER_DEFAULTS:
+                shown = str(TRAINER_DEFAULTS[name]).replace("%", "%%")
+                text = text.replace("default: %(default)s", f"default: {shown}")
+            return text
 
     return HelpFormatter
 
@@ -436,8 +297,10 @@ def _run_stage(stage: str, argv: list[str], model_class: type | None = None, dat
         sys.path.insert(0, os.getcwd())
     example = False
     if model_class is None:
-        argv, example = _prepare_argv(argv)
+        argv, example = prepare_argv(argv)
         example = example and bundled_example
+    else:
+        check_config_files(argv)
     parser = _parser(stage, example, model_class, datamodule_class, prog, trainer_defaults, seed_default)
     if example and any(a in ("-h", "--help") for a in argv):
         parser.print_help()
@@ -453,7 +316,10 @@ def _run_stage(stage: str, argv: list[str], model_class: type | None = None, dat
         seed_everything(cfg.seed_everything)
     # `instantiate` replaced `instantiate_classes` in jsonargparse 4.49; older releases have only the latter
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes
-    objects = instantiate(cfg)
+    try:
+        objects = instantiate(cfg)
+    except Exception as exc:  # noqa: BLE001 - a constructor's own check rejected a value: one paragraph, no traceback
+        raise explain_build_error(exc) from None
     trainer, model, data = objects.trainer, objects.model, objects.get("data")
     if sink is not None:
         sink.update(config=cfg, trainer=trainer, model=model, datamodule=data)

@@ -342,7 +342,10 @@ def _child_main(local_rank: int, variables: dict[str, str], work: str, parent_pi
                 json.dump({"message": exc.message, "signal": exc.signal, "checkpoint": exc.checkpoint}, f)
         raise
     except BaseException as exc:
-        write_error(work, local_rank, exc)
+        if write_error(work, local_rank, exc) and not isinstance(exc, SystemExit):
+            # the launching process reports the first rank that failed, once: printed here as well, the run's
+            # output would hold every rank's traceback, most of them echoes ("Connection closed by peer")
+            raise SystemExit(1) from None
         raise
     if local_rank == 0 and int(variables["NODE_RANK"]) == 0:
         path = os.path.join(work, _RESULT_FILE)

@@ -47,7 +47,6 @@ from torchfleet.launchers.supervise import (
     LAUNCHER_PID_VAR,
     POLL_S,
     Supervisor,
-    error_file,
     mark_launched_child,
     set_own_error_dir,
     watch_parent,
@@ -124,7 +123,20 @@ class _Children:
         os._exit(watchdog.HANG_EXIT_CODE)
 
     def _excepthook(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        self.main_error = (value, time.time())
+        failed_at = time.time()
+        self.main_error = (value, failed_at)
+        if (not self.reported and self.restart >= self.max_restarts
+                and not isinstance(value, (KeyboardInterrupt, ProcessFailedError))):
+            failure = self.supervisor.wait_for_failure(timeout=1.0)
+            if failure is not None and failure.failed_at <= failed_at:
+                # a child failed first (a Fleet loop runs outside any launch): this rank's error ("Connection
+                # closed by peer") is its echo, so the child's error is what is reported, once
+                self.main_stopped.set()
+                self.reported = True
+                self.supervisor.stop()
+                sys.stderr.write(f"torchfleet: {failure}\n")
+                sys.stderr.flush()
+                return
         self._previous_excepthook(kind, value, tb)
 
     def restart_if_left(self, cause: BaseException) -> None:
@@ -185,6 +197,12 @@ class _Children:
         try:
             if self.main_error is not None and not self.reported and self.restart < self.max_restarts:
                 self._restart_after_main_error(*self.main_error)
+            if self.main_error is not None and not self.reported:
+                # rank 0 ended with an uncaught error outside a launch (a Fleet loop), which Python printed: the run
+                # has failed, and the others would wait for rank 0 in a collective until hang_timeout. Stop them
+                # (their own errors are echoes of rank 0's)
+                self.reported = True
+                self.supervisor.stop()
             self._wait_for_children()
         finally:
             shutil.rmtree(self.supervisor.error_dir, ignore_errors=True)
@@ -302,20 +320,19 @@ def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwarg
         raise
     except BaseException as exc:
         failed_at = time.time()
+        with children.lock:  # from now on this handler reports: the watcher must not interrupt it (a second error)
+            children.main_stopped.set()
         sup = children.supervisor
         ctrl_c = isinstance(exc, KeyboardInterrupt) and not children.interrupted
         failure = None if ctrl_c else sup.wait_for_failure(timeout=0.0 if children.interrupted else 1.0)
-        children.main_stopped.set()
         children.reported = True  # the children are stopped on purpose: their exit codes are not news
         sup.stop()
         # a child that failed before this rank did is the cause; one that failed after is an echo of this error
         child_caused = failure is not None and (children.interrupted or failure.failed_at <= failed_at)
         if not ctrl_c and not _clean_exit(exc):
             children.restart_if_left(failure if child_caused else exc)  # does not return when restarts are left
-        if child_caused:
-            if failure.diagnosis:  # this rank's own error ("Connection closed by peer") is an echo of the report's
-                raise failure from None
-            raise failure from exc
+        if child_caused:  # this rank's own error ("Connection closed by peer") is an echo: the report is the news
+            raise failure from None
         raise
     finally:
         children.in_launch -= 1
@@ -364,9 +381,24 @@ def _run_as_child(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     except Preempted:
         raise  # not a failure: this rank saved with the others and exits with the preemption code
     except BaseException as exc:
-        write_error(os.environ.get(ERROR_DIR_VAR), int(os.environ.get("LOCAL_RANK", "0")), exc)
+        _record_error(exc)
         _report_if_launcher_died(exc)
         raise
+
+
+#: the error this child recorded for its launching process (which reports it: this rank does not print it)
+_RECORDED: BaseException | None = None
+
+
+def _record_error(exc: BaseException) -> None:
+    global _RECORDED
+    if write_error(os.environ.get(ERROR_DIR_VAR), int(os.environ.get("LOCAL_RANK", "0")), exc):
+        _RECORDED = exc
+
+
+def _launcher_alive() -> bool:
+    pid = os.environ.get(LAUNCHER_PID_VAR)
+    return bool(pid) and os.getppid() == int(pid)  # type: ignore[arg-type]
 
 
 #: how long a failing child waits to see whether the launching process (rank 0) is gone
@@ -412,11 +444,12 @@ def _report_uncaught_once() -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        error_dir = os.environ.get(ERROR_DIR_VAR)
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        # an error raised inside a launch was recorded there already
-        if error_dir and not os.path.exists(error_file(error_dir, local_rank)):
-            write_error(error_dir, local_rank, value)
+        if value is not _RECORDED:  # an error raised inside a launch was recorded there already
+            _record_error(value)
+        if value is _RECORDED and _launcher_alive():
+            # the launching process reports the first rank that failed, once: printed here as well, the run's
+            # output would hold every rank's traceback, most of them echoes ("Connection closed by peer")
+            return
         previous(kind, value, tb)
 
     sys.excepthook = hook

@@ -67,18 +67,85 @@ def mark_launched_child(error_dir: str | None) -> None:
     set_stop_marker(os.path.join(error_dir, STOP_MARKER) if error_dir else None)
 
 
-def write_error(error_dir: str | None, local_rank: int, exc: BaseException) -> None:
-    """Record ``exc`` with its traceback for the launching process (best effort: the error itself still propagates)."""
+def write_error(error_dir: str | None, local_rank: int, exc: BaseException) -> bool:
+    """Record ``exc`` with its traceback for the launching process; whether it was written (best effort: the error
+    itself still propagates, and a rank whose record could not be written prints it itself)."""
     if not error_dir:
-        return
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return False
+    try:
+        text = rank_traceback(exc)
+    except Exception:  # noqa: BLE001 - a report that cannot be shortened is reported whole
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         tmp = error_file(error_dir, local_rank) + ".tmp"
         with open(tmp, "w") as f:
             f.write(text)
         os.replace(tmp, error_file(error_dir, local_rank))
     except OSError:
-        pass
+        return False
+    return True
+
+
+def rank_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as a failed rank's report shows it: the user's own frames, and every frame below the last
+    of them (where the error was raised, library code included); the frames of torchfleet, torch and Python that
+    merely lead from the script to the user's hook are summed up in one line each run. Without any frame of the
+    user's (an error inside torchfleet), every frame is kept. Chained exceptions are kept, shortened the same way.
+    """
+    roots = _library_roots()
+    return "".join(_format_chain(traceback.TracebackException.from_exception(exc), roots))
+
+
+def _library_roots() -> list[tuple[str | None, str]]:
+    """(name, folder) of the code that is not the user's, most specific first; name None: a site-packages folder,
+    whose sub-folders name the packages."""
+    import sysconfig
+
+    import torchfleet
+
+    paths = sysconfig.get_paths()
+    roots: list[tuple[str | None, str]] = [("torchfleet", os.path.dirname(os.path.abspath(torchfleet.__file__)))]
+    roots += [(None, paths[k]) for k in ("purelib", "platlib")] + [("python", paths["stdlib"])]
+    return [(name, os.path.join(os.path.abspath(folder), "")) for name, folder in roots]
+
+
+def _frame_owner(filename: str, roots: list[tuple[str | None, str]]) -> str | None:
+    """The library a frame's file belongs to ("torchfleet", "torch", "python", ...); None for the user's own code."""
+    if filename.startswith("<"):  # "<frozen runpy>" is Python's; "<string>" (python -c) and "<stdin>" the user's
+        return "python" if filename.startswith("<frozen") else None
+    path = os.path.abspath(filename)
+    for name, root in roots:
+        if path.startswith(root):
+            return name or path[len(root):].split(os.sep)[0].removesuffix(".py")
+    return None
+
+
+def _format_chain(te: traceback.TracebackException, roots: list[tuple[str | None, str]]) -> list[str]:
+    lines: list[str] = []
+    if te.__cause__ is not None:
+        lines += _format_chain(te.__cause__, roots)
+        lines.append("\nThe above exception was the direct cause of the following exception:\n\n")
+    elif te.__context__ is not None and not te.__suppress_context__:
+        lines += _format_chain(te.__context__, roots)
+        lines.append("\nDuring handling of the above exception, another exception occurred:\n\n")
+    if te.stack:
+        lines.append("Traceback (most recent call last):\n")
+        owners = [_frame_owner(frame.filename, roots) for frame in te.stack]
+        last_own = max((i for i, owner in enumerate(owners) if owner is None), default=-1)
+        hidden: list[str] = []
+        for i, (frame, owner) in enumerate(zip(te.stack, owners)):
+            if owner is not None and i < last_own:
+                hidden.append(owner)
+                continue
+            if hidden:
+                lines.append(f"  ... {len(hidden)} frame{'s' if len(hidden) > 1 else ''} of "
+                             f"{', '.join(dict.fromkeys(hidden))}\n")
+                hidden = []
+            lines.append(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}\n')
+            if frame.line:
+                lines.append(f"    {frame.line.strip()}\n")
+    lines += list(te.format_exception_only())
+    return lines
 
 
 class Supervisor:

@@ -280,8 +280,9 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
             "train_dataloader(), or define train_dataloader() on the model."
         )
     if trainer._max_epochs_defaulted and trainer.is_global_zero:
-        warnings.warn("max_epochs was not set: fit stops after 1000 epochs. Pass max_epochs=N, or max_epochs=-1 "
-                      "to train until max_steps, max_time or a callback stops it.", UserWarning, stacklevel=2)
+        warnings.warn(f"max_epochs was not set: fit stops after {trainer.max_epochs} epochs. Pass max_epochs=N, or "
+                      "max_epochs=-1 to train until max_steps, max_time or a callback stops it.", UserWarning,
+                      stacklevel=2)
     val_source = _as_list(_source(trainer, model, "val", val_dl))
     if val_source and not _defines_step(model, "validation_step"):
         if getattr(type(model), "validation_step", None) is not None and trainer.is_global_zero:
