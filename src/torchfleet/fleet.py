@@ -30,7 +30,7 @@ from torchfleet.compiled import compile_again, split_compiled
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.fleet_wrappers import FleetDataLoader, FleetModule, FleetOptimizer, _original, _unwrap
 from torchfleet.preemption import PreemptionWatch, restart_count
-from torchfleet.seed import add_worker_init_fn
+from torchfleet.seed import add_worker_init_fn, reset_seed
 from torchfleet.settings import TrainingSettings
 from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, labelled, parse_hang_timeout
 
@@ -208,6 +208,8 @@ class Fleet:
                     "def train(fleet): ...), or start the script with torchrun or `torchfleet run`, which start "
                     "every process themselves."
                 )
+            if "fleet" in self._strategy.reseeds_for:  # Fabric's fsdp and deepspeed re-seed here
+                reset_seed()
             self._strategy.setup_environment()
             self._environment_ready = True
 

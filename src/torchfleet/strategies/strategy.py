@@ -64,6 +64,10 @@ class Strategy(ABC):
 
     #: whether ``backward`` runs through the precision (and so through a Module's ``backward`` override)
     backward_through_precision = True
+    #: the clients ("trainer", "fleet") that call ``reset_seed()`` as they set this strategy's environment up, as
+    #: Lightning's strategy of the same kind does (Trainer: ddp, fsdp, deepspeed; Fabric: fsdp, deepspeed), so that
+    #: random numbers drawn between ``seed_everything`` and the run do not shift the run
+    reseeds_for: frozenset[str] = frozenset()
 
     @classmethod
     def unusable_here(cls, cuda: bool) -> str | None:

@@ -18,7 +18,7 @@ import torch
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
 from torchfleet.module import Module
 from torchfleet.samplers import without_shuffle
-from torchfleet.seed import add_worker_init_fn
+from torchfleet.seed import add_worker_init_fn, isolate_rng, reset_seed
 from torchfleet.settings import loader_batch_size
 from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore
 from torchfleet.trainer.eval_loop import EvalLoop
@@ -92,6 +92,8 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
 def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any, kw: dict) -> Any:
     strategy = trainer.strategy
     trainer.state.start_stage(stage)
+    if "trainer" in strategy.reseeds_for:
+        reset_seed()
     strategy.setup_environment()
     if trainer.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=trainer.deterministic == "warn")
@@ -293,7 +295,8 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
         lg.log_hyperparams(hparams)
     trainer._hooks.call("on_fit_start", trainer)
     if trainer.num_sanity_val_steps and val_loaders and trainer.limit_val_batches:
-        _sanity_check(trainer, model, val_loaders)
+        with isolate_rng():  # as in Lightning: training draws the same numbers with and without the check
+            _sanity_check(trainer, model, val_loaders)
     FitLoop(trainer, model, train_loader, val_loaders).run()
     trainer._hooks.call("on_fit_end", trainer)
     if trainer.is_global_zero:
