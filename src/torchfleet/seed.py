@@ -48,7 +48,7 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
     if isinstance(seed, bool) or not isinstance(seed, int) or not (0 <= seed <= _MAX_SEED):
         raise ConfigurationError(f"seed={seed!r} is not valid: give an int in [0, {_MAX_SEED}] (2**32 - 1).")
     if verbose:
-        from torchfleet.utilities import rank_prefixed_message
+        from torchfleet.rank_zero import rank_prefixed_message
 
         log.info(rank_prefixed_message(f"Seed set to {seed}"))
     random.seed(seed)
@@ -93,7 +93,7 @@ def worker_init_function(worker_id: int, rank: int | None = None) -> None:
     ``rank`` (default: this process's), so no two workers of a run, on any rank, share a stream.
     """
     if rank is None:
-        from torchfleet.utilities import rank_zero_only
+        from torchfleet.rank_zero import rank_zero_only
 
         rank = rank_zero_only.rank
     base_seed = torch.initial_seed() - worker_id  # torch seeds worker i with base + i

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from tests.distributed import sharded_helpers
+from tests.lightning_reference import LIGHTNING_PYTHON, needs_lightning
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "reseed_train.py")
-LIGHTNING_PYTHON = os.environ.get("TF_LIGHTNING_PYTHON", "/work/venv-lightning/bin/python")
 #: (strategy, devices, warm-up drawn)
 RUNS = [("auto", 1, False), ("auto", 1, True), ("ddp", 2, False), ("ddp", 2, True)]
 
@@ -50,8 +50,7 @@ def test_single_device_does_not_reseed_as_in_lightning(torchfleet_runs):
     assert not _equal(torchfleet_runs[("auto", 1, True)], torchfleet_runs[("auto", 1, False)])
 
 
-@pytest.mark.skipif(not os.path.exists(LIGHTNING_PYTHON),
-                    reason=f"no Lightning environment at {LIGHTNING_PYTHON} (set TF_LIGHTNING_PYTHON) to compare with")
+@needs_lightning
 @pytest.mark.parametrize("run", [("auto", 1, True), ("ddp", 2, True)], ids=["single_device", "ddp"])
 def test_weights_equal_lightnings_bitwise(torchfleet_runs, tmp_path, run):
     lightning = _launch(LIGHTNING_PYTHON, "lightning", *run, str(tmp_path / "lightning.pt"))

@@ -27,6 +27,7 @@ from torchfleet.trainer.optim import parse_optimizers, validate_schedulers
 from torchfleet.trainer.preemption import FitPreemption
 from torchfleet.trainer.profiling import attach as attach_profiler
 from torchfleet.trainer.replica_logging import REPLICA_LOGGING
+from torchfleet.utilities.combined_loader import BatchView, CombinedLoader
 
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
@@ -56,6 +57,9 @@ def _one_or_list(loaders: list[Any]) -> Any:
 def _as_list(loaders: Any) -> list[Any]:
     if loaders is None:
         return []
+    if isinstance(loaders, CombinedLoader):
+        # "sequential": each loader is a dataloader_idx of its own; another mode reads them together, as one loader
+        return list(loaders.flattened) if loaders.mode == "sequential" else [loaders]
     if isinstance(loaders, (list, tuple)):
         return list(loaders)
     if isinstance(loaders, Mapping):
@@ -225,7 +229,17 @@ def _log_summary(trainer: Trainer, model: Any) -> None:
         ModelSummary(max_depth=1).on_fit_start(trainer, model)
 
 
+def _each_loader(loader: Any, fn: Any, *args: Any) -> Any:
+    """``fn(loader, *args)``; for a CombinedLoader, ``fn`` replaces each of its loaders and the CombinedLoader stays."""
+    if isinstance(loader, CombinedLoader):
+        loader.flattened = [fn(one, *args) for one in loader.flattened]
+        return loader
+    return fn(loader, *args)
+
+
 def _for_strategy(trainer: Trainer, loader: Any, stage: str) -> Any:
+    if isinstance(loader, CombinedLoader):  # each of its loaders is prepared; the loops read its combined batches
+        return BatchView(_each_loader(loader, lambda one: _for_strategy(trainer, one, stage)))
     # use_distributed_sampler=False: the user shards the data themselves (their own sampler)
     loader = trainer.strategy.process_dataloader(loader, stage) if trainer.use_distributed_sampler else loader
     return add_worker_init_fn(loader, trainer.global_rank)  # seed_everything(workers=True)
@@ -264,6 +278,14 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
             "trainer.fit() found no training data: pass train_dataloaders=..., a datamodule with "
             "train_dataloader(), or define train_dataloader() on the model."
         )
+    if isinstance(train_loader, (Mapping, list, tuple)):  # several loaders: one batch of each per step, as Lightning
+        train_loader = CombinedLoader(train_loader, "max_size_cycle")
+    if isinstance(train_loader, CombinedLoader) and train_loader.mode == "sequential":
+        raise ConfigurationError(
+            'trainer.fit() cannot train on a CombinedLoader(mode="sequential"): a training step takes one batch of '
+            'every loader. Use mode "max_size_cycle" (the default for a list or dict of loaders), "max_size" or '
+            '"min_size".'
+        )
     if trainer._max_epochs_defaulted and trainer.is_global_zero:
         warnings.warn("max_epochs was not set: fit stops after 1000 epochs. Pass max_epochs=N, or max_epochs=-1 "
                       "to train until max_steps, max_time or a callback stops it.", UserWarning, stacklevel=2)
@@ -274,14 +296,16 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
                           "validation is skipped.", UserWarning, stacklevel=2)
         val_source = []  # validation_step = None: validation is switched off, as in Lightning
     if trainer.overfit_batches:
-        train_loader = without_shuffle(train_loader, "training")
-        val_source = [without_shuffle(v, "validation") for v in val_source]
+        train_loader = _each_loader(train_loader, without_shuffle, "training")
+        val_source = [_each_loader(v, without_shuffle, "validation") for v in val_source]
     micro_batch_size = loader_batch_size(train_loader)
     train_loader = _for_strategy(trainer, train_loader, "fit")
     val_loaders = [_for_strategy(trainer, v, "validate") for v in val_source]
     trainer.num_training_batches = _num_batches(train_loader, trainer.limit_train_batches)
     trainer.num_val_batches = [_num_batches(v, trainer.limit_val_batches) for v in val_loaders]
-    trainer.train_dataloader, trainer.val_dataloaders = train_loader, _one_or_list(val_loaders)
+    # a CombinedLoader shows its collection of loaders, as in Lightning
+    trainer.train_dataloader = train_loader.combined.iterables if isinstance(train_loader, BatchView) else train_loader
+    trainer.val_dataloaders = _one_or_list(val_loaders)
     trainer.state.current_epoch = 0
     trainer.state.global_step = 0
     _setup_model(trainer, model, with_optimizers=True, micro_batch_size=micro_batch_size)
@@ -376,7 +400,13 @@ def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path
 
 
 def _predict(trainer: Trainer, model: Any, dl: Any, ckpt_path: Any, return_predictions: bool) -> Any:
-    loaders = [_for_strategy(trainer, v, "predict") for v in _as_list(_source(trainer, model, "predict", dl))]
+    sources = _as_list(_source(trainer, model, "predict", dl))
+    if any(isinstance(v, CombinedLoader) for v in sources):
+        raise ConfigurationError(
+            'trainer.predict() takes a CombinedLoader only in mode "sequential" (each loader\'s batches in turn, with '
+            'their dataloader_idx), as Lightning does: build it with CombinedLoader(loaders, "sequential").'
+        )
+    loaders = [_for_strategy(trainer, v, "predict") for v in sources]
     if not loaders:
         raise ConfigurationError(
             "trainer.predict() found no data: pass dataloaders=..., a datamodule with predict_dataloader(), or "

@@ -101,7 +101,8 @@ class Trainer:
         num_nodes: how many machines take part.
         precision: "32-true" (default), "64-true", "16-mixed", "bf16-mixed", "16-true" or "bf16-true".
         plugins: extra parts: a ClusterEnvironment, a CheckpointIO (e.g. AsyncCheckpointIO), a Precision.
-        logger: a Logger, a list of them, False for none; default: a CSVLogger in ``default_root_dir/logs``.
+        logger: a Logger, a list of them, False for none; default: a TensorBoardLogger in ``default_root_dir/logs``
+            when tensorboard is installed, else a CSVLogger there.
         callbacks: Callback objects (ModelCheckpoint, EarlyStopping, LearningRateMonitor, ...).
         fast_dev_run: True (1) or n: run n training and evaluation batches once to check the code, logging nothing.
         max_epochs: stop after this many epochs (default 1000 when neither max_steps nor max_time is given).
@@ -368,9 +369,12 @@ class Trainer:
         if logger is False:
             return []
         if logger is None or logger is True:
-            from torchfleet.loggers import CSVLogger
+            # as Lightning: TensorBoard when it is installed (so logger.experiment.add_image works), else CSV
+            from torchfleet.loggers import CSVLogger, TensorBoardLogger
+            from torchfleet.utilities.imports import package_available
 
-            return [CSVLogger(self.default_root_dir, name="logs")]
+            default = TensorBoardLogger if package_available("tensorboard") else CSVLogger
+            return [default(self.default_root_dir, name="logs")]
         return list(logger) if isinstance(logger, Iterable) else [logger]
 
     def _build_callbacks(self, callbacks: Any, max_time: Any) -> list[Any]:
