@@ -5,6 +5,7 @@ The per-batch loops live in fit_loop.py and eval_loop.py.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -269,9 +270,14 @@ def _defines_step(model: Any, name: str) -> bool:
     return impl is not None and impl is not getattr(Module, name)
 
 
-def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: Any) -> None:
-    strategy = trainer.strategy
-    _check_training_step_signature(model)
+def _fit_sources(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any) -> tuple[Any, list[Any]]:
+    """The training data (several loaders combined) and the validation loaders, asked for as Lightning does:
+    ``val_dataloader()`` only when validation runs, first and inside ``isolate_rng`` when the sanity check will
+    run (there Lightning calls it), then ``train_dataloader()``; so data the hooks draw from the global
+    generator are Lightning's."""
+    checked = _defines_step(model, "validation_step") and trainer.num_sanity_val_steps and trainer.limit_val_batches
+    with isolate_rng() if checked else contextlib.nullcontext():
+        val_source = _as_list(_source(trainer, model, "val", val_dl)) if trainer.limit_val_batches else []
     train_loader = _source(trainer, model, "train", train_dl)
     if train_loader is None:
         raise ConfigurationError(
@@ -286,15 +292,21 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
             'every loader. Use mode "max_size_cycle" (the default for a list or dict of loaders), "max_size" or '
             '"min_size".'
         )
-    if trainer._max_epochs_defaulted and trainer.is_global_zero:
-        warnings.warn("max_epochs was not set: fit stops after 1000 epochs. Pass max_epochs=N, or max_epochs=-1 "
-                      "to train until max_steps, max_time or a callback stops it.", UserWarning, stacklevel=2)
-    val_source = _as_list(_source(trainer, model, "val", val_dl))
     if val_source and not _defines_step(model, "validation_step"):
         if getattr(type(model), "validation_step", None) is not None and trainer.is_global_zero:
             warnings.warn(f"fit got validation data but {type(model).__name__} defines no validation_step: "
                           "validation is skipped.", UserWarning, stacklevel=2)
         val_source = []  # validation_step = None: validation is switched off, as in Lightning
+    return train_loader, val_source
+
+
+def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: Any) -> None:
+    strategy = trainer.strategy
+    _check_training_step_signature(model)
+    train_loader, val_source = _fit_sources(trainer, model, train_dl, val_dl)
+    if trainer._max_epochs_defaulted and trainer.is_global_zero:
+        warnings.warn("max_epochs was not set: fit stops after 1000 epochs. Pass max_epochs=N, or max_epochs=-1 "
+                      "to train until max_steps, max_time or a callback stops it.", UserWarning, stacklevel=2)
     if trainer.overfit_batches:
         train_loader = _each_loader(train_loader, without_shuffle, "training")
         val_source = [_each_loader(v, without_shuffle, "validation") for v in val_source]
