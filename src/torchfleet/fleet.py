@@ -153,6 +153,11 @@ class Fleet:
         return self._strategy.root_device
 
     @property
+    def accelerator(self) -> Any:
+        """The strategy's Accelerator."""
+        return self._strategy.accelerator
+
+    @property
     def global_rank(self) -> int:
         """This process's index among all processes (0 on one device)."""
         return self._strategy.global_rank
@@ -380,6 +385,10 @@ class Fleet:
         # "-mixed" precisions keep float32 parameters; "-true" ones create them in their dtype
         with self._strategy.module_init_context(empty_init):
             yield
+
+    def init_tensor(self) -> contextlib.AbstractContextManager:
+        """Create tensors directly on the device, in the precision's parameter dtype (Fabric's ``init_tensor``)."""
+        return self._strategy.module_init_context(empty_init=False)
 
     # -------------------------------------------------------------- training
     def backward(self, loss: Tensor, *args: Any, model: nn.Module | None = None, **kwargs: Any) -> None:

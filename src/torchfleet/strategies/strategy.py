@@ -189,6 +189,11 @@ class Strategy(ABC):
         return [0]
 
     # ------------------------------------------------------------------ setup
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """``num_replicas`` and ``rank`` for this process's DistributedSampler; None: one process, no sampler."""
+        return None
+
     def setup_environment(self) -> None:
         """Prepare this process: select its device (and, in parallel strategies, join the process group).
 

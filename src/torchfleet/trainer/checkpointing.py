@@ -149,7 +149,7 @@ def restore(trainer: Trainer, path: str, full: bool) -> dict[str, Any]:
                 "weights with Module.load_from_checkpoint and call fit without ckpt_path."
             )
         targets["optimizer_states"] = list(trainer.optimizers)
-    strategy.load_into(checkpoint, targets, path=path)
+    strategy.load_into(checkpoint, targets, strict=module.strict_loading, path=path)
     if not full:
         return checkpoint
     saved_scheds = checkpoint.get("lr_schedulers", [])

@@ -109,8 +109,9 @@ def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl:
     dm = trainer.datamodule
     if dm is not None:
         dm.trainer = trainer
-    if strategy.local_rank == 0:
-        (dm if dm is not None else model).prepare_data()
+    for owner in (dm, model):  # as Lightning: both, each on local rank 0 of every machine or on global rank 0
+        if owner is not None and (strategy.local_rank if owner.prepare_data_per_node else strategy.global_rank) == 0:
+            owner.prepare_data()
     strategy.barrier("prepare_data")
     if strategy.world_size > 1:
         # every rank names the same log and checkpoint folder: rank 0's (the only one that writes)
@@ -145,6 +146,8 @@ def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl:
         failed = True
         for cb in trainer.callbacks:
             cb.on_exception(trainer, model, exc)
+        if dm is not None:
+            dm.on_exception(exc)
         for lg in trainer.loggers if trainer.is_global_zero else []:
             lg.finalize("failed")
         raise
@@ -169,14 +172,20 @@ def configure_model_once(trainer: Trainer, model: Any, context: Any) -> None:
     """``configure_model()`` once per module and process, inside ``context()``: where the strategy creates models
     (meta under fsdp) in a rank; on the CPU in the process that spawned the ranks, before it takes their weights.
     ``context`` is a factory: creation contexts take effect when made (an ExitStack), so one is made only if used."""
-    impl = getattr(type(model), "configure_model", None)
-    if impl is None or impl is Module.configure_model or model.__dict__.get("_torchfleet_configured"):
+    # Lightning's legacy configure_sharded_model first, as Lightning calls them
+    hooks = [name for name in ("configure_sharded_model", "configure_model")
+             if getattr(type(model), name, None) not in (None, getattr(Module, name))]
+    if not hooks or model.__dict__.get("_torchfleet_configured"):
         return
+    if "configure_sharded_model" in hooks and trainer.is_global_zero:
+        warnings.warn(f"{type(model).__name__} overrides configure_sharded_model, which Lightning deprecated: it "
+                      "runs as configure_model does. Rename it to configure_model.", DeprecationWarning, stacklevel=2)
     previous = model._current_fx
-    trainer._current_fx("configure_model")
     try:
         with context():
-            model.configure_model()
+            for name in hooks:
+                trainer._current_fx(name)
+                getattr(model, name)()
     finally:
         trainer._current_fx(previous)
     object.__setattr__(model, "_torchfleet_configured", True)

@@ -300,6 +300,8 @@ class Trainer:
         #: whether the training batch running now is the epoch's last
         self.is_last_batch = False
         self.module: Any = None
+        self._preemption: Any = None  # the running fit's FitPreemption (trainer/preemption.py)
+        self._received_sigterm = False  # whether the last fit got SIGTERM
         self.datamodule: Any = None
         self.ckpt_path: str | None = None
         self._hooks = HookDispatcher()
@@ -504,6 +506,44 @@ class Trainer:
     @property
     def predicting(self) -> bool:
         return self.stage == "predict"
+
+    @property
+    def evaluating(self) -> bool:
+        """Validating (the sanity check included) or testing."""
+        return self.validating or self.testing
+
+    @property
+    def enable_validation(self) -> bool:
+        """Whether fit validates: the Module has a ``validation_step``, there is validation data and
+        ``limit_val_batches`` is not 0."""
+        from torchfleet.utilities.model_helpers import is_overridden
+
+        data = self.val_dataloaders is not None or any(
+            is_overridden("val_dataloader", owner) for owner in (self.datamodule, self.module))
+        return bool(self.limit_val_batches) and is_overridden("validation_step", self.module) and data
+
+    @property
+    def received_sigterm(self) -> bool:
+        """Whether SIGTERM reached this process during the running (or last) fit (it then stops, see preemption)."""
+        import signal
+
+        running = self._preemption
+        return self._received_sigterm or (running is not None and running.flag.signum == signal.SIGTERM)
+
+    @property
+    def scaler(self) -> Any:
+        """The precision's gradient scaler ("16-mixed"), else None."""
+        return getattr(self.strategy.precision, "scaler", None)
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """``num_replicas`` and ``rank`` of this process's DistributedSampler; None for a one-process strategy."""
+        return self.strategy.distributed_sampler_kwargs
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on local rank 0 of each machine (Lightning's ``Trainer.print``)."""
+        if self.local_rank == 0:
+            print(*args, **kwargs)
 
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
