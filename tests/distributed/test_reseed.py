@@ -24,8 +24,9 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "reseed_train.py")
 RUNS = [("auto", 1, False), ("auto", 1, True), ("ddp", 2, False), ("ddp", 2, True)]
 
 
-def _launch(python: str, lib: str, strategy: str, devices: int, warmup: bool, out: str) -> dict:
-    cfg = {"lib": lib, "strategy": strategy, "devices": devices, "warmup": warmup, "sanity": 2, "out": out}
+def _launch(python: str, lib: str, strategy: str, devices: int, warmup: bool, out: str, loaders: str = "one") -> dict:
+    cfg = {"lib": lib, "strategy": strategy, "devices": devices, "warmup": warmup, "sanity": 2, "out": out,
+           "loaders": loaders}
     proc = subprocess.run([python, SCRIPT, json.dumps(cfg)], capture_output=True, text=True,
                           timeout=300, env=sharded_helpers.child_env(), cwd=sharded_helpers.ROOT)
     return sharded_helpers.load_results(cfg, proc)
@@ -55,6 +56,14 @@ def test_single_device_does_not_reseed_as_in_lightning(torchfleet_runs):
 def test_weights_equal_lightnings_bitwise(torchfleet_runs, tmp_path, run):
     lightning = _launch(LIGHTNING_PYTHON, "lightning", *run, str(tmp_path / "lightning.pt"))
     assert _equal(torchfleet_runs[run], lightning)
+
+
+@needs_lightning
+def test_a_dict_of_training_loaders_under_ddp_equals_lightnings_bitwise(tmp_path):
+    """Two loaders combined ("max_size_cycle"), each sharded by its own DistributedSampler, on 2 processes."""
+    ours = _launch(sys.executable, "torchfleet", "ddp", 2, False, str(tmp_path / "ours.pt"), loaders="dict")
+    lightning = _launch(LIGHTNING_PYTHON, "lightning", "ddp", 2, False, str(tmp_path / "lightning.pt"), loaders="dict")
+    assert _equal(ours, lightning)
 
 
 _FLEET_PROGRAM = """

@@ -15,6 +15,7 @@ The Trainer takes one as training or evaluation data (``BatchView`` is what its 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -201,7 +202,13 @@ class BatchView:
         self.combined = combined
 
     def __iter__(self) -> Iterator[Any]:
-        return (batch for batch, _, _ in iter(self.combined))
+        batches = (batch for batch, _, _ in iter(self.combined))
+        try:
+            length = len(self.combined)
+        except TypeError:
+            return batches
+        # as Lightning: a known length is not read past ("max_size_cycle" would restart a loader, drawing seeds)
+        return itertools.islice(batches, length)
 
     def __len__(self) -> int:
         return len(self.combined)

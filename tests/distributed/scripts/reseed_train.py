@@ -8,7 +8,8 @@ and the sanity check (``cfg["sanity"]`` batches) read them too, which Lightning'
 
 ``python reseed_train.py '<cfg as JSON>'``: keys ``lib`` ("torchfleet" or "lightning"), ``strategy``,
 ``devices``, ``warmup`` (draw or not), ``sanity`` (num_sanity_val_steps), ``out`` (rank 0 writes the weights
-there). Under Lightning only Lightning is imported, so the script runs in a virtual environment without torchfleet.
+there), and optionally ``loaders: "dict"``: two training loaders in a dict (combined as Lightning's
+"max_size_cycle", each with its own distributed sampler under ddp). Under Lightning only Lightning is imported, so the script runs in a virtual environment without torchfleet.
 """
 
 from __future__ import annotations
@@ -34,11 +35,13 @@ else:
 
 
 class Net(Module):
-    def __init__(self) -> None:
+    def __init__(self, dropout: float = 0.3) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Dropout(0.3), nn.Linear(16, 1))
+        self.net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Dropout(dropout), nn.Linear(16, 1))
 
     def training_step(self, batch, batch_idx):
+        if isinstance(batch, dict):  # one batch of each loader
+            return sum(nn.functional.mse_loss(self.net(x), y) for x, y in batch.values())
         x, y = batch
         return nn.functional.mse_loss(self.net(x), y)
 
@@ -58,7 +61,7 @@ def data(seed: int) -> TensorDataset:
 
 def main() -> None:
     pl.seed_everything(7)
-    model = Net()
+    model = Net(cfg.get("dropout", 0.3))
     if cfg["warmup"]:  # a replay buffer filled before training
         torch.randn(100)
         random.random()
@@ -66,7 +69,10 @@ def main() -> None:
     trainer = pl.Trainer(accelerator="cpu", devices=cfg["devices"], strategy=cfg["strategy"], max_epochs=2,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=cfg["sanity"])
-    trainer.fit(model, DataLoader(data(0), batch_size=4, shuffle=True), DataLoader(data(1), batch_size=4))
+    train = DataLoader(data(0), batch_size=4, shuffle=True)
+    if cfg.get("loaders") == "dict":
+        train = {"a": train, "b": DataLoader(data(2), batch_size=2, shuffle=True)}
+    trainer.fit(model, train, DataLoader(data(1), batch_size=4))
     if trainer.global_rank == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, cfg["out"])
 
