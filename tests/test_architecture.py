@@ -30,9 +30,13 @@ FORBIDDEN: dict[str, set[str]] = {
     "connector": {"module"} | _CLIENTS,
     "trainer": {"fleet", "fleet_wrappers", "cli"},
     "fleet": {"trainer", "cli", "callbacks"},
-    # leaves: seed uses utilities (the rank), utilities uses nothing of torchfleet
-    "seed": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers"},
-    "utilities": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers", "seed"},
+    # leaves: seed uses rank_zero (the rank), rank_zero uses nothing of torchfleet; utilities (Lightning's module
+    # paths) sits on them and imports nothing else, so any layer may import it
+    "seed": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers", "utilities"},
+    "rank_zero": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers", "seed",
+                                   "utilities"},
+    "utilities": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers", "profilers",
+                                   "precision", "preemption", "plugins", "demos", "data"},
     "compiled": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers", "seed"},
     "plugins": {"connector", "module", "launchers"} | _CLIENTS,
     "demos": {"trainer", "fleet", "fleet_wrappers", "cli", "strategies", "connector"},

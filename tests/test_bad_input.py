@@ -157,10 +157,21 @@ def test_a_dataset_in_the_dataloaders_place_is_named():
 
 
 def test_accepted_loader_forms_still_train():
-    # a plain list of batches and a dict of evaluation loaders are iterables the loops take
+    # an iterable of batches (not a list: a list or dict holds loaders, as in Lightning) and a dict of evaluation
+    # loaders are what the loops take
     x = torch.randn(8, 8)
-    batches = [(x, torch.randn(8, 1)) for _ in range(3)]
+
+    class Batches:
+        def __init__(self):
+            self.items = [(x, torch.randn(8, 1)) for _ in range(3)]
+
+        def __iter__(self):
+            return iter(self.items)
+
+        def __len__(self):
+            return len(self.items)
+
     trainer = Trainer(**quiet(max_epochs=1))
-    trainer.fit(Regressor(), batches, {"a": DataLoader(TensorDataset(x, torch.randn(8, 1)), batch_size=4)})
+    trainer.fit(Regressor(), Batches(), {"a": DataLoader(TensorDataset(x, torch.randn(8, 1)), batch_size=4)})
     assert trainer.global_step == 3
 

@@ -189,10 +189,36 @@ def _last_per_epoch(rows: list[dict[str, str]], key: str) -> list[tuple[int, flo
     return sorted(by_epoch.items())
 
 
-def _plot(log_dir: str) -> str | None:
-    """Write loss_curve.png beside metrics.csv: training loss by step, validation metrics by epoch."""
+def _metric_rows(log_dir: str) -> tuple[list[dict[str, str]], list[str]] | None:
+    """The logged values as metrics.csv's rows and columns: from metrics.csv (CSVLogger), else from TensorBoard's
+    event files (TensorBoardLogger, the default logger when tensorboard is installed); None when neither is there."""
     metrics_file = os.path.join(log_dir, "metrics.csv")
-    if not os.path.isfile(metrics_file):
+    if os.path.isfile(metrics_file):
+        import csv
+
+        with open(metrics_file, newline="") as f:
+            reader = csv.DictReader(f)
+            return list(reader), list(reader.fieldnames or [])
+    if not any(name.startswith("events.out.tfevents") for name in os.listdir(log_dir)):
+        return None
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(log_dir)
+    events.Reload()
+    tags = events.Tags().get("scalars", [])
+    by_step: dict[int, dict[str, str]] = {}
+    for tag in tags:
+        for event in events.Scalars(tag):
+            value = event.value  # written as metrics.csv writes it: an epoch as "1", a loss in full
+            by_step.setdefault(event.step, {"step": str(event.step)})[tag] = (
+                str(int(value)) if value.is_integer() else repr(value))
+    return [by_step[step] for step in sorted(by_step)], ["step", *tags]
+
+
+def _plot(log_dir: str) -> str | None:
+    """Write loss_curve.png in the log folder: training loss by step, validation metrics by epoch."""
+    table = _metric_rows(log_dir) if os.path.isdir(log_dir) else None
+    if table is None:
         return None
     try:
         import matplotlib
@@ -202,13 +228,7 @@ def _plot(log_dir: str) -> str | None:
     except ImportError:
         log.info("No loss curve written: `pip install matplotlib` (or torchfleet[plot]) enables it.")
         return None
-    import csv
-
-    with open(metrics_file, newline="") as f:
-        reader = csv.DictReader(f)
-        columns = list(reader.fieldnames or [])
-        rows = list(reader)
-    fig = _loss_figure(rows, columns)
+    fig = _loss_figure(*table)
     if fig is None:
         return None
     path = os.path.join(log_dir, "loss_curve.png")
@@ -367,7 +387,7 @@ def _report(trainer: Any) -> None:
     parts = []
     if trainer.loggers:
         plot = _plot(trainer.log_dir)
-        parts.append(f"Logs: {trainer.log_dir}" + (" (metrics.csv, loss_curve.png)" if plot else ""))
+        parts.append(f"Logs: {trainer.log_dir}" + (" (loss_curve.png)" if plot else ""))
     ck = trainer.checkpoint_callback
     if ck is not None and (ck.best_model_path or ck.last_model_path):
         parts.append(f"best checkpoint: {ck.best_model_path or ck.last_model_path}")

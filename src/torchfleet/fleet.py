@@ -30,7 +30,7 @@ from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.fleet_wrappers import FleetDataLoader, FleetModule, FleetOptimizer, _original, _unwrap
 from torchfleet.loggers.base import agree_versions, save_loggers, use_versions
 from torchfleet.preemption import PreemptionWatch, restart_count
-from torchfleet.seed import add_worker_init_fn
+from torchfleet.seed import add_worker_init_fn, reset_seed
 from torchfleet.settings import TrainingSettings
 from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, labelled, parse_hang_timeout
 
@@ -153,6 +153,11 @@ class Fleet:
         return self._strategy.root_device
 
     @property
+    def accelerator(self) -> Any:
+        """The strategy's Accelerator."""
+        return self._strategy.accelerator
+
+    @property
     def global_rank(self) -> int:
         """This process's index among all processes (0 on one device)."""
         return self._strategy.global_rank
@@ -208,6 +213,8 @@ class Fleet:
                     "def train(fleet): ...), or start the script with torchrun or `torchfleet run`, which start "
                     "every process themselves."
                 )
+            if "fleet" in self._strategy.reseeds_for:  # Fabric's fsdp and deepspeed re-seed here
+                reset_seed()
             self._strategy.setup_environment()
             self._environment_ready = True
             if self._strategy.world_size > 1:  # every rank names the folder and run of rank 0, the only writer
@@ -388,6 +395,10 @@ class Fleet:
         # "-mixed" precisions keep float32 parameters; "-true" ones create them in their dtype
         with self._strategy.module_init_context(empty_init):
             yield
+
+    def init_tensor(self) -> contextlib.AbstractContextManager:
+        """Create tensors directly on the device, in the precision's parameter dtype (Fabric's ``init_tensor``)."""
+        return self._strategy.module_init_context(empty_init=False)
 
     # -------------------------------------------------------------- training
     def backward(self, loss: Tensor, *args: Any, model: nn.Module | None = None, **kwargs: Any) -> None:

@@ -73,6 +73,8 @@ class DDPStrategy(ParallelStrategy):
     ``bucket_cap_mb``, ``broadcast_buffers``, ...) goes to DistributedDataParallel.
     """
 
+    reseeds_for = frozenset({"trainer"})  # Lightning's DDPStrategy re-seeds; Fabric's does not
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,

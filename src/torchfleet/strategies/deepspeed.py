@@ -131,6 +131,8 @@ class DeepSpeedStrategy(DDPStrategy):
     under stage 3. ``timeout``, ``start_method`` and ``max_restarts`` are DDPStrategy's.
     """
 
+    reseeds_for = frozenset({"trainer", "fleet"})  # as Lightning's and Fabric's
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,

@@ -112,6 +112,8 @@ class FSDPStrategy(DDPStrategy):
     ``process_group_backend``, ``timeout``, ``start_method`` and ``max_restarts`` are as for DDPStrategy.
     """
 
+    reseeds_for = frozenset({"trainer", "fleet"})  # as Lightning's and Fabric's
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,

@@ -64,6 +64,10 @@ class Strategy(ABC):
 
     #: whether ``backward`` runs through the precision (and so through a Module's ``backward`` override)
     backward_through_precision = True
+    #: the clients ("trainer", "fleet") that call ``reset_seed()`` as they set this strategy's environment up, as
+    #: Lightning's strategy of the same kind does (Trainer: ddp, fsdp, deepspeed; Fabric: fsdp, deepspeed), so that
+    #: random numbers drawn between ``seed_everything`` and the run do not shift the run
+    reseeds_for: frozenset[str] = frozenset()
 
     @classmethod
     def unusable_here(cls, cuda: bool) -> str | None:
@@ -185,6 +189,11 @@ class Strategy(ABC):
         return [0]
 
     # ------------------------------------------------------------------ setup
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """``num_replicas`` and ``rank`` for this process's DistributedSampler; None: one process, no sampler."""
+        return None
+
     def setup_environment(self) -> None:
         """Prepare this process: select its device (and, in parallel strategies, join the process group).
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -45,6 +46,7 @@ class FitPreemption:
     def __enter__(self) -> FitPreemption:
         self.flag.install()
         self.trainer._preemption = self
+        self.trainer._received_sigterm = False
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -61,6 +63,7 @@ class FitPreemption:
                     agreement.abandon()
         finally:
             self.trainer._preemption = None
+            self.trainer._received_sigterm = self.flag.signum == signal.SIGTERM  # trainer.received_sigterm after fit
             self.flag.restore()
 
     def start_loop(self) -> StopAgreement:

@@ -67,7 +67,8 @@ class Trainer:
         precision: "32-true", "64-true", "16-mixed", "bf16-mixed", "16-true" or "bf16-true"; not given: a Precision
             plugin's or the strategy object's, else "32-true".
         plugins: extra parts: a ClusterEnvironment, a CheckpointIO (e.g. AsyncCheckpointIO), a Precision.
-        logger: a Logger, a list of them, False for none; default: a CSVLogger in ``default_root_dir/logs``.
+        logger: a Logger, a list of them, False for none; default: a TensorBoardLogger in ``default_root_dir/logs``
+            when tensorboard is installed, else a CSVLogger there.
         callbacks: Callback objects (ModelCheckpoint, EarlyStopping, LearningRateMonitor, ...).
         fast_dev_run: True (1) or n: run n training and evaluation batches once to check the code, logging nothing.
         max_epochs: stop after this many epochs (-1: no limit). Left unset, there is no limit either when max_steps
@@ -272,6 +273,8 @@ class Trainer:
         #: whether the training batch running now is the epoch's last
         self.is_last_batch = False
         self.module: Any = None
+        self._preemption: Any = None  # the running fit's FitPreemption (trainer/preemption.py)
+        self._received_sigterm = False  # whether the last fit got SIGTERM
         self.datamodule: Any = None
         self.ckpt_path: str | None = None
         self._hooks = HookDispatcher()
@@ -297,9 +300,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup helpers
     def _default_loggers(self) -> list[Any]:
-        from torchfleet.loggers import CSVLogger
+        # as Lightning: TensorBoard when it is installed (so logger.experiment.add_image works), else CSV
+        from torchfleet.loggers import CSVLogger, TensorBoardLogger
+        from torchfleet.utilities.imports import package_available
 
-        return [CSVLogger(self.default_root_dir, name="logs")]
+        default = TensorBoardLogger if package_available("tensorboard") else CSVLogger
+        return [default(self.default_root_dir, name="logs")]
 
     def _build_callbacks(self, callbacks: Any, max_time: Any) -> list[Any]:
         from torchfleet.trainer.callbacks import ModelCheckpoint, ProgressBar, Timer
@@ -422,6 +428,44 @@ class Trainer:
     @property
     def predicting(self) -> bool:
         return self.stage == "predict"
+
+    @property
+    def evaluating(self) -> bool:
+        """Validating (the sanity check included) or testing."""
+        return self.validating or self.testing
+
+    @property
+    def enable_validation(self) -> bool:
+        """Whether fit validates: the Module has a ``validation_step``, there is validation data and
+        ``limit_val_batches`` is not 0."""
+        from torchfleet.utilities.model_helpers import is_overridden
+
+        data = self.val_dataloaders is not None or any(
+            is_overridden("val_dataloader", owner) for owner in (self.datamodule, self.module))
+        return bool(self.limit_val_batches) and is_overridden("validation_step", self.module) and data
+
+    @property
+    def received_sigterm(self) -> bool:
+        """Whether SIGTERM reached this process during the running (or last) fit (it then stops, see preemption)."""
+        import signal
+
+        running = self._preemption
+        return self._received_sigterm or (running is not None and running.flag.signum == signal.SIGTERM)
+
+    @property
+    def scaler(self) -> Any:
+        """The precision's gradient scaler ("16-mixed"), else None."""
+        return getattr(self.strategy.precision, "scaler", None)
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """``num_replicas`` and ``rank`` of this process's DistributedSampler; None for a one-process strategy."""
+        return self.strategy.distributed_sampler_kwargs
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on local rank 0 of each machine (Lightning's ``Trainer.print``)."""
+        if self.local_rank == 0:
+            print(*args, **kwargs)
 
     @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
