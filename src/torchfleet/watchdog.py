@@ -82,8 +82,8 @@ def _internal(name: str) -> bool:
     return internal
 
 
-def call_site(depth: int = 2) -> str:
-    """``file:line`` of the first frame outside torchfleet, torch and the standard library (the user's code)."""
+def call_site(depth: int = 2, function: bool = False) -> str:
+    """``file:line`` (``function``: then `` in <function>``) of the first frame outside torchfleet, torch and stdlib."""
     frame = sys._getframe(depth)
     known = _INTERNAL
     while frame is not None:
@@ -92,7 +92,7 @@ def call_site(depth: int = 2) -> str:
         if internal is None:
             internal = _internal(name)
         if not internal:
-            return f"{name}:{frame.f_lineno}"
+            return f"{name}:{frame.f_lineno} in {frame.f_code.co_name}" if function else f"{name}:{frame.f_lineno}"
         frame = frame.f_back
     return "(no user code on the stack)"
 
