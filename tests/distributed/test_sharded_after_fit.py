@@ -79,6 +79,7 @@ def fsdp_runs(tmp_path_factory):
         {"name": "stages", "case": "stages", "strategy": "fsdp", "checkpointing": True},
         {"name": "keep", "case": "keep_sharded", "strategy": "fsdp", "keep_sharded": True},
         {"name": "fleet", "case": "fleet", "strategy": "fsdp"},
+        {"name": "fleet_teardown", "case": "fleet", "strategy": "fsdp", "teardown": True},
     ])
     return ranks, tmp
 
@@ -93,6 +94,7 @@ def deepspeed_runs(tmp_path_factory):
         # in bf16: the module is given back in float32, with the optimizer's float32 master weights
         {"name": "stage_2", "case": "stages", "strategy": "deepspeed_stage_2", "precision": "bf16-mixed"},
         {"name": "keep_3", "case": "keep_sharded", "strategy": "deepspeed_stage_3", "keep_sharded": True},
+        {"name": "fleet_3", "case": "fleet", "strategy": "deepspeed_stage_3", "teardown": True},
     ])
     return ranks, tmp
 
@@ -152,6 +154,25 @@ def test_fit_then_test_then_fit_again_on_the_same_module(request, family, name, 
     assert (want_second - want_first).abs().max() > 1e-3  # the second fit trained
 
 
+@pytest.mark.parametrize(("family", "name", "net"), [CASES[0], CASES[2]])
+def test_the_checkpoint_saved_after_fit_resumes_with_its_optimizer_state(request, family, name, net):
+    """Written after the module was made whole: the optimizer state (fsdp's shards, the kept engine's) is in it."""
+    ranks, _ = runs_for(request, family)
+
+    def two_epochs(ckpt_path: str | None) -> torch.nn.Module:
+        tf.seed_everything(0)
+        model = net()
+        trainer = tf.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
+                             enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+        trainer.fit(model, DataLoader(script.fsdp_train.make_data(), batch_size=2 * BATCH, shuffle=False),
+                    ckpt_path=ckpt_path)
+        return model
+
+    resumed, uninterrupted = two_epochs(ranks[0][name]["fit_ckpt"]), two_epochs(None)
+    assert resumed.batches_run == uninterrupted.batches_run // 2  # only the second epoch ran
+    sharded_helpers.assert_close(resumed.state_dict(), uninterrupted.state_dict(), atol=1e-5)
+
+
 @pytest.mark.parametrize(("family", "name", "net"), [pytest.param("fsdp", "keep", FSDPNet, id="fsdp"), pytest.param(
     "deepspeed", "keep_3", DeepSpeedNet, id="deepspeed_stage_3", marks=needs_deepspeed)])
 def test_keep_sharded_leaves_the_module_sharded_and_test_reuses_it(request, family, name, net):
@@ -180,14 +201,18 @@ def test_a_fit_that_raises_leaves_the_module_sharded_and_a_later_stage_uses_it(t
         assert result["test_loss"] > 0 and all(p["plain"] for p in result["params_after_test"].values())
 
 
-def test_fleet_module_made_whole_by_unshard_module_answers_on_one_rank(fsdp_runs):
-    ranks, _ = fsdp_runs
+@pytest.mark.parametrize(("family", "name"), [
+    ("fsdp", "fleet"), ("fsdp", "fleet_teardown"),
+    pytest.param("deepspeed", "fleet_3", id="deepspeed_stage_3-fleet_teardown", marks=needs_deepspeed)])
+def test_a_fleet_module_made_whole_at_the_end_of_the_loop_answers_on_one_rank(request, family, name):
+    """Fleet has no stage end: ``fleet.strategy.unshard_module(model)`` or ``fleet.strategy.teardown()`` does it."""
+    ranks, _ = runs_for(request, family)
     for results in ranks:
-        result = results["fleet"]
+        result = results[name]
         assert not any(p["plain"] for p in result["params_before"].values())
         assert all(p["plain"] for p in result["params"].values())
         close(result["forward"], result["forward_while_sharded"])
-    close(ranks[0]["fleet"]["rank_zero_forward"], ranks[0]["fleet"]["forward"])
+    close(ranks[0][name]["rank_zero_forward"], ranks[0][name]["forward"])
 
 
 def _line(marker: str) -> int:

@@ -463,10 +463,15 @@ class DeepSpeedStrategy(DDPStrategy):
             engine.destroy()
 
     def teardown(self) -> None:
-        """Make the module whole (unless ``keep_sharded``), release the engine, then what DDPStrategy releases."""
+        """Make the module whole as at a stage's end, destroy an engine still attached to it, then DDPStrategy's.
+
+        The engine of a module made whole (destroyed already, without hooks) is kept for ``trainer.save_checkpoint``
+        after the stage, and with ``keep_sharded`` the engine stays for the next stage; the next ``setup`` drops both.
+        """
         if self._engine is not None and not stays_sharded(self.keep_sharded, self.start_method, self._interrupted):
             self.unshard_module(self._engine)
-        self._release_engine()
+        if self._detached is None and not self.keep_sharded:
+            self._release_engine()
         super().teardown()
 
     def __repr__(self) -> str:

@@ -11,7 +11,8 @@ with a ``case``:
 - ``"keep_sharded"``: fit with ``keep_sharded=True``; every rank calls the model together (it is still
   sharded), the final checkpoint is written, and ``trainer.test`` reuses the shards.
 - ``"raises"``: a fit that raises at step 2 on every rank (caught here); then ``trainer.test``.
-- ``"fleet"``: a Fleet loop of two steps, then ``fleet.strategy.unshard_module(model)``; rank 0 alone calls it.
+- ``"fleet"``: a Fleet loop of two steps, then ``fleet.strategy.unshard_module(model)`` (with ``"teardown"``:
+  ``fleet.strategy.teardown()``); rank 0 alone calls the model.
 - ``"rank_zero_forward"``: fit, where a ``@rank_zero_only`` callback calls the model after step 2 on rank 0
   alone (the run must end with a desync report naming that line; nothing is written).
 
@@ -166,7 +167,10 @@ def fleet(run: dict, ckpt_dir: str) -> dict:
     out: dict = {"params_before": describe(net)}
     with torch.no_grad():
         out["forward_while_sharded"] = model(inputs())  # every rank together
-    fleet.strategy.unshard_module(net)  # every rank: the end of the loop
+    if run.get("teardown"):
+        fleet.strategy.teardown()  # every rank: the end of the script
+    else:
+        fleet.strategy.unshard_module(net)  # every rank: the end of the loop
     out["params"] = describe(net)
     with torch.no_grad():
         out["forward"] = net(inputs())
@@ -190,6 +194,7 @@ def stages(run: dict, ckpt_dir: str) -> dict:
         model(x).sum().backward()
         out["rank_zero_grads"] = all(p.grad is not None for p in model.parameters())
         model.zero_grad(set_to_none=True)
+    trainer.strategy.teardown()  # as a Trainer that tears the strategy down at the stage's end will: nothing changes
     out["fit_ckpt"] = os.path.join(ckpt_dir, f"{run['name']}-fit.ckpt")
     trainer.save_checkpoint(out["fit_ckpt"])
     out["test_loss"] = trainer.test(model, test_loader(), verbose=False)[0]["test_loss"]
