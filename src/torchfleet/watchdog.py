@@ -92,8 +92,9 @@ def _internal(name: str) -> int:
     return kind
 
 
-def call_site(depth: int = 2) -> str:
-    """``file:line`` of the first frame outside torchfleet, torch and the standard library (the user's code).
+def call_site(depth: int = 2, function: bool = False) -> str:
+    """``file:line`` (``function``: then `` in <function>``) of the first frame outside torchfleet, torch and the
+    standard library (the user's code).
 
     With no user code on the stack (a collective the Trainer issues in a spawned rank), the torchfleet code that
     asked for it, e.g. ``torchfleet/trainer/eval_loop.py:40 in publish_epoch``.
@@ -107,7 +108,7 @@ def call_site(depth: int = 2) -> str:
         if kind is None:
             kind = _internal(name)
         if kind == _USER:
-            return f"{name}:{frame.f_lineno}"
+            return f"{name}:{frame.f_lineno} in {frame.f_code.co_name}" if function else f"{name}:{frame.f_lineno}"
         if kind == _OWN and own is None:
             own = frame
         frame = frame.f_back

@@ -258,10 +258,25 @@ class Strategy(ABC):
         """Leave the user's ``module`` on the CPU when a Trainer stage ends, as Lightning does.
 
         The model can then be called with CPU tensors after ``fit``/``predict`` on a GPU, and the
-        device's memory is given back. Sharded strategies keep their shards where they are.
+        device's memory is given back. Sharded strategies first make it whole (``unshard_module``).
         """
         if self.root_device.type != "cpu":
             self.unwrap(module).cpu()
+
+    def unshard_module(self, module: nn.Module) -> None:
+        """Make the user's module inside ``module`` an ordinary one again: whole weights, none of the strategy's hooks.
+
+        User code can then call it, and any submodule, on any rank alone and gets what the unsharded
+        model gives. Sharded strategies gather here, so every rank calls it; here every rank already
+        holds the whole model, so there is nothing to do.
+        """
+
+    def on_exception(self, exception: BaseException) -> None:
+        """A stage raised ``exception`` (called before the stage's end): the ranks may now be anywhere.
+
+        Sharded strategies then leave the module as it is at the stage's end, since making it whole
+        would need every rank.
+        """
 
     def outputs_to_cpu(self, outputs: Any) -> Any:
         """``outputs`` (predictions) with every tensor on the CPU, where the caller of ``predict`` can use them."""

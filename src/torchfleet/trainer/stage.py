@@ -163,6 +163,7 @@ def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl:
             cb.on_exception(trainer, model, exc)
         if dm is not None:
             dm.on_exception(exc)
+        strategy.on_exception(exc)  # before the stage's end, which then leaves sharded modules as they are
         for lg in trainer.loggers if trainer.is_global_zero else []:
             lg.finalize("failed")
         raise
