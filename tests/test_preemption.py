@@ -355,7 +355,7 @@ class _StallingData(torch.utils.data.Dataset):
 
 
 @pytest.mark.parametrize(("where", "said"), [("data", "with no training step completed"),
-                                            ("validation", "during validate"),
+                                            ("validation", "during validation"),
                                             ("sanity", "during the sanity check")])
 def test_one_process_stops_within_seconds_where_no_step_comes(tmp_path, where, said, capfd):
     # one process, no launcher: after the grace the signal thread raises Preempted in the main thread, which
@@ -415,3 +415,27 @@ def test_an_ignored_sigint_stays_ignored():
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_the_grace_follows_the_steps_that_still_come(monkeypatch):
+    from torchfleet import preemption
+    from torchfleet.preemption import SIGNAL_GRACE_S, StopAgreement, steps_overdue
+    from torchfleet.signals import SignalFlag
+
+    clock = [100.0]
+    monkeypatch.setattr(preemption, "_monotonic", lambda: clock[0])
+    flag = SignalFlag()
+    agreement = StopAgreement(flag, 1)
+    flag.received_at = 99.0
+    assert steps_overdue(flag, agreement, 99.0 + SIGNAL_GRACE_S - 0.1) is None  # before the first step: the grace
+    assert steps_overdue(flag, agreement, 99.0 + SIGNAL_GRACE_S + 0.1) is not None
+    for t in (100.0, 103.0, 160.0):  # steps of 3 s, then one that held a long validation
+        clock[0] = t
+        agreement.poll()
+    assert agreement.interval == 3.0  # the shorter of the last two
+    flag.received_at = 160.5
+    limit = 160.5 + SIGNAL_GRACE_S + 3.0  # a step's time more than the grace, from the signal (after the last step)
+    assert steps_overdue(flag, agreement, limit - 0.1) is None
+    assert steps_overdue(flag, agreement, limit + 0.1) is not None
+    # outside the training steps (validation): the grace alone
+    assert steps_overdue(flag, agreement, 160.5 + SIGNAL_GRACE_S + 0.1, stepping=False) is not None

@@ -257,10 +257,10 @@ class Fleet:
     def preemption_requested(self) -> bool:
         """Whether a SIGTERM/SIGUSR1/SIGINT asked the run to stop: the same on every rank, after the same step.
 
-        The first read installs the signal handlers (until then a signal ends the job at once, exit code 75);
-        then every ``optimizer.step()`` of an optimizer from ``setup`` checks, cheaply. Read it on every rank
-        (once per iteration); when True, save with ``fleet.save`` and ``raise torchfleet.Preempted(...)`` (exit
-        code 75). A rank whose steps stop coming (data, a collective) stops without saving (signals.py)."""
+        The first read installs the handlers (until then, under torchfleet's launchers, a signal ends the job at
+        once with exit code 75); then every ``optimizer.step()`` of an optimizer from ``setup`` checks, cheaply.
+        Read it on every rank (once per iteration); when True, save with ``fleet.save`` and ``raise
+        torchfleet.Preempted(...)`` (exit code 75). A rank whose steps stop coming stops without saving."""
         watch = self._preemption
         if watch.agreement is None:
             watch.start(self._strategy.world_size)

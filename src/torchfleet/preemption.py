@@ -130,11 +130,11 @@ class StopAgreement:
     ``poll()`` is called by every rank at the same points (the end of each optimizer step). With one
     process it reads the flag. With several, it waits for the reduction started at the previous poll
     and starts the next one with this rank's flag: all ranks read the same MAX, one step after the
-    earliest signal, and no rank blocks on a slow one in between. ``last_poll`` and ``interval`` (the
-    shorter of the last two times between polls) tell the signal thread whether the steps still come.
+    earliest signal, and no rank blocks on a slow one in between. ``last_poll`` and ``interval`` tell the
+    signal thread whether the steps still come.
     """
 
-    __slots__ = ("flag", "_group", "_work", "_buf", "_distributed", "last_poll", "interval", "_previous_interval")
+    __slots__ = ("flag", "_group", "_work", "_buf", "_distributed", "last_poll", "_previous", "_before")
 
     def __init__(self, flag: SignalFlag, world_size: int) -> None:
         self.flag = flag
@@ -142,19 +142,24 @@ class StopAgreement:
         self._group: Any = None
         self._work: Any = None
         self._buf: Any = None
-        #: time.monotonic() of the last poll (None before the first), and the time a step takes
+        #: time.monotonic() of the last poll (None before the first), and of the two before it
         self.last_poll: float | None = None
-        self.interval = 0.0
-        self._previous_interval = float("inf")
+        self._previous: float | None = None
+        self._before: float | None = None
+
+    @property
+    def interval(self) -> float:
+        """The time a step takes: the shorter of the last two between polls (one that held a validation does not
+        stretch the next wait); 0 before two polls."""
+        last, previous, before = self.last_poll, self._previous, self._before
+        if last is None or previous is None:
+            return 0.0
+        return last - previous if before is None else min(last - previous, previous - before)
 
     def poll(self) -> int | None:
         """The agreed signal number when the ranks are to stop now; None to go on."""
-        now = _monotonic()
-        last, self.last_poll = self.last_poll, now
-        if last is not None:
-            # the shorter of the last two: one interval that held a validation does not stretch the next wait
-            took = now - last
-            self.interval, self._previous_interval = min(took, self._previous_interval), took
+        # the times of the last three polls (the signal thread reads the step time from them)
+        self._before, self._previous, self.last_poll = self._previous, self.last_poll, _monotonic()
         if not self._distributed:
             return self.flag.signum
         import torch

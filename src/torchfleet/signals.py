@@ -113,6 +113,22 @@ def exit_without_agreement(line: str) -> NoReturn:
         os._exit(EXIT_CODE)
 
 
+#: SIGINTs this process raised in its own main thread (``interrupt_main``, a launcher stopping rank 0), not Ctrl-C:
+#: the signal thread skips that many SIGINT bytes, and the handler raises KeyboardInterrupt for the next one
+_OWN_INTERRUPTS = {"bytes": 0, "raise": False}
+
+
+def interrupt_main() -> None:
+    """``_thread.interrupt_main()`` (KeyboardInterrupt in the main thread) that a flag does not take for Ctrl-C."""
+    import _thread
+
+    handler = signal.getsignal(signal.SIGINT)
+    if isinstance(getattr(handler, "__self__", None), SignalFlag):
+        _OWN_INTERRUPTS["bytes"] += 1
+        _OWN_INTERRUPTS["raise"] = True
+    _thread.interrupt_main()
+
+
 #: the write ends of the wakeup pipes of the flags installed now: a flag installed over another does not pass
 #: its bytes on to the one below (that one would act on a signal its successor is already handling)
 _OUR_FDS: set[int] = set()
@@ -270,14 +286,19 @@ class SignalFlag:
         line, self._raise = self._raise, None
         if line is not None:  # the signal thread found the stop overdue in a single process: unwind from here
             raise Preempted(line, signal_name(self.signum or signum))
+        if signum == signal.SIGINT and _OWN_INTERRUPTS["raise"]:
+            _OWN_INTERRUPTS["raise"] = False
+            raise KeyboardInterrupt
         # also recorded here, at once: the main thread's next check must see it (the thread may read its byte later)
         self._record(signum)
 
     def _watch(self, read_fd: int, previous_fd: int) -> None:
         """The signal thread: the wakeup pipe's bytes are the signals received, even while the main thread blocks."""
+        done = False  # nothing more to decide; the pipe is still read until restore() closes it (a write to a pipe
+        # without a reader would make Python print an error at the next signal)
         try:
             while True:
-                waiting = self.signum is not None and not self._closed
+                waiting = self.signum is not None and not done
                 if waiting and not select.select([read_fd], [], [], _TICK_S)[0]:
                     data = None  # no new signal: look at the deadline again
                 else:
@@ -291,13 +312,16 @@ class SignalFlag:
                             pass
                     for signum in data:
                         self._received(signum)
-                if self.signum is not None and self._check_deadline():
-                    return
+                if not done and self.signum is not None:
+                    done = self._check_deadline()
         finally:
             os.close(read_fd)
 
     def _received(self, signum: int) -> None:
         if signum not in SIGNALS or self._fired:
+            return
+        if signum == signal.SIGINT and _OWN_INTERRUPTS["bytes"] > 0:
+            _OWN_INTERRUPTS["bytes"] -= 1
             return
         if _stopped_by_launcher(signum):
             end_own_children()

@@ -34,7 +34,9 @@ needs_deepspeed = pytest.mark.skipif(not deepspeed_available(), reason="deepspee
 
 
 def _environment(token: str) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, TF_FAULT_TOKEN=token, DS_ACCELERATOR="cpu")
+    # the repository root (tests.*) before what the caller put on PYTHONPATH (a checkout's src, if any)
+    path = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path, TF_FAULT_TOKEN=token, DS_ACCELERATOR="cpu")
     for var in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
         env.pop(var, None)
     return env

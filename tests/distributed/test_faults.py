@@ -153,7 +153,7 @@ def test_ctrl_c_in_the_launching_process_saves_and_stops_every_rank(tmp_path):
     out = str(tmp_path / "never-written.pt")
     started_read, started_write = os.pipe()
     cfg = {"strategy": "ddp", "devices": 2, "epochs": 10_000, "started_fd": started_write, "out": out}
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     # in tmp_path: the run saves its preemption checkpoint under the working directory (no default_root_dir)
     proc = subprocess.Popen([sys.executable, SCRIPT, json.dumps(cfg)], stderr=subprocess.PIPE, text=True, env=env,
                             cwd=tmp_path, pass_fds=(started_write,), preexec_fn=default_sigint)

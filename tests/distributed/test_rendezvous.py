@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from tests.distributed.scripts.store_bind import other_ipv4_addresses
+from tests.distributed.sharded_helpers import child_env
 
 pytestmark = [pytest.mark.distributed]
 
@@ -25,11 +26,8 @@ SCRIPT = os.path.join(ROOT, "tests", "distributed", "scripts", "store_bind.py")
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
 def test_single_node_store_listens_on_loopback_only(tmp_path, strategy):
     out = tmp_path / "bind.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    for var in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
-        env.pop(var, None)
     proc = subprocess.run([sys.executable, SCRIPT, strategy, str(out)], capture_output=True, text=True, timeout=180,
-                          env=env, cwd=ROOT)
+                          env=child_env(), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(out.read_text())
     assert seen["listening"] == ["127.0.0.1"], seen  # one listener, on loopback: not 0.0.0.0 nor ::

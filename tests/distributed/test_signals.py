@@ -22,7 +22,8 @@ import time
 import pytest
 
 from tests.distributed.scripts.fault_train import processes_with
-from tests.distributed.test_fault_matrix import newest_complete_checkpoint, wait_gone
+from tests.distributed.sharded_helpers import child_env
+from tests.distributed.test_fault_matrix import default_sigint, newest_complete_checkpoint, wait_gone
 from torchfleet.checkpoint.consolidate import read_full_checkpoint
 from torchfleet.preemption import EXIT_CODE
 
@@ -43,20 +44,14 @@ TARGETS = {
 
 def _start(tmp_path, cfg: dict) -> tuple[subprocess.Popen, str]:
     token = f"signals-{os.getpid()}-{time.time_ns()}"
-    env = dict(os.environ, OMP_NUM_THREADS="1", TF_FAULT_TOKEN=token,
-               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-    for var in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK", "TF_RESTART_COUNT",
-                "SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
+    env = child_env(TF_FAULT_TOKEN=token)
+    for var in ("TF_RESTART_COUNT", "SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
         env.pop(var, None)
     cfg = {**cfg, "root": str(tmp_path)}
     # SIGINT at its default in the script's processes: a suite run as a background job ignores it (item 11)
     proc = subprocess.Popen([sys.executable, SCRIPT, json.dumps(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=ROOT, preexec_fn=_default_sigint)
+                            text=True, env=env, cwd=ROOT, preexec_fn=default_sigint)
     return proc, token
-
-
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_ready(proc: subprocess.Popen, tmp_path, ranks: list[int]) -> dict[int, int]:
@@ -117,7 +112,7 @@ def test_trainer_stops_every_process_within_10_s_with_exit_75(tmp_path, strategy
     if place == "data" and sig == "SIGUSR1":
         cfg["workers"] = 1  # the wait is in a loader worker, a process of its own that must go too
     line = _run_case(tmp_path, cfg, sig, TARGETS[strategy, sig])
-    expected = {"start": "before the first training step", "val": "during validate",
+    expected = {"start": "before the first training step", "val": "during validation",
                 "data": "with no training step completed", "collective": ""}[place]
     assert expected in line, line
     ckpt = newest_complete_checkpoint(str(tmp_path / "ckpt"))

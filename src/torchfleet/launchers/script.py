@@ -18,7 +18,6 @@ the children again, and a Trainer's fit resumes from the newest checkpoint (``au
 
 from __future__ import annotations
 
-import _thread
 import atexit
 import logging
 import os
@@ -56,7 +55,7 @@ from torchfleet.launchers.supervise import (
 )
 from torchfleet.preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
 from torchfleet.preemption import RESTART_COUNT_VAR, Preempted, describe_signal
-from torchfleet.signals import SignalFlag, end_own_children, set_unagreed_stop
+from torchfleet.signals import SignalFlag, end_own_children, interrupt_main, set_unagreed_stop
 
 if TYPE_CHECKING:
     from torchfleet.environments.base import ClusterEnvironment
@@ -195,7 +194,7 @@ class _Children:
                     if self.main_stopped.is_set():
                         return
                     self.interrupted = True
-                    _thread.interrupt_main()
+                    interrupt_main()
                 if not self.main_stopped.wait(INTERRUPT_GRACE_S):
                     # blocked inside C++ where the interrupt cannot land: exit with the report ourselves
                     self._report_and_exit(sup.failure)

@@ -136,7 +136,8 @@ class FitPreemption:
             where = (f"in epoch {position[1]} after batch {position[2]}, with no training step completed{since} "
                      "(waiting for data, or for another rank)")
         elif position is not None:
-            where = "during the sanity check" if position[0] == "sanity_check" else f"during {position[0]}"
+            where = {"sanity_check": "during the sanity check", "validate": "during validation"}.get(
+                position[0], f"during {position[0]}")
         elif self.agreement is None or self.agreement.last_poll is None:
             where = "before the first training step"
         else:
