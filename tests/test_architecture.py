@@ -26,6 +26,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "launchers": _PARTS_MAY_NOT,
     "precision": _PARTS_MAY_NOT,
     "preemption": _PARTS_MAY_NOT | {"launchers", "environments", "accelerators", "checkpoint", "loggers"},
+    "signals": _PARTS_MAY_NOT | {"launchers", "environments", "accelerators", "checkpoint", "loggers"},
     "strategies": {"connector", "module"} | _CLIENTS,
     "connector": {"module"} | _CLIENTS,
     "trainer": {"fleet", "fleet_wrappers", "cli"},

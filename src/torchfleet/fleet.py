@@ -29,9 +29,10 @@ from torchfleet.compiled import compile_again, split_compiled
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.fleet_wrappers import FleetDataLoader, FleetModule, FleetOptimizer, _original, _unwrap
 from torchfleet.loggers.base import agree_versions, save_loggers, use_versions
-from torchfleet.preemption import PreemptionWatch, restart_count
+from torchfleet.preemption import restart_count
 from torchfleet.seed import add_worker_init_fn, reset_seed
 from torchfleet.settings import TrainingSettings
+from torchfleet.signals import PreemptionWatch
 from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, labelled, parse_hang_timeout
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class Fleet:
         self._launched = False
         self._set_up_modules: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         self._backward_module: Any = _NOT_SET_UP
-        #: SIGTERM/SIGUSR1, agreed across ranks after optimizer steps, once the loop reads preemption_requested
+        #: SIGTERM/SIGUSR1/SIGINT, agreed across ranks after optimizer steps, once the loop reads preemption_requested
         self._preemption = PreemptionWatch()
         #: seconds a rank may wait in one collective before the watchdog stops the run (None: no watchdog)
         self.hang_timeout = parse_hang_timeout(hang_timeout, "Fleet")
@@ -271,13 +272,12 @@ class Fleet:
 
     @property
     def preemption_requested(self) -> bool:
-        """Whether a SIGTERM/SIGUSR1 asked the run to stop: the same on every rank, after the same optimizer step.
+        """Whether a SIGTERM/SIGUSR1/SIGINT asked the run to stop: the same on every rank, after the same step.
 
-        The first read installs the signal handlers (until then SIGTERM ends the process as usual); after
-        that every ``optimizer.step()`` of an optimizer from ``setup`` checks, cheaply. Read it on every
-        rank (once per iteration); when True, save with ``fleet.save`` and ``raise torchfleet.Preempted(...)``,
-        which exits with code 75 (``torchfleet.preemption.EXIT_CODE``).
-        """
+        The first read installs the handlers (until then, under torchfleet's launchers, a signal ends the job at
+        once with exit code 75); then every ``optimizer.step()`` of an optimizer from ``setup`` checks, cheaply.
+        Read it on every rank (once per iteration); when True, save with ``fleet.save`` and ``raise
+        torchfleet.Preempted(...)`` (exit code 75). A rank whose steps stop coming stops without saving."""
         watch = self._preemption
         if watch.agreement is None:
             watch.start(self._strategy.world_size)

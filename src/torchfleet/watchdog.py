@@ -230,7 +230,7 @@ def current() -> dict[str, Any]:
     """This process's record: the collective it is in, or the last it finished."""
     rec = _REC
     return {"seq": rec.seq, "state": _STATES.get(rec.state, "none"), "name": rec.name, "site": rec.site,
-            "where": rec.where, "started": rec.started, "ended": rec.ended, "pid": os.getpid()}
+            "where": rec.where, "started": rec.started, "ended": rec.ended, "pid": os.getpid(), "position": rec.position}
 
 
 def _write_box(rec: _Recorder) -> None:
@@ -302,25 +302,25 @@ _FR_FILE = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 FLIGHT_RECORDER_ENTRIES = "2000"
 
 
-def nccl_flight_recorder_env(environ: dict[str, str] | Any = None, folder: str | None = None) -> str:
+def nccl_flight_recorder_env(environ: dict[str, str] | Any = None, folder: str | None = None,
+                             run_dir: str | None = None) -> str:
     """Switch on PyTorch's NCCL flight recorder (before init_process_group); the dump files' prefix.
 
     Sets the ring buffer size, dump-on-timeout and where the dump goes, leaving alone any of them the user
-    set. The dump of rank r is ``<prefix><r>``.
-    """
+    set. The dump of rank r is ``<prefix><r>``, in ``folder``, else in ``nccl-trace`` of the launcher's private run
+    folder ``run_dir`` (shared by the ranks), else in a new private folder (mkdtemp)."""
     env = os.environ if environ is None else environ
     if not any(env.get(k) for k in _FR_BUFFER):
-        for k in _FR_BUFFER:
-            env[k] = FLIGHT_RECORDER_ENTRIES
+        env.update(dict.fromkeys(_FR_BUFFER, FLIGHT_RECORDER_ENTRIES))
     env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     prefix = next((env[k] for k in _FR_FILE if env.get(k)), None)
     if prefix is None:
         job = env.get("TORCHELASTIC_RUN_ID") or env.get("SLURM_JOB_ID") or env.get("MASTER_PORT") or str(os.getpid())
-        folder = folder or os.path.join(tempfile.gettempdir(), f"torchfleet-nccl-trace-{job}")
-        os.makedirs(folder, exist_ok=True)
+        if folder is None:  # never a name others can guess and create first
+            folder = os.path.join(run_dir, "nccl-trace") if run_dir else tempfile.mkdtemp(prefix=f"torchfleet-nccl-{job}-")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
         prefix = os.path.join(folder, "rank_")
-        for k in _FR_FILE:
-            env[k] = prefix
+        env.update(dict.fromkeys(_FR_FILE, prefix))
     return prefix
 
 
