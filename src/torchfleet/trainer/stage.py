@@ -19,7 +19,7 @@ import torch
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
 from torchfleet.module import Module
 from torchfleet.samplers import without_shuffle
-from torchfleet.seed import add_worker_init_fn
+from torchfleet.seed import add_worker_init_fn, isolate_rng
 from torchfleet.settings import loader_batch_size
 from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore
 from torchfleet.trainer.eval_loop import EvalLoop
@@ -313,7 +313,10 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
         lg.log_hyperparams(hparams)
     trainer._hooks.call("on_fit_start", trainer)
     if trainer.num_sanity_val_steps and val_loaders and trainer.limit_val_batches:
-        _sanity_check(trainer, model, val_loaders)
+        # as Lightning: the check draws no random number that training would have drawn (a DataLoader iterator
+        # draws its base seed), so a shuffled or dropout run is the same with and without it
+        with isolate_rng():
+            _sanity_check(trainer, model, val_loaders)
     FitLoop(trainer, model, train_loader, val_loaders, lockstep=shape.lockstep).run()
     trainer._hooks.call("on_fit_end", trainer)
     if trainer.is_global_zero:
