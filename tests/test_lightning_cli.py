@@ -225,3 +225,32 @@ def test_trainer_objects_from_class_paths_and_the_trainers_own_refusal(tmp_path,
     with pytest.raises(SystemExit) as exited:  # names no class: the Trainer says what it accepts
         cli_main(run=False, args=["--trainer.logger=csv"])
     assert exited.value.code == 2 and "logger='csv' is not valid" in capsys.readouterr().err
+
+
+def make_trainer(max_epochs: int = 1, enable_progress_bar: bool = False) -> tf.Trainer:
+    """A program's own way of building its Trainer (no callbacks argument)."""
+    return tf.Trainer(max_epochs=max_epochs, enable_progress_bar=enable_progress_bar, logger=False)
+
+
+def test_a_function_as_trainer_class_without_callbacks():
+    with pytest.warns(UserWarning, match="takes no callbacks argument"):
+        cli = LightningCLI(LitAutoEncoder, MyDataModule, trainer_class=make_trainer, run=False,
+                           args=["--trainer.max_epochs=4"])
+    assert cli.trainer.max_epochs == 4 and cli.trainer.loggers == []
+    assert not any(isinstance(cb, SaveConfigCallback) for cb in cli.trainer.callbacks)
+
+
+def test_save_config_callback_keeps_the_model_configuration_in_checkpoints():
+    cli = classifier_main(run=False, args=["--model=WideClassifier", "--model.width=8"])
+    [saver] = [cb for cb in cli.trainer.callbacks if isinstance(cb, SaveConfigCallback)]
+    recorded = saver.state_dict()["model_config"]
+    assert recorded["class_path"].endswith(".WideClassifier") and recorded["init_args"]["width"] == 8
+    yaml.safe_dump(recorded)  # plain values only
+
+
+def test_trainer_defaults_callbacks_given_as_class_paths_are_built():
+    cli = LightningCLI(LitAutoEncoder, MyDataModule, run=False, trainer_defaults={
+        "callbacks": [{"class_path": "torchfleet.callbacks.EarlyStopping", "init_args": {"monitor": "val_loss"}},
+                      ReconstructionProbe(num_samples=2)]})
+    kinds = {type(cb).__name__: cb for cb in cli.trainer.callbacks}
+    assert kinds["EarlyStopping"].monitor == "val_loss" and kinds["ReconstructionProbe"].num_samples == 2

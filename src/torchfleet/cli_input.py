@@ -196,7 +196,13 @@ def prepare_argv(argv: list[str], bases: dict[str, type] | None = None) -> tuple
 
 
 def help_formatter() -> type:
-    """The help formatter of every torchfleet parser: jsonargparse's, with the Trainer's effective defaults."""
+    """The help formatter of every torchfleet parser: jsonargparse's, with the Trainer's effective defaults.
+
+    Built on first use (jsonargparse is imported then) and kept as this module's ``HelpFormatter``, so that a
+    parser pickles (ddp_spawn sends LightningCLI's SaveConfigCallback, which holds its parser, to the ranks)."""
+    built = globals().get("HelpFormatter")
+    if built is not None:
+        return built
     from jsonargparse import DefaultHelpFormatter
 
     from torchfleet.trainer.arguments import DEFAULTS as TRAINER_DEFAULTS
@@ -218,7 +224,15 @@ def help_formatter() -> type:
                 text = text.replace("default: %(default)s", f"default: {shown}")
             return text
 
+    HelpFormatter.__qualname__ = "HelpFormatter"
+    globals()["HelpFormatter"] = HelpFormatter
     return HelpFormatter
+
+
+def __getattr__(name: str) -> Any:
+    if name == "HelpFormatter":  # unpickling a parser in a new process
+        return help_formatter()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _object_arguments() -> dict[str, Any]:
@@ -255,7 +269,9 @@ def add_trainer_arguments(parser: Any, trainer_class: type, key: str = "trainer"
     import inspect
 
     typed = _object_arguments()
-    params = inspect.signature(trainer_class.__init__).parameters
+    # a class made from a function (jsonargparse's class_from_function) takes that function's arguments
+    builder = getattr(trainer_class, "wrapped_function", None) or trainer_class.__init__
+    params = inspect.signature(builder).parameters
     # only the arguments the class leaves untyped: a subclass's own annotation is respected
     retyped = {name: typed[name] for name, p in params.items() if name in typed and p.annotation in (Any, "Any")}
     added = list(parser.add_class_arguments(trainer_class, key, instantiate=instantiate, fail_untyped=False,

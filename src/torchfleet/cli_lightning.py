@@ -30,6 +30,7 @@ from torch.optim import Optimizer
 from torchfleet.cli_input import explain_build_error, prepare_argv, print_error
 from torchfleet.cli_lightning_parser import (
     KEEP_NONE,
+    MODEL_CONFIG_KEY,
     ArgsType,
     ConfigExistsError,
     LightningArgumentParser,
@@ -76,8 +77,10 @@ class LightningCLI:
             only built, for the program to use (``cli.trainer.fit(cli.model, datamodule=cli.datamodule)``).
         auto_configure_optimizers: add ``--optimizer`` and ``--lr_scheduler`` (unless ``add_arguments_to_parser``
             added its own); when given, they replace the model's ``configure_optimizers``.
-        load_from_checkpoint_support: accepted for Lightning's signature; hyperparameters in checkpoints are what
-            the model's ``save_hyperparameters()`` records (Lightning stores the parsed configuration instead).
+        load_from_checkpoint_support: True: ``--ckpt_path FILE`` builds the model from the configuration recorded
+            in FILE by SaveConfigCallback (class path and arguments, nested classes too); False: from the
+            hyperparameters ``save_hyperparameters()`` saved there. (Lightning records that configuration in the
+            hyperparameters, for ``load_from_checkpoint`` too; here they stay what the model saved.)
 
     ``--help``, ``--print_config`` and a value jsonargparse rejects end the program as argparse does; a value the
     Trainer or a constructor rejects, and any torchfleet error while the subcommand runs, are printed as one
@@ -267,13 +270,18 @@ class LightningCLI:
             return
         from torchfleet.checkpoint.format import read_checkpoint
 
-        hparams = dict(read_checkpoint(ckpt_path, map_location="cpu", weights_only=True).get("hyper_parameters")
-                       or {})
-        hparams.pop("_instantiator", None)
+        checkpoint = read_checkpoint(ckpt_path, map_location="cpu", weights_only=True)
+        recorded = [state[MODEL_CONFIG_KEY] for state in (checkpoint.get("callbacks") or {}).values()
+                    if isinstance(state, dict) and MODEL_CONFIG_KEY in state]
+        if recorded and self.load_from_checkpoint_support:
+            hparams = recorded[0]  # the configuration that built the model, nested classes and all
+        else:
+            hparams = dict(checkpoint.get("hyper_parameters") or {})
+            hparams.pop("_instantiator", None)
+            if "_class_path" in hparams:  # written by Lightning
+                hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
         if not hparams:
             return
-        if "_class_path" in hparams:
-            hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
         try:
             self.config = self.parser.parse_object({subcommand: {"model": hparams}}, self.config)
         except SystemExit:
@@ -312,12 +320,21 @@ class LightningCLI:
         return self._instantiate_trainer(trainer_config, extra_callbacks)
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Trainer:
-        given = config.get("callbacks")
+        if "callbacks" not in config:  # a trainer_class without a callbacks argument
+            from torchfleet.utilities import rank_zero_warn
+
+            rank_zero_warn(f"{getattr(self.trainer_class, '__qualname__', self.trainer_class)} takes no callbacks "
+                           "argument: the CLI's callbacks (config.yaml, --checkpoint-style groups, trainer_defaults' "
+                           "callbacks) are left out.")
+            return self.trainer_class(**config)
+        given = config["callbacks"]
         config["callbacks"] = [] if given is None else list(given) if isinstance(given, list) else [given]
         config["callbacks"] += callbacks
         default = self.trainer_defaults.get("callbacks")
-        if default is not None:
-            config["callbacks"] += default if isinstance(default, list) else [default]
+        for callback in (default if isinstance(default, list) else [] if default is None else [default]):
+            # a {"class_path": ..., "init_args": ...} default is built here, as the command line's would be
+            built = isinstance(callback, dict) and "class_path" in callback
+            config["callbacks"].append(instantiate_class((), callback) if built else callback)
         if self.save_config_callback is not None and not config.get("fast_dev_run", False):
             config["callbacks"].append(self.save_config_callback(
                 self._parser(self.subcommand), self.config.get(str(self.subcommand), self.config),

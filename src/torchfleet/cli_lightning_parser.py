@@ -14,6 +14,7 @@ from typing import Any, Union
 
 import jsonargparse
 import torch
+import yaml
 from jsonargparse import ArgumentParser, Namespace, class_from_function
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
@@ -132,6 +133,10 @@ class LightningArgumentParser(ArgumentParser):
         register[key] = (classes, link_to)
 
 
+#: the entry of SaveConfigCallback's checkpoint state that holds the model's configuration
+MODEL_CONFIG_KEY = "model_config"
+
+
 class ConfigExistsError(TorchfleetError, RuntimeError):
     """A run would overwrite the config.yaml of an earlier run in the same log folder."""
 
@@ -158,6 +163,7 @@ class SaveConfigCallback(Callback):
         self.multifile = multifile
         self.save_to_log_dir = save_to_log_dir
         self.already_saved = False
+        self._model_config: dict[str, Any] | None = None
         if not save_to_log_dir and type(self).save_config is SaveConfigCallback.save_config:
             raise ConfigurationError(
                 "SaveConfigCallback(save_to_log_dir=False) would save the configuration nowhere: subclass it and "
@@ -188,6 +194,15 @@ class SaveConfigCallback(Callback):
             self.save_config(trainer, pl_module, stage)
             self.already_saved = True
         self.already_saved = trainer.strategy.broadcast(self.already_saved)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The model's section of the configuration as parsed (class path and arguments, nested classes too), kept
+        in checkpoints so that ``--ckpt_path FILE`` builds the same model (Lightning keeps it in the
+        hyperparameters). Plain YAML values: a weights-only load reads them."""
+        if self._model_config is None:
+            dumped = self.parser.dump(self.config, skip_link_targets=False, format="yaml", **KEEP_NONE)
+            self._model_config = (yaml.safe_load(dumped) or {}).get("model") or {}
+        return {MODEL_CONFIG_KEY: self._model_config} if self._model_config else {}
 
     def save_config(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Override to save the configuration somewhere else too (a logger's hyperparameters). Runs on global rank 0

@@ -204,6 +204,18 @@ def test_a_printed_configuration_runs_again(classifier_fit):
     assert state["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(0.2 * 0.1 ** 2)
 
 
+def test_validate_rebuilds_the_backbone_recorded_in_the_checkpoint(classifier_fit):
+    """The backbone's width (12) was a nested class argument: not a hyperparameter (save_hyperparameters ignores
+    it), but recorded in the checkpoint with the configuration, so validate builds a model its weights fit."""
+    last = [p for p in _checkpoints(classifier_fit) if p.endswith("last.ckpt")][0]
+    proc = _run("cli_classifier.py", ["validate", "--model=LitClassifier", f"--ckpt_path={last}", *QUIET],
+                classifier_fit)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "val_acc" in proc.stdout + proc.stderr
+    backbone = _config(classifier_fit, version=1)["model"]["init_args"]["backbone"]
+    assert backbone["init_args"]["hidden_dim"] == 12
+
+
 @needs_lightning
 def test_classifier_matches_lightning(classifier_fit, tmp_path):
     proc = _run("cli_classifier.py", ["fit", *CLASSIFIER_ARGS], str(tmp_path), lightning=True)
@@ -232,6 +244,19 @@ def test_classifier_under_ddp_on_two_processes(tmp_path):
     _same_config(config, _config(theirs))
     their_last = [p for p in _checkpoints(theirs) if p.endswith("last.ckpt")][0]
     _bitwise_equal(_weights(last[0]), _weights(their_last, lightning=True))
+
+
+@pytest.mark.distributed
+def test_classifier_under_ddp_spawn_pickles_the_cli_parts(tmp_path):
+    """ddp_spawn pickles the Trainer's callbacks (SaveConfigCallback holds its parser) and the model (its
+    configure_optimizers built from --optimizer) for the ranks it starts."""
+    proc = _run("cli_classifier.py", ["fit", *CLASSIFIER_ARGS, "--trainer.max_epochs=1", "--trainer.strategy=ddp_spawn",
+                                      "--trainer.devices=2", "--trainer.accelerator=cpu"], str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert _config(str(tmp_path))["trainer"]["strategy"] == "ddp_spawn"
+    last = [p for p in _checkpoints(str(tmp_path)) if p.endswith("last.ckpt")][0]
+    groups = torch.load(last, weights_only=False)["optimizer_states"][0]["param_groups"]
+    assert groups[0]["lr"] == pytest.approx(0.2 * 0.1) and groups[0]["momentum"] == 0  # SGD, stepped once
 
 
 def test_command_line_errors_end_with_one_paragraph_and_status_2(tmp_path):
