@@ -384,7 +384,8 @@ class CLI:
         seed_everything_default: the seed used when ``--seed`` is not given (None: do not seed).
 
     A usage error, ``--help`` and ``--print_config`` end the program (``SystemExit``), as with argparse; a
-    torchfleet error is printed as one paragraph and ends it with status 2.
+    torchfleet error is printed as one paragraph and ends it with status 2. ``LightningCLI`` (in this module too)
+    is Lightning's fuller API, for programs ported from Lightning: config.yaml, subclass mode, ``--optimizer``.
     """
 
     def __init__(self, model_class: type | None = None, datamodule_class: type | None = None, *,
