@@ -15,7 +15,7 @@ ROOT = Path(torchfleet.__file__).parent
 #: package (a directory or module under src/torchfleet) -> packages none of its modules may import
 #: the layers, lowest first: parts (accelerators, environments, checkpoint, loggers, launchers) know nothing of
 #: strategies; strategies know nothing of the loops; the Trainer and Fleet are two clients that ignore each other
-_CLIENTS = {"trainer", "fleet", "fleet_wrappers", "cli", "callbacks"}
+_CLIENTS = {"trainer", "fleet", "fleet_wrappers", "cli", "cli_lightning", "cli_lightning_parser", "callbacks"}
 _PARTS_MAY_NOT = {"strategies", "connector", "module"} | _CLIENTS
 FORBIDDEN: dict[str, set[str]] = {
     "accelerators": _PARTS_MAY_NOT | {"launchers"},
@@ -26,13 +26,18 @@ FORBIDDEN: dict[str, set[str]] = {
     "launchers": _PARTS_MAY_NOT,
     "precision": _PARTS_MAY_NOT,
     "preemption": _PARTS_MAY_NOT | {"launchers", "environments", "accelerators", "checkpoint", "loggers"},
+    "signals": _PARTS_MAY_NOT | {"launchers", "environments", "accelerators", "checkpoint", "loggers"},
     "strategies": {"connector", "module"} | _CLIENTS,
     "connector": {"module"} | _CLIENTS,
     "trainer": {"fleet", "fleet_wrappers", "cli"},
     "fleet": {"trainer", "cli", "callbacks"},
-    # leaves: seed uses utilities (the rank), utilities uses nothing of torchfleet
-    "seed": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers"},
-    "utilities": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers", "seed"},
+    # leaves: seed uses rank_zero (the rank), rank_zero uses nothing of torchfleet; utilities (Lightning's module
+    # paths) sits on them and imports nothing else, so any layer may import it
+    "seed": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers", "utilities"},
+    "rank_zero": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers", "seed",
+                                   "utilities"},
+    "utilities": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers", "profilers",
+                                   "precision", "preemption", "plugins", "demos", "data"},
     "compiled": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers", "seed"},
     "plugins": {"connector", "module", "launchers"} | _CLIENTS,
     "demos": {"trainer", "fleet", "fleet_wrappers", "cli", "strategies", "connector"},

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import logging
 import os
 import subprocess
@@ -15,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from torchfleet import DataModule, Module
-from torchfleet.cli import _plot, main
+from torchfleet.cli import _metric_rows, _plot, main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
@@ -127,10 +126,8 @@ def test_fit_tiny_model_writes_metrics_plot_and_reports(tmp_path, capsys):
     assert main(tiny(tmp_path)) == 0
     out = capsys.readouterr().out
     log_dir = tmp_path / "logs" / "version_0"
-    with open(log_dir / "metrics.csv") as f:
-        reader = csv.DictReader(f)
-        rows = list(reader)
-    assert {"train_loss", "val_acc", "step", "epoch"} <= set(reader.fieldnames)
+    rows, columns = _metric_rows(str(log_dir))  # TensorBoard's event files, or metrics.csv without tensorboard
+    assert {"train_loss", "val_acc", "step", "epoch"} <= set(columns)
     assert max(int(r["step"]) for r in rows) == 1  # limit_train_batches=2, one epoch: steps 0 and 1, as Lightning
     pytest.importorskip("matplotlib")
     assert (log_dir / "loss_curve.png").stat().st_size > 1000
@@ -213,7 +210,7 @@ def test_file_form_class_path(tmp_path, monkeypatch, capsys):
     args = tiny(tmp_path)
     args[1:3] = ["--model=pkgdir/cli_file_model.py:FileModel", f"--data={HERE}.TinyData"]
     assert main(args) == 0
-    assert (tmp_path / "logs" / "version_0" / "metrics.csv").is_file()
+    assert _metric_rows(str(tmp_path / "logs" / "version_0"))
 
 
 def test_test_stage_from_a_checkpoint(tmp_path, capsys):
@@ -222,8 +219,7 @@ def test_test_stage_from_a_checkpoint(tmp_path, capsys):
     args = tiny(tmp_path, f"--ckpt_path={checkpoint}")
     args[0] = "test"
     assert main(args) == 0
-    with open(tmp_path / "logs" / "version_1" / "metrics.csv") as f:  # the test run's own log folder
-        rows = list(csv.DictReader(f))
+    rows, _ = _metric_rows(str(tmp_path / "logs" / "version_1"))  # the test run's own log folder
     assert [r["test_acc"] for r in rows if r.get("test_acc")]
 
 

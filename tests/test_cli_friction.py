@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import csv
 import os
 
 import pytest
 
-from torchfleet.cli import main
+from torchfleet.cli import _metric_rows, main
 from torchfleet.loggers import CSVLogger
 
 EXAMPLE_SMALL = ["--data.num_train=512", "--data.num_val=128", "--model.d_model=32", "--model.dim_feedforward=64",
@@ -28,8 +27,7 @@ def test_resume_last_with_more_epochs_continues_in_the_same_version(tmp_path, ca
     assert f"Resuming from {first_ckpt}; logging on in {version}" in out
     assert f"Finished: epoch 2, step {2 * STEPS_PER_EPOCH}" in out
     assert sorted(os.listdir(tmp_path / "logs")) == ["version_0"]
-    with open(version / "metrics.csv") as f:
-        rows = list(csv.DictReader(f))
+    rows, _ = _metric_rows(str(version))  # TensorBoard's event files, or metrics.csv without tensorboard
     steps = sorted({int(r["step"]) for r in rows if r.get("train_loss")})
     assert steps == list(range(2 * STEPS_PER_EPOCH))  # the first run's rows are still there (numbered from 0)
     assert {r["epoch"] for r in rows if r.get("val_acc")} == {"0", "1"}

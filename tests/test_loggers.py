@@ -7,6 +7,7 @@ import glob
 import os
 
 import pytest
+import torch
 import yaml
 
 from tests.helpers import RegressionData, Regressor
@@ -24,8 +25,13 @@ def _fit(tmp_path, logger, **kw):
     return trainer
 
 
-def test_csv_logger_default(tmp_path):
+def test_csv_logger_is_the_default_without_tensorboard(tmp_path, monkeypatch):
+    import torchfleet.utilities.imports as imports
+
+    found = imports.package_available
+    monkeypatch.setattr(imports, "package_available", lambda name: name != "tensorboard" and found(name))
     trainer = _fit(tmp_path, None)
+    assert type(trainer.logger) is CSVLogger
     log_dir = os.path.join(tmp_path, "logs", "version_0")
     assert trainer.log_dir == log_dir
     with open(os.path.join(log_dir, "metrics.csv")) as f:
@@ -39,6 +45,27 @@ def test_csv_logger_default(tmp_path):
         assert yaml.safe_load(f)["hidden"] == 5
     _fit(tmp_path, None)
     assert os.path.isdir(os.path.join(tmp_path, "logs", "version_1"))
+
+
+class ImageLogging(Regressor):
+    def on_train_epoch_end(self):
+        # what Lightning programs do with the default logger (the autoencoder example's image sampler)
+        self.logger.experiment.add_image("samples", torch.rand(3, 8, 8), global_step=self.global_step)
+
+
+def test_tensorboard_logger_is_the_default_when_installed_as_in_lightning(tmp_path):
+    pytest.importorskip("tensorboard", reason="the default is a TensorBoardLogger only where tensorboard is installed")
+    trainer = Trainer(accelerator="cpu", max_epochs=1, default_root_dir=tmp_path, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, limit_train_batches=2,
+                      log_every_n_steps=1)
+    trainer.fit(ImageLogging(hidden=5), datamodule=RegressionData())
+    assert type(trainer.logger) is TensorBoardLogger
+    assert trainer.log_dir == os.path.join(tmp_path, "logs", "version_0")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(trainer.log_dir)
+    acc.Reload()
+    assert acc.Tags()["images"] == ["samples"] and "train_loss" in acc.Tags()["scalars"]
 
 
 def test_csv_header_grows_with_new_columns(tmp_path):

@@ -12,11 +12,12 @@ import os
 import signal
 import stat
 import sys
+import time
 
 import pytest
 import torch
 
-from tests.helpers import RegressionData, Regressor, quiet
+from tests.helpers import RegressionData, Regressor, loader, make_data, quiet
 from torchfleet import Trainer
 from torchfleet.callbacks import Callback, ModelCheckpoint
 from torchfleet.environments import SLURMEnvironment
@@ -316,3 +317,125 @@ def test_fleet_preemption_requested_in_one_process():
     assert seen == [False, False, True, True, True]
     assert signal.getsignal(signal.SIGTERM) is before  # given back when the launched function returned
     assert issubclass(Preempted, SystemExit) and Preempted("x").code == EXIT_CODE
+
+
+# ------------------------------------------------------------------------------------------------ no step comes
+class _SignalThenWait(Callback):
+    """Sends SIGTERM to this process where no training step can follow soon, then waits far longer than the test."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def _stall(self) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)  # a slow validation; the raised Preempted cuts it short
+
+    def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
+        if self.where == "sanity" and trainer.sanity_checking:
+            self._stall()
+        if self.where == "validation" and not trainer.sanity_checking:
+            self._stall()
+
+
+class _StallingData(torch.utils.data.Dataset):
+    """A dataset whose 30th fetch signals this process and then waits (a data loader that stopped delivering)."""
+
+    def __init__(self) -> None:
+        self.inner, self.fetched = make_data(64), 0
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        self.fetched += 1
+        if self.fetched == 30:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(60)
+        return self.inner[i]
+
+
+@pytest.mark.parametrize(("where", "said"), [("data", "with no training step completed"),
+                                            ("validation", "during validation"),
+                                            ("sanity", "during the sanity check")])
+def test_one_process_stops_within_seconds_where_no_step_comes(tmp_path, where, said, capfd):
+    # one process, no launcher: after the grace the signal thread raises Preempted in the main thread, which
+    # unwinds (callbacks' on_exception, the handlers given back); no checkpoint is made up at such a point
+    before = signal.getsignal(signal.SIGTERM)
+    torch.manual_seed(0)
+    trainer = Trainer(**quiet(max_epochs=1, default_root_dir=tmp_path, callbacks=[_SignalThenWait(where)],
+                              val_check_interval=4, limit_val_batches=1,
+                              num_sanity_val_steps=1 if where == "sanity" else 0))
+    train = torch.utils.data.DataLoader(_StallingData() if where == "data" else make_data(64), batch_size=8)
+    started = time.monotonic()
+    with pytest.raises(Preempted) as info:
+        trainer.fit(Regressor(), train, torch.utils.data.DataLoader(make_data(16), batch_size=8))
+    took = time.monotonic() - started
+    assert took < 10, took
+    assert info.value.code == EXIT_CODE and info.value.checkpoint is None and info.value.signal == "SIGTERM"
+    message = str(info.value)
+    assert said in message and "stops without saving" in message and "Exit code 75" in message, message
+    assert [line for line in capfd.readouterr().err.splitlines() if "Exit code 75" in line] == [message]
+    assert not (tmp_path / "checkpoints").exists()
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_second_ctrl_c_a_second_later_stops_at_once(tmp_path):
+    from torchfleet.signals import REPEAT_S
+
+    class TwoCtrlC(Callback):
+        def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(REPEAT_S + 0.2)
+            os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C again: no more waiting
+            time.sleep(60)
+
+    trainer = Trainer(**quiet(max_epochs=1, default_root_dir=tmp_path, callbacks=[TwoCtrlC()], val_check_interval=4,
+                              limit_val_batches=1))
+    with pytest.raises(Preempted) as info:
+        trainer.fit(Regressor(), loader(), loader(16))
+    assert "a second SIGINT (Ctrl-C, KeyboardInterrupt) stops the run at once" in str(info.value), str(info.value)
+    assert info.value.code == EXIT_CODE and info.value.signal == "SIGINT"
+
+
+def test_an_ignored_sigint_stays_ignored():
+    # a shell's background job starts with SIGINT ignored: Ctrl-C in the terminal is not for it, nor for its fits
+    from torchfleet.signals import SignalFlag
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        flag = SignalFlag()
+        assert flag.install()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == flag._handle
+        flag.restore()
+        flag = SignalFlag()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        assert flag.install() and signal.getsignal(signal.SIGINT) == flag._handle
+        flag.restore()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_the_grace_follows_the_steps_that_still_come(monkeypatch):
+    from torchfleet import preemption
+    from torchfleet.preemption import SIGNAL_GRACE_S, StopAgreement, steps_overdue
+    from torchfleet.signals import SignalFlag
+
+    clock = [100.0]
+    monkeypatch.setattr(preemption, "_monotonic", lambda: clock[0])
+    flag = SignalFlag()
+    agreement = StopAgreement(flag, 1)
+    flag.received_at = 99.0
+    assert steps_overdue(flag, agreement, 99.0 + SIGNAL_GRACE_S - 0.1) is None  # before the first step: the grace
+    assert steps_overdue(flag, agreement, 99.0 + SIGNAL_GRACE_S + 0.1) is not None
+    for t in (100.0, 103.0, 160.0):  # steps of 3 s, then one that held a long validation
+        clock[0] = t
+        agreement.poll()
+    assert agreement.interval == 3.0  # the shorter of the last two
+    flag.received_at = 160.5
+    limit = 160.5 + SIGNAL_GRACE_S + 3.0  # a step's time more than the grace, from the signal (after the last step)
+    assert steps_overdue(flag, agreement, limit - 0.1) is None
+    assert steps_overdue(flag, agreement, limit + 0.1) is not None
+    # outside the training steps (validation): the grace alone
+    assert steps_overdue(flag, agreement, 160.5 + SIGNAL_GRACE_S + 0.1, stepping=False) is not None

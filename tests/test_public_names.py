@@ -1,29 +1,15 @@
-"""Names ported Lightning code imports: torchfleet.Callback, torchfleet.utilities, torchfleet.plugins and the
-demos (each trained briefly, its result checked against a plain evaluation)."""
+"""Names ported Lightning code imports: torchfleet.Callback, torchfleet.utilities and torchfleet.plugins (the
+demos: tests/test_demos.py)."""
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import pytest
-import torch
 
 import torchfleet
 from tests.helpers import LogRecords, quiet
 from torchfleet import Trainer
-from torchfleet.demos import (
-    BoringDataModule,
-    BoringModel,
-    LanguageModel,
-    ManualOptimBoringModel,
-    MNISTClassifier,
-    MNISTDataModule,
-    RandomDataset,
-    RandomIterableDataset,
-    SyntheticMNIST,
-    WikiText2,
-)
 from torchfleet.utilities import rank_zero_debug, rank_zero_info, rank_zero_only, rank_zero_warn
 
 
@@ -92,56 +78,3 @@ def test_banner_prints_on_rank_zero_only(capsys, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     cli_logo()
     assert capsys.readouterr().out == ""
-
-
-def test_boring_model_trains_and_every_stage_runs():
-    torch.manual_seed(0)
-    model = BoringModel()
-    data = RandomDataset(32, 64).data
-    before = model.loss(model(data)).item()
-    trainer = Trainer(max_epochs=2, **quiet())
-    trainer.fit(model)
-    after = model.loss(model(data)).item()
-    assert after < before / 2  # driven towards outputs of one
-    assert trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[0] == pytest.approx(0.1 * 0.1**2)
-    preds = trainer.predict(model)
-    assert len(preds) == 32 and preds[0].shape == (2, 2)
-    trainer.test(model, datamodule=BoringDataModule())
-    assert len(list(RandomIterableDataset(4, 5))) == 5
-
-
-def test_manual_optim_boring_model():
-    torch.manual_seed(0)
-    model = ManualOptimBoringModel()
-    start = model.layer.weight.detach().clone()
-    trainer = Trainer(max_epochs=1, limit_train_batches=4, **quiet())
-    trainer.fit(model)
-    assert trainer.global_step == 4 and not torch.equal(start, model.layer.weight)
-
-
-def test_mnist_demo_learns_the_synthetic_digits():
-    torch.manual_seed(0)
-    model = MNISTClassifier(hidden=32, lr=3e-3)
-    trainer = Trainer(max_epochs=2, **quiet())
-    trainer.fit(model, datamodule=MNISTDataModule(batch_size=64, train_size=2000, test_size=300))
-    test = SyntheticMNIST(300, seed=1)
-    with torch.no_grad():
-        accuracy = (model(test.data).argmax(-1) == test.targets).float().mean().item()
-    assert accuracy > 0.8  # chance is 0.1
-    assert trainer.callback_metrics["val_acc"].item() > 0.8
-
-
-def test_transformer_demo_learns_the_corpus():
-    torch.manual_seed(0)
-    data = WikiText2(block_size=16)
-    model = LanguageModel(vocab_size=data.vocab_size, lr=3e-3, ninp=32, nhead=2, nhid=64, nlayers=1, dropout=0.0)
-    loader = torch.utils.data.DataLoader(data, batch_size=16, shuffle=True)
-    tokens, target = next(iter(torch.utils.data.DataLoader(data, batch_size=64)))
-    with torch.no_grad():
-        before = model.loss((tokens, target)).item()
-    assert before == pytest.approx(math.log(data.vocab_size), rel=0.3)
-    Trainer(max_epochs=2, **quiet()).fit(model, loader)
-    with torch.no_grad():
-        after = model.loss((tokens, target)).item()
-    # the grammar leaves about log(6) nats at the word choices and nothing elsewhere: far below uniform guessing
-    assert after < 0.5 * before

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import os
 import subprocess
 import sys
@@ -11,7 +10,7 @@ import textwrap
 import pytest
 import yaml
 
-from torchfleet.cli import CLI
+from torchfleet.cli import CLI, _metric_rows
 from torchfleet.errors import ConfigurationError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,8 +113,8 @@ def test_fit_with_model_data_and_trainer_options(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report == {"hidden": 5, "batch_size": 16, "max_epochs": 2, "global_step": 2 * 64 // 16,
                       "subcommand": "fit"}
-    with open(tmp_path / "logs" / "version_0" / "metrics.csv") as f:
-        assert any(r.get("val_loss") for r in csv.DictReader(f))
+    rows, _ = _metric_rows(str(tmp_path / "logs" / "version_0"))  # TensorBoard's events, or metrics.csv
+    assert any(r.get("val_loss") for r in rows)
     assert "Finished: epoch 2, step 8" in proc.stdout
 
 

@@ -47,6 +47,40 @@ def test_nccl_flight_recorder_variables_are_set_without_overriding_the_users(tmp
                     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/x/trace_"}
 
 
+def test_nccl_trace_folder_is_private_and_never_a_guessable_name(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    from torchfleet.launchers.supervise import remove_run_folder
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr("tempfile.tempdir", None)
+    # the name the old code used, made first by someone else: never written into
+    (tmp_path / "tmp" / "torchfleet-nccl-trace-1234").mkdir()
+    first = watchdog.nccl_flight_recorder_env({"MASTER_PORT": "1234"})
+    second = watchdog.nccl_flight_recorder_env({"MASTER_PORT": "1234"})
+    assert os.path.dirname(first) != os.path.dirname(second)  # a new folder each time (mkdtemp)
+    for prefix in (first, second):
+        folder = os.path.dirname(prefix)
+        assert folder.startswith(str(tmp_path / "tmp")) and folder != str(tmp_path / "tmp" / "torchfleet-nccl-trace-1234")
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    # under our launchers: one folder the ranks share, inside the launch's private folder
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    prefix = watchdog.nccl_flight_recorder_env({"MASTER_PORT": "1"}, run_dir=str(run))
+    assert prefix == str(run / "nccl-trace" / "rank_") and stat.S_IMODE(os.stat(run / "nccl-trace").st_mode) == 0o700
+    (run / "collectives-0.bin").write_bytes(b"x")
+    remove_run_folder(str(run))  # no dump: all goes
+    assert not run.exists()
+    run.mkdir()
+    watchdog.nccl_flight_recorder_env({"MASTER_PORT": "1"}, run_dir=str(run))
+    (run / "nccl-trace" / "rank_0").write_bytes(b"dump")
+    (run / "collectives-0.bin").write_bytes(b"x")
+    remove_run_folder(str(run))  # the dump a report pointed to stays where it said
+    assert sorted(os.listdir(run)) == ["nccl-trace"] and (run / "nccl-trace" / "rank_0").read_bytes() == b"dump"
+
+
 def _rec(seq, state, name, site="a.py:1"):
     return {"seq": seq, "state": state, "name": name, "site": site, "where": "", "waited": 1.0}
 

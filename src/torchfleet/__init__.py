@@ -25,8 +25,8 @@ _LAZY = {
     "CheckpointError": "torchfleet.errors",
     "TrainingSettings": "torchfleet.settings",
     "Preempted": "torchfleet.preemption",
-    "cli_logo": "torchfleet.utilities",
-    "cli_lightning_logo": "torchfleet.utilities",
+    "cli_logo": "torchfleet.rank_zero",
+    "cli_lightning_logo": "torchfleet.rank_zero",
 }
 
 #: subpackages reachable as attributes after a plain ``import torchfleet`` (``torchfleet.strategies.DDPStrategy``)
@@ -57,8 +57,8 @@ if TYPE_CHECKING:
     from torchfleet.fleet import Fleet
     from torchfleet.module import Module
     from torchfleet.preemption import Preempted
+    from torchfleet.rank_zero import cli_lightning_logo, cli_logo
     from torchfleet.seed import isolate_rng, reset_seed, seed_everything, worker_init_function
     from torchfleet.settings import TrainingSettings
     from torchfleet.trainer.callbacks.base import Callback
     from torchfleet.trainer.trainer import Trainer
-    from torchfleet.utilities import cli_lightning_logo, cli_logo

@@ -15,6 +15,14 @@ import os
 import sys
 from typing import Any
 
+from torchfleet.cli_input import (
+    add_trainer_arguments,
+    check_config_files,
+    explain_build_error,
+    help_formatter,
+    prepare_argv,
+    print_error,
+)
 from torchfleet.errors import ConfigurationError
 
 EXAMPLE_MODEL = "torchfleet.examples.addition.AdditionTransformer"
@@ -97,171 +105,6 @@ def _list_registry(kind: str) -> int:
     return 0
 
 
-_CLASS_PATH_FORMS = (
-    "Give it as a dotted import path, 'package.module.ClassName' (importable from the current "
-    "directory or an installed package), or as a file and a class, 'path/to/file.py:ClassName'."
-)
-
-
-def _looks_like_class_path(value: str) -> bool:
-    # --model also accepts a YAML/JSON config or a bare class name; only class paths are checked here
-    value = value.strip()
-    if not value or value[0] in "{[" or "\n" in value or value.endswith((".yaml", ".yml", ".json")):
-        return False
-    return ".py:" in value or "." in value
-
-
-def _import_file_class(kind: str, given: str) -> str:
-    """Import ``path/to/file.py`` as a module named after the file; return its dotted class path."""
-    import importlib
-
-    file_name, _, class_name = given.rpartition(":")
-    path = os.path.abspath(file_name)
-    module_name = os.path.splitext(os.path.basename(path))[0]
-    if not os.path.isfile(path):
-        raise ConfigurationError(
-            f"--{kind} {given!r} could not be imported: there is no file {path!r}. {_CLASS_PATH_FORMS}"
-        )
-    if not module_name.isidentifier():
-        raise ConfigurationError(
-            f"--{kind} {given!r} could not be imported: {os.path.basename(path)!r} is not a valid Python "
-            f"module name (letters, digits and underscores only). Rename the file. {_CLASS_PATH_FORMS}"
-        )
-    # Prefer the dotted name relative to the current directory (sub/my_model.py -> sub.my_model):
-    # --print_config then writes a class path that works again from the same directory.
-    relative = os.path.splitext(os.path.relpath(path))[0].split(os.sep)
-    if all(part.isidentifier() for part in relative):
-        import importlib.util
-
-        try:
-            spec = importlib.util.find_spec(".".join(relative))
-        except (ImportError, ValueError):
-            spec = None
-        if spec is not None and spec.origin and os.path.abspath(spec.origin) == path:
-            module_name = ".".join(relative)
-    loaded = sys.modules.get(module_name)
-    if loaded is not None and os.path.abspath(getattr(loaded, "__file__", "") or "") != path:
-        raise ConfigurationError(
-            f"--{kind} {given!r} could not be imported: a different module named {module_name!r} is "
-            f"already imported (from {getattr(loaded, '__file__', None)!r}). Rename the file. {_CLASS_PATH_FORMS}"
-        )
-    # The file's folder goes on sys.path (not a one-off module spec) so that processes started by
-    # the spawn launcher, which import classes by module name, find the module too.
-    folder = os.path.dirname(path)
-    if "." not in module_name and folder not in sys.path:
-        sys.path.insert(0, folder)
-    try:
-        importlib.import_module(module_name)
-    except Exception as exc:
-        raise ConfigurationError(
-            f"--{kind} {given!r} could not be imported: importing {path!r} failed with "
-            f"{type(exc).__name__}: {exc}. {_CLASS_PATH_FORMS}"
-        ) from exc
-    return f"{module_name}.{class_name}"
-
-
-def _check_class_path(kind: str, given: str) -> str:
-    """Import the class ``given`` for --model/--data; return it as a dotted path, or raise one paragraph."""
-    import importlib
-
-    from torchfleet.data import DataModule
-    from torchfleet.module import Module
-
-    dotted = _import_file_class(kind, given) if ".py:" in given else given.strip()
-    module_name, _, class_name = dotted.rpartition(".")
-    if not module_name or not class_name:
-        raise ConfigurationError(f"--{kind} {given!r} is not a class path. {_CLASS_PATH_FORMS}")
-    try:
-        obj = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(
-            f"--{kind} {given!r} could not be imported ({type(exc).__name__}: {exc}). {_CLASS_PATH_FORMS}"
-        ) from None
-    base = Module if kind == "model" else DataModule
-    if not (isinstance(obj, type) and issubclass(obj, base)):
-        raise ConfigurationError(
-            f"--{kind} {given!r} is {obj!r}, not a subclass of torchfleet.{base.__name__}. "
-            f"--{kind} takes a {base.__name__} class; its constructor's arguments become --{kind}.NAME options."
-        )
-    return dotted
-
-
-def _check_config_file(path: str) -> tuple[str, bool]:
-    """Check a --config file's model/data class paths; returns what to pass on and whether it names a model.
-
-    A file-form class path ('file.py:Class') is rewritten to its dotted form, and the config is then
-    passed on as YAML text instead of the file's path.
-    """
-    if not os.path.isfile(path):
-        return path, False  # jsonargparse reports a missing file, or parses YAML text given inline
-    import yaml
-
-    with open(path) as f:
-        config = yaml.safe_load(f) or {}
-    if not isinstance(config, dict):
-        return path, False
-    rewritten = False
-    for kind in ("model", "data"):
-        section = config.get(kind)
-        value = section.get("class_path") if isinstance(section, dict) else section
-        if isinstance(value, str) and _looks_like_class_path(value):
-            dotted = _check_class_path(kind, value)
-            if dotted != value:
-                rewritten = True
-                if isinstance(section, dict):
-                    section["class_path"] = dotted
-                else:
-                    config[kind] = dotted
-    model = config.get("model")
-    # a model section without a class (only init_args) tunes the bundled example
-    names_model = isinstance(model, str) or (isinstance(model, dict) and "class_path" in model)
-    return (yaml.safe_dump(config) if rewritten else path), names_model
-
-
-def _prepare_argv(argv: list[str]) -> tuple[list[str], bool]:
-    """Check --model/--data class paths before jsonargparse sees them; True when the example is to be trained.
-
-    jsonargparse's own message for a class it cannot import is a page of union-type diagnostics;
-    checking first gives one paragraph with the import error in it.
-    """
-    out: list[str] = []
-    names_model = False
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        option, eq, value = arg.partition("=")
-        if option in ("--model", "--data", "--config") and not eq and i + 1 < len(argv):
-            value, i = argv[i + 1], i + 1
-        elif option not in ("--model", "--data", "--config"):
-            out.append(arg)
-            i += 1
-            continue
-        if option == "--config":
-            value, has_model = _check_config_file(value)
-            names_model = names_model or has_model
-        else:
-            names_model = names_model or option == "--model"
-            if _looks_like_class_path(value):
-                value = _check_class_path(option[2:], value)
-        out.append(f"{option}={value}")
-        i += 1
-    return out, not names_model
-
-
-def _help_formatter() -> type:
-    from jsonargparse import DefaultHelpFormatter
-
-    class HelpFormatter(DefaultHelpFormatter):
-        """jsonargparse's help, without "type: Any" for arguments that take several kinds of value: their
-        descriptions (the Trainer's docstring) say what is accepted."""
-
-        def _get_type_str(self, action: Any) -> str | None:
-            found = super()._get_type_str(action)
-            return None if found in ("Any", "Optional[Any]") else found
-
-    return HelpFormatter
-
-
 def _parser(stage: str, example: bool, model_class: type | None = None, datamodule_class: type | None = None,
             prog: str = "torchfleet", trainer_defaults: dict[str, Any] | None = None,
             seed_default: int | None = None) -> Any:
@@ -276,7 +119,7 @@ def _parser(stage: str, example: bool, model_class: type | None = None, datamodu
     parser = ArgumentParser(
         prog=f"{prog} {stage}",
         description=f"{prog} {stage}: Trainer.{stage} from the command line.",
-        formatter_class=_help_formatter(),
+        formatter_class=help_formatter(),
     )
     parser.add_argument("--config", action=ActionConfigFile,
                         help="a YAML file with trainer:, model:, data:, seed_everything:, ckpt_path: sections")
@@ -284,7 +127,7 @@ def _parser(stage: str, example: bool, model_class: type | None = None, datamodu
                         help="seed every random generator with this value (null: do not seed)")
     parser.add_argument("--ckpt_path", type=str | None, default=None,
                         help="checkpoint to load: a path, 'last' (the newest; fit resumes the run) or 'best'")
-    parser.add_class_arguments(Trainer, "trainer")
+    add_trainer_arguments(parser, Trainer, "trainer")
     if model_class is not None:
         parser.add_class_arguments(model_class, "model", help=f"the arguments of {model_class.__name__}")
     else:
@@ -310,7 +153,7 @@ def _example_help() -> str:
 
     from torchfleet.examples.addition import AdditionData, AdditionTransformer
 
-    sub = ArgumentParser(formatter_class=_help_formatter(), add_help=False)
+    sub = ArgumentParser(formatter_class=help_formatter(), add_help=False)
     sub.add_class_arguments(AdditionTransformer, "model")
     sub.add_class_arguments(AdditionData, "data")
     groups = sub.format_help().split("\n\n", 1)[-1]  # drop the usage line
@@ -328,10 +171,36 @@ def _last_per_epoch(rows: list[dict[str, str]], key: str) -> list[tuple[int, flo
     return sorted(by_epoch.items())
 
 
-def _plot(log_dir: str) -> str | None:
-    """Write loss_curve.png beside metrics.csv: training loss by step, validation metrics by epoch."""
+def _metric_rows(log_dir: str) -> tuple[list[dict[str, str]], list[str]] | None:
+    """The logged values as metrics.csv's rows and columns: from metrics.csv (CSVLogger), else from TensorBoard's
+    event files (TensorBoardLogger, the default logger when tensorboard is installed); None when neither is there."""
     metrics_file = os.path.join(log_dir, "metrics.csv")
-    if not os.path.isfile(metrics_file):
+    if os.path.isfile(metrics_file):
+        import csv
+
+        with open(metrics_file, newline="") as f:
+            reader = csv.DictReader(f)
+            return list(reader), list(reader.fieldnames or [])
+    if not any(name.startswith("events.out.tfevents") for name in os.listdir(log_dir)):
+        return None
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(log_dir)
+    events.Reload()
+    tags = events.Tags().get("scalars", [])
+    by_step: dict[int, dict[str, str]] = {}
+    for tag in tags:
+        for event in events.Scalars(tag):
+            value = event.value  # written as metrics.csv writes it: an epoch as "1", a loss in full
+            by_step.setdefault(event.step, {"step": str(event.step)})[tag] = (
+                str(int(value)) if value.is_integer() else repr(value))
+    return [by_step[step] for step in sorted(by_step)], ["step", *tags]
+
+
+def _plot(log_dir: str) -> str | None:
+    """Write loss_curve.png in the log folder: training loss by step, validation metrics by epoch."""
+    table = _metric_rows(log_dir) if os.path.isdir(log_dir) else None
+    if table is None:
         return None
     try:
         import matplotlib
@@ -341,13 +210,7 @@ def _plot(log_dir: str) -> str | None:
     except ImportError:
         log.info("No loss curve written: `pip install matplotlib` (or torchfleet[plot]) enables it.")
         return None
-    import csv
-
-    with open(metrics_file, newline="") as f:
-        reader = csv.DictReader(f)
-        columns = list(reader.fieldnames or [])
-        rows = list(reader)
-    fig = _loss_figure(rows, columns)
+    fig = _loss_figure(*table)
     if fig is None:
         return None
     path = os.path.join(log_dir, "loss_curve.png")
@@ -436,8 +299,10 @@ def _run_stage(stage: str, argv: list[str], model_class: type | None = None, dat
         sys.path.insert(0, os.getcwd())
     example = False
     if model_class is None:
-        argv, example = _prepare_argv(argv)
+        argv, example = prepare_argv(argv)
         example = example and bundled_example
+    else:
+        check_config_files(argv)
     parser = _parser(stage, example, model_class, datamodule_class, prog, trainer_defaults, seed_default)
     if example and any(a in ("-h", "--help") for a in argv):
         parser.print_help()
@@ -453,7 +318,10 @@ def _run_stage(stage: str, argv: list[str], model_class: type | None = None, dat
         seed_everything(cfg.seed_everything)
     # `instantiate` replaced `instantiate_classes` in jsonargparse 4.49; older releases have only the latter
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes
-    objects = instantiate(cfg)
+    try:
+        objects = instantiate(cfg)
+    except Exception as exc:  # noqa: BLE001 - a constructor's own check rejected a value: one paragraph, no traceback
+        raise explain_build_error(exc) from None
     trainer, model, data = objects.trainer, objects.model, objects.get("data")
     if sink is not None:
         sink.update(config=cfg, trainer=trainer, model=model, datamodule=data)
@@ -501,7 +369,7 @@ def _report(trainer: Any) -> None:
     parts = []
     if trainer.loggers:
         plot = _plot(trainer.log_dir)
-        parts.append(f"Logs: {trainer.log_dir}" + (" (metrics.csv, loss_curve.png)" if plot else ""))
+        parts.append(f"Logs: {trainer.log_dir}" + (" (loss_curve.png)" if plot else ""))
     ck = trainer.checkpoint_callback
     if ck is not None and (ck.best_model_path or ck.last_model_path):
         parts.append(f"best checkpoint: {ck.best_model_path or ck.last_model_path}")
@@ -536,7 +404,8 @@ class CLI:
         seed_everything_default: the seed used when ``--seed`` is not given (None: do not seed).
 
     A usage error, ``--help`` and ``--print_config`` end the program (``SystemExit``), as with argparse; a
-    torchfleet error is printed as one paragraph and ends it with status 2.
+    torchfleet error is printed as one paragraph and ends it with status 2. ``LightningCLI`` (in this module too)
+    is Lightning's fuller API, for programs ported from Lightning: config.yaml, subclass mode, ``--optimizer``.
     """
 
     def __init__(self, model_class: type | None = None, datamodule_class: type | None = None, *,
@@ -575,7 +444,7 @@ class CLI:
             code = _run_stage(self.subcommand or "fit", argv, model_class, datamodule_class, prog, trainer_defaults,
                               seed_everything_default, sink, run=run, bundled_example=False)
         except TorchfleetError as exc:
-            print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+            print_error(prog, exc)
             raise SystemExit(2) from None
         if "trainer" not in sink:  # --help, --print_config or a usage error: nothing was built
             raise SystemExit(code)
@@ -613,6 +482,27 @@ def _consolidate(argv: list[str]) -> int:
     return 0
 
 
+#: Lightning's names, in modules of their own: importing them loads the Trainer and jsonargparse, which the
+#: `torchfleet strategies` command does not need
+_LIGHTNING_NAMES = {
+    "LightningCLI": "torchfleet.cli_lightning", "LightningArgumentParser": "torchfleet.cli_lightning_parser",
+    "SaveConfigCallback": "torchfleet.cli_lightning_parser", "ReduceLROnPlateau": "torchfleet.cli_lightning_parser",
+    "instantiate_class": "torchfleet.cli_lightning_parser", "ArgsType": "torchfleet.cli_lightning_parser",
+    "OptimizerCallable": "torchfleet.cli_lightning_parser", "LRSchedulerCallable": "torchfleet.cli_lightning_parser",
+    "LRSchedulerTypeTuple": "torchfleet.cli_lightning_parser", "LRSchedulerTypeUnion": "torchfleet.cli_lightning_parser",
+    "LRSchedulerType": "torchfleet.cli_lightning_parser",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LIGHTNING_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchfleet.cli' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``torchfleet`` command with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     from torchfleet.errors import TorchfleetError
@@ -640,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
             return _run_stage(command, rest)
     except TorchfleetError as exc:
         # the library's errors are written for users: one paragraph, no traceback
-        print(f"torchfleet {command}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print_error(f"torchfleet {command}", exc)
         return 2
     from torchfleet.errors import closest
 

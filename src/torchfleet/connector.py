@@ -127,7 +127,7 @@ def resolve(
     """
     from torchfleet.accelerators import AcceleratorRegistry, select_accelerator
     from torchfleet.environments import detect_environment
-    from torchfleet.precision import normalize_precision, precision_for
+    from torchfleet.precision import DEFAULT_PRECISION, normalize_precision, precision_for
     from torchfleet.strategies.registry import StrategyRegistry
     from torchfleet.strategies.strategy import Strategy
 
@@ -208,7 +208,7 @@ def resolve(
     if "precision" in parts:
         built.precision = parts["precision"]
     elif not built.has_part("precision"):
-        built.precision = precision_for(precision_name or "32-true", built.root_device.type)
+        built.precision = precision_for(precision_name or DEFAULT_PRECISION, built.root_device.type)
     if max_restarts:
         _apply_max_restarts(built, max_restarts)
     return built

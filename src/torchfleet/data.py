@@ -20,11 +20,47 @@ class DataModule(HyperparametersMixin):
     them together with the Module's.
     """
 
+    #: a name for the data (Lightning's attribute; None unless a subclass sets one)
+    name: str | None = None
+    #: ``prepare_data`` runs on local rank 0 of every machine (True) or on global rank 0 only (False)
+    prepare_data_per_node: bool = True
+
     def __init__(self) -> None:
         self.trainer: Any = None
 
+    @classmethod
+    def from_datasets(cls, train_dataset: Any = None, val_dataset: Any = None, test_dataset: Any = None,
+                      predict_dataset: Any = None, batch_size: int = 1, num_workers: int = 0,
+                      **datamodule_kwargs: Any) -> DataModule:
+        """A DataModule whose dataloaders read the given datasets (each a Dataset or a list/dict of them).
+
+        Loaders have ``batch_size`` and ``num_workers``; training shuffles map-style datasets. Both numbers also go
+        to ``__init__`` where it takes them, with ``datamodule_kwargs``.
+        """
+        import inspect
+
+        from torch.utils._pytree import tree_map
+        from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+        def loaders(datasets: Any, shuffle: bool = False) -> Any:
+            return tree_map(lambda ds: DataLoader(ds, batch_size=batch_size, num_workers=num_workers,
+                                                  shuffle=shuffle and not isinstance(ds, IterableDataset))
+                            if isinstance(ds, Dataset) else ds, datasets)
+
+        params = inspect.signature(cls.__init__).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        extra = {k: v for k, v in {"batch_size": batch_size, "num_workers": num_workers}.items()
+                 if takes_any or k in params}
+        datamodule = cls(**datamodule_kwargs, **extra)
+        for name, datasets, shuffle in (("train", train_dataset, True), ("val", val_dataset, False),
+                                        ("test", test_dataset, False), ("predict", predict_dataset, False)):
+            if datasets is not None:
+                setattr(datamodule, f"{name}_dataloader", lambda d=datasets, s=shuffle: loaders(d, s))
+        return datamodule
+
     def prepare_data(self) -> None:
-        """Download or write files; runs on global rank 0 only (before the others' ``setup``)."""
+        """Download or write files; runs on one process a machine, or on global rank 0 only with
+        ``prepare_data_per_node = False`` (before the others' ``setup``)."""
 
     def setup(self, stage: str) -> None:
         """Build the datasets for ``stage`` ("fit", "validate", "test" or "predict") on every process."""
@@ -53,6 +89,15 @@ class DataModule(HyperparametersMixin):
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
+        """Move ``batch`` to ``device``; overridden here, it replaces the Module's (as in Lightning)."""
+        from torchfleet.strategies.utils import move_to_device
+
+        return move_to_device(batch, device)
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Called when a stage raises, after the callbacks' ``on_exception``."""
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         return batch

@@ -61,3 +61,59 @@ def unknown_name(kind: str, given: object, choices: Iterable[str], hint: str = "
     if hint:
         text += " " + hint
     return ConfigurationError(text)
+
+
+def not_valid(name: str, value: object, accepted: str, owner: str = "") -> ConfigurationError:
+    """The error for an argument value that is not accepted: ``Owner(name=value) is not valid: <accepted>.``
+
+    Without ``owner`` (a Trainer argument) it reads ``name=value is not valid: ...``."""
+    given = f"{owner}({name}={value!r})" if owner else f"{name}={value!r}"
+    return ConfigurationError(f"{given} is not valid: {accepted.rstrip('.')}.")
+
+
+def _or_none(text: str, allow_none: bool) -> str:
+    return f"{text} or None" if allow_none else text
+
+
+def _meaning(meaning: str) -> str:
+    return f" ({meaning})" if meaning else ""
+
+
+def check_flag(name: str, value: object, owner: str = "", allow_none: bool = False, meaning: str = "") -> object:
+    """``value`` when it is True or False (or None, where allowed), else the one-paragraph error."""
+    if isinstance(value, bool) or (value is None and allow_none):
+        return value
+    raise not_valid(name, value, f"give {_or_none('True or False', allow_none)}{_meaning(meaning)}", owner)
+
+
+def check_int(name: str, value: object, minimum: int = 0, owner: str = "", allow_none: bool = False,
+              meaning: str = "") -> object:
+    """``value`` when it is an int >= ``minimum`` (or None, where allowed), else the one-paragraph error."""
+    if value is None and allow_none:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= minimum:
+        return value
+    raise not_valid(name, value, f"give {_or_none(f'an int >= {minimum}', allow_none)}{_meaning(meaning)}", owner)
+
+
+def check_number(name: str, value: object, minimum: float | None = None, owner: str = "", allow_none: bool = False,
+                 meaning: str = "") -> object:
+    """``value`` when it is a real number (>= ``minimum`` when given; or None, where allowed), else the error."""
+    if value is None and allow_none:
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and (
+            minimum is None or value >= minimum):
+        return value
+    what = "a number" if minimum is None else f"a number >= {minimum}"
+    raise not_valid(name, value, f"give {_or_none(what, allow_none)}{_meaning(meaning)}", owner)
+
+
+def check_text(name: str, value: object, owner: str = "", allow_none: bool = False, path: bool = False,
+               meaning: str = "") -> object:
+    """``value`` when it is a str (or an ``os.PathLike`` where ``path``; or None, where allowed), else the error."""
+    import os
+
+    if (value is None and allow_none) or isinstance(value, str) or (path and isinstance(value, os.PathLike)):
+        return value
+    what = "a path (a str or pathlib.Path)" if path else "a str"
+    raise not_valid(name, value, f"give {_or_none(what, allow_none)}{_meaning(meaning)}", owner)

@@ -29,9 +29,10 @@ from torchfleet.compiled import compile_again, split_compiled
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.fleet_wrappers import FleetDataLoader, FleetModule, FleetOptimizer, _original, _unwrap
 from torchfleet.loggers.base import agree_versions, save_loggers, use_versions
-from torchfleet.preemption import PreemptionWatch, restart_count
-from torchfleet.seed import add_worker_init_fn
+from torchfleet.preemption import restart_count
+from torchfleet.seed import add_worker_init_fn, reset_seed
 from torchfleet.settings import TrainingSettings
+from torchfleet.signals import PreemptionWatch
 from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, labelled, parse_hang_timeout
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class Fleet:
         self._launched = False
         self._set_up_modules: weakref.WeakSet[nn.Module] = weakref.WeakSet()
         self._backward_module: Any = _NOT_SET_UP
-        #: SIGTERM/SIGUSR1, agreed across ranks after optimizer steps, once the loop reads preemption_requested
+        #: SIGTERM/SIGUSR1/SIGINT, agreed across ranks after optimizer steps, once the loop reads preemption_requested
         self._preemption = PreemptionWatch()
         #: seconds a rank may wait in one collective before the watchdog stops the run (None: no watchdog)
         self.hang_timeout = parse_hang_timeout(hang_timeout, "Fleet")
@@ -151,6 +152,11 @@ class Fleet:
     def device(self) -> torch.device:
         """The device this process computes on."""
         return self._strategy.root_device
+
+    @property
+    def accelerator(self) -> Any:
+        """The strategy's Accelerator."""
+        return self._strategy.accelerator
 
     @property
     def global_rank(self) -> int:
@@ -208,6 +214,8 @@ class Fleet:
                     "def train(fleet): ...), or start the script with torchrun or `torchfleet run`, which start "
                     "every process themselves."
                 )
+            if "fleet" in self._strategy.reseeds_for:  # Fabric's fsdp and deepspeed re-seed here
+                reset_seed()
             self._strategy.setup_environment()
             self._environment_ready = True
             if self._strategy.world_size > 1:  # every rank names the folder and run of rank 0, the only writer
@@ -264,13 +272,12 @@ class Fleet:
 
     @property
     def preemption_requested(self) -> bool:
-        """Whether a SIGTERM/SIGUSR1 asked the run to stop: the same on every rank, after the same optimizer step.
+        """Whether a SIGTERM/SIGUSR1/SIGINT asked the run to stop: the same on every rank, after the same step.
 
-        The first read installs the signal handlers (until then SIGTERM ends the process as usual); after
-        that every ``optimizer.step()`` of an optimizer from ``setup`` checks, cheaply. Read it on every
-        rank (once per iteration); when True, save with ``fleet.save`` and ``raise torchfleet.Preempted(...)``,
-        which exits with code 75 (``torchfleet.preemption.EXIT_CODE``).
-        """
+        The first read installs the handlers (until then, under torchfleet's launchers, a signal ends the job at
+        once with exit code 75); then every ``optimizer.step()`` of an optimizer from ``setup`` checks, cheaply.
+        Read it on every rank (once per iteration); when True, save with ``fleet.save`` and ``raise
+        torchfleet.Preempted(...)`` (exit code 75). A rank whose steps stop coming stops without saving."""
         watch = self._preemption
         if watch.agreement is None:
             watch.start(self._strategy.world_size)
@@ -388,6 +395,10 @@ class Fleet:
         # "-mixed" precisions keep float32 parameters; "-true" ones create them in their dtype
         with self._strategy.module_init_context(empty_init):
             yield
+
+    def init_tensor(self) -> contextlib.AbstractContextManager:
+        """Create tensors directly on the device, in the precision's parameter dtype (Fabric's ``init_tensor``)."""
+        return self._strategy.module_init_context(empty_init=False)
 
     # -------------------------------------------------------------- training
     def backward(self, loss: Tensor, *args: Any, model: nn.Module | None = None, **kwargs: Any) -> None:

@@ -6,9 +6,9 @@ ports by changing its imports and its base class.
 
 from __future__ import annotations
 
-import copy
-import inspect
+import importlib.util
 import logging
+import os
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -18,87 +18,13 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from torchfleet.errors import CheckpointError, ConfigurationError
+from torchfleet.hparams import AttributeDict, HyperparametersMixin
 from torchfleet.watchdog import labelled
 
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
 
 log = logging.getLogger(__name__)
-
-
-class AttributeDict(dict):
-    """A dict whose keys are also attributes (``self.hparams.lr``)."""
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return self[key]
-        except KeyError as exc:
-            raise AttributeError(f"No hyperparameter {key!r}; saved ones are: {', '.join(self) or 'none'}.") from exc
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        self[key] = value
-
-
-
-
-class HyperparametersMixin:
-    """``save_hyperparameters``, ``hparams`` and ``hparams_initial``, shared by Module and DataModule."""
-
-    #: whether the Trainer sends these hyperparameters to its loggers: as in Lightning, only once
-    #: ``save_hyperparameters()`` was called (and not with ``logger=False``)
-    _log_hyperparams: bool = False
-
-    @property
-    def hparams(self) -> AttributeDict:
-        found = self.__dict__.get("_hparams")
-        if found is None:  # a subclass whose __init__ did not call ours
-            found = AttributeDict()
-            object.__setattr__(self, "_hparams", found)
-        return found
-
-    @property
-    def hparams_initial(self) -> AttributeDict:
-        return copy.deepcopy(self.__dict__.get("_hparams_initial") or AttributeDict())
-
-    def save_hyperparameters(
-        self, *args: Any, ignore: str | list[str] | None = None, frame: Any = None, logger: bool = True
-    ) -> None:
-        """Store the ``__init__`` arguments of the calling constructor in ``self.hparams`` (and checkpoints).
-
-        With names as ``args``, store only those (or one dict of values); ``ignore`` lists names to leave out;
-        ``logger=False`` keeps them out of the loggers (they are still saved in checkpoints).
-        """
-        frame = frame or inspect.currentframe().f_back  # type: ignore[union-attr]
-        # every __init__ of this object on the stack contributes (a subclass's arguments override its
-        # parent's), so a parent that calls save_hyperparameters() also records the subclass's arguments
-        values: dict[str, Any] = {}
-        f = frame
-        while f is not None:
-            if f.f_code.co_name == "__init__" and f.f_locals.get("self") is self:
-                values.update(_init_args(f))
-            f = f.f_back
-        if not values:
-            values = _init_args(frame)
-        if args:
-            if len(args) == 1 and isinstance(args[0], Mapping):
-                values = dict(args[0])
-            else:
-                missing = [a for a in args if a not in values]
-                if missing:
-                    raise ConfigurationError(
-                        f"save_hyperparameters({', '.join(map(repr, args))}): {', '.join(missing)} are not "
-                        f"arguments of {type(self).__name__}.__init__ (its arguments: {', '.join(values)})."
-                    )
-                values = {a: values[a] for a in args}
-        ignored = [ignore] if isinstance(ignore, str) else list(ignore or [])
-        for name in ignored:
-            values.pop(name, None)
-        for name in list(values):
-            if isinstance(values[name], nn.Module):
-                values.pop(name)  # modules are weights, not hyperparameters
-        self.hparams.update(values)
-        object.__setattr__(self, "_hparams_initial", copy.deepcopy(AttributeDict(self.hparams)))
-        object.__setattr__(self, "_log_hyperparams", logger)
 
 
 class Module(nn.Module, HyperparametersMixin):
@@ -114,6 +40,7 @@ class Module(nn.Module, HyperparametersMixin):
         self._hparams_initial: AttributeDict = AttributeDict()
         self.automatic_optimization: bool = True
         self.example_input_array: Any = None
+        self._strict_loading: bool | None = None
 
     # ------------------------------------------------------------------ steps
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -152,6 +79,9 @@ class Module(nn.Module, HyperparametersMixin):
         a later stage with the same module (``trainer.test`` after ``fit``) or a resume in the same process does
         not call it again (Lightning calls it every stage and asks for it to be idempotent).
         """
+
+    def configure_sharded_model(self) -> None:
+        """Lightning's deprecated name for ``configure_model``: overridden, it runs where that runs (before it)."""
 
     def configure_callbacks(self) -> Any:
         """Callbacks this model always wants; they are added to the Trainer's."""
@@ -211,6 +141,22 @@ class Module(nn.Module, HyperparametersMixin):
     def teardown(self, stage: str) -> None: ...
     def prepare_data(self) -> None: ...
 
+    #: ``prepare_data`` runs on local rank 0 of every machine (True) or on global rank 0 only (False)
+    prepare_data_per_node: bool = True
+
+    # where the Trainer looks for data when fit/validate/test/predict get none (a DataModule's come first)
+    def train_dataloader(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} defines no train_dataloader()")
+
+    def val_dataloader(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} defines no val_dataloader()")
+
+    def test_dataloader(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} defines no test_dataloader()")
+
+    def predict_dataloader(self) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} defines no predict_dataloader()")
+
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         return batch
 
@@ -245,9 +191,12 @@ class Module(nn.Module, HyperparametersMixin):
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # -------------------------------------------------------------- accessors
+    #: True while to_torchscript compiles: TorchScript reads every attribute, and ``trainer`` must not raise then
+    _jit_is_scripting = False
+
     @property
     def trainer(self) -> Trainer:
-        if self._trainer is None:
+        if self._trainer is None and not Module._jit_is_scripting:
             raise RuntimeError(
                 f"{type(self).__name__} is not attached to a Trainer. self.trainer exists inside "
                 "Trainer.fit/validate/test/predict."
@@ -273,6 +222,26 @@ class Module(nn.Module, HyperparametersMixin):
         for t in self.buffers():
             return t.device
         return torch.device("cpu")
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the module is on a CUDA device."""
+        return self.device.type == "cuda"
+
+    @property
+    def fabric(self) -> Any:
+        """The Fleet this module was set up with (Lightning's name: Fabric), or None."""
+        return self._fleet
+
+    @property
+    def strict_loading(self) -> bool:
+        """Whether restoring a checkpoint (``fit(ckpt_path=...)``, ``load_from_checkpoint``) needs every key of the
+        state dict to match (default True); set it False to load a checkpoint that left some weights out."""
+        return self._strict_loading in (None, True)
+
+    @strict_loading.setter
+    def strict_loading(self, strict: bool) -> None:
+        object.__setattr__(self, "_strict_loading", strict)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -507,15 +476,62 @@ class Module(nn.Module, HyperparametersMixin):
             p.requires_grad = True
         self.train()
 
+    def to_torchscript(self, file_path: str | os.PathLike | None = None, method: str = "script",
+                       example_inputs: Any = None, **kwargs: Any) -> Any:
+        """The module compiled by TorchScript (``method="script"``, or ``"trace"`` with ``example_inputs``, default
+        ``example_input_array``), in eval mode; saved to ``file_path`` when given. The module's mode is kept."""
+        if method not in ("script", "trace"):
+            raise ConfigurationError(f"to_torchscript(method={method!r}): accepted are 'script' and 'trace'.")
+        if method == "trace" and example_inputs is None and self.example_input_array is None:
+            raise ConfigurationError(
+                "to_torchscript(method='trace') needs example inputs: pass example_inputs=..., or set "
+                "self.example_input_array."
+            )
+        training = self.training
+        try:
+            with torch.no_grad():
+                Module._jit_is_scripting = True
+                if method == "script":
+                    compiled = torch.jit.script(self.eval(), **kwargs)
+                else:
+                    inputs = self.example_input_array if example_inputs is None else example_inputs
+                    compiled = torch.jit.trace(self.eval(), example_inputs=inputs, **kwargs)
+        finally:
+            Module._jit_is_scripting = False
+            self.train(training)
+        if file_path is not None:
+            torch.jit.save(compiled, os.fspath(file_path))
+        return compiled
+
+    def to_onnx(self, file_path: str | os.PathLike | Any, input_sample: Any = None, **kwargs: Any) -> Any:
+        """Export the module (in eval mode) to ONNX with ``torch.onnx.export`` and ``input_sample`` (default
+        ``example_input_array``); needs the onnx package (and onnxscript for torch's default exporter)."""
+        if importlib.util.find_spec("onnx") is None:
+            raise ModuleNotFoundError("to_onnx needs the onnx package, which is not installed: `pip install onnx "
+                                      "onnxscript`.")
+        if input_sample is None and self.example_input_array is None:
+            raise ConfigurationError(
+                "to_onnx needs an input to trace the model with: pass input_sample=..., or set "
+                "self.example_input_array."
+            )
+        sample = self.example_input_array if input_sample is None else input_sample
+        training = self.training
+        try:
+            return torch.onnx.export(self.eval(), sample if isinstance(sample, tuple) else (sample,), file_path,
+                                     **kwargs)
+        finally:
+            self.train(training)
+
     @classmethod
     def load_from_checkpoint(
-        cls, checkpoint_path: str, map_location: Any = None, strict: bool = True, weights_only: bool | None = None,
-        **kwargs: Any,
+        cls, checkpoint_path: str, map_location: Any = None, strict: bool | None = None,
+        weights_only: bool | None = None, **kwargs: Any,
     ) -> Module:
         """Build the model from the hyperparameters saved in a checkpoint and load its weights.
 
-        The file is read without running code from it; ``weights_only=False`` unpickles anything (a file you trust).
-        ``kwargs`` replace saved hyperparameters.
+        ``strict``: every key must match (default: the model's ``strict_loading``). The file is read without running
+        code from it; ``weights_only=False`` unpickles anything (a file you trust). ``kwargs`` replace saved
+        hyperparameters.
         """
         from torchfleet.checkpoint.format import read_checkpoint
         from torchfleet.checkpoint.hparams import still_plain
@@ -533,19 +549,11 @@ class Module(nn.Module, HyperparametersMixin):
         model = cls(**hparams)
         from torchfleet.checkpoint.state import load_state_dict_checked
 
-        load_state_dict_checked(model, checkpoint["state_dict"], strict=strict)
+        load_state_dict_checked(model, checkpoint["state_dict"], strict=model.strict_loading if strict is None else strict)
         model.on_load_checkpoint(checkpoint)
         return model
 
 
-def _init_args(frame: Any) -> dict[str, Any]:
-    """The named arguments (and expanded ``**kwargs``) of the function running in ``frame``."""
-    code = frame.f_code
-    local = frame.f_locals
-    n_named = code.co_argcount + code.co_kwonlyargcount
-    names = code.co_varnames[1:n_named]
-    values = {n: local[n] for n in names if n in local}
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        kw_name = code.co_varnames[n_named + bool(code.co_flags & inspect.CO_VARARGS)]
-        values.update(local.get(kw_name, {}))
-    return values
+# TorchScript compiles the module's attributes: these are Python-only (some raise outside a run), so it skips them
+Module.__jit_unused_properties__ = [name for cls in Module.__mro__ if cls.__module__.startswith("torchfleet")
+                                    for name, value in vars(cls).items() if isinstance(value, property)]

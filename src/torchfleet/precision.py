@@ -18,6 +18,8 @@ from torchfleet.errors import ConfigurationError, closest
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("64-true", "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+#: what runs when neither precision= nor a Precision plugin or strategy object says otherwise
+DEFAULT_PRECISION = "32-true"
 _ALIASES: dict[Any, str] = {
     16: "16-mixed", 32: "32-true", 64: "64-true",
     "16": "16-mixed", "32": "32-true", "64": "64-true",

@@ -1,10 +1,16 @@
 """Preemption: the signals a scheduler sends before it takes the machine away, and the exit code that says so.
 
 A scheduler (SLURM with ``#SBATCH --signal=USR1@90``, Kubernetes, a spot-instance agent, ``kill``)
-sends SIGTERM or SIGUSR1 some time before it kills the job. While a Trainer's ``fit`` (or a Fleet)
-runs, ``SignalFlag`` records such a signal and nothing else: the handler never raises, so a signal
-that lands during a checkpoint save, a validation or the sanity check takes effect at the next
-check, after the current optimizer step. A second signal changes nothing.
+sends SIGTERM or SIGUSR1 some time before it kills the job; Ctrl-C sends SIGINT. While a Trainer's
+``fit`` (or a Fleet loop that reads ``preemption_requested``) runs, ``SignalFlag`` records such a
+signal: the handler never raises, so a signal that lands during a checkpoint save or a training step
+takes effect at the next check, after the current optimizer step. A repeated SIGTERM/SIGUSR1 changes
+nothing; a second Ctrl-C (a second apart or more) stops at once.
+
+Where the ranks cannot reach that agreed stop (before the first step, in validation, waiting for data
+or for another rank in a collective), ``signals.SignalFlag``'s thread stops the process without a
+checkpoint after ``SIGNAL_GRACE_S`` (its client's ``overdue`` policy, e.g. ``steps_overdue``, says
+when), and the launchers stop the others.
 
 The ranks of a run receive the signal at different times, or only one of them does, so they agree
 before they stop: ``StopAgreement`` reduces each rank's flag with MAX over gloo (the default group,
@@ -21,16 +27,23 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from torchfleet.signals import SignalFlag
 
 #: the exit code of a run stopped by a preemption signal after saving its checkpoint (EX_TEMPFAIL)
 EXIT_CODE = 75
 
-#: the signals that ask a run to save and stop: SIGTERM (what schedulers and ``kill`` send) and SIGUSR1
-#: (what SLURM sends ``--signal=USR1@<seconds>`` before the end of a job's time)
-SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1)
+#: the signals that ask a run to save and stop: SIGTERM (what schedulers and ``kill`` send), SIGUSR1
+#: (what SLURM sends ``--signal=USR1@<seconds>`` before the end of a job's time) and SIGINT (Ctrl-C)
+SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+#: how long a rank that received a signal goes on where the ranks cannot agree to stop after a step (before the
+#: first step, validation, a data-loader wait, a collective another rank never joins) before it stops without a
+#: checkpoint; in the training steps it gets this much more than one step takes
+SIGNAL_GRACE_S = 2.0
 
 #: set by torchfleet's own launchers in the ranks they start again after a failure (``max_restarts``)
 RESTART_COUNT_VAR = "TF_RESTART_COUNT"
@@ -70,6 +83,12 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
+def describe_signal(signum: int) -> str:
+    """The signal's name for a message; Ctrl-C's says what Python users know it as."""
+    name = signal_name(signum)
+    return f"{name} (Ctrl-C, KeyboardInterrupt)" if signum == signal.SIGINT else name
+
+
 def restart_count() -> int:
     """How many times this run was started again: the largest of torchfleet's, torchrun's and SLURM's counts (0)."""
     count = 0
@@ -84,62 +103,6 @@ def restart_count() -> int:
 def is_restart() -> bool:
     """Whether this process is a restart of an earlier run (torchfleet's, torchrun's or SLURM's count above 0)."""
     return restart_count() > 0
-
-
-#: set in a launched child: the file its launcher creates before it stops the child on purpose (another
-#: rank failed); a SIGTERM then ends the child at once, as it would without a handler
-_stop_marker: str | None = None
-
-
-def set_stop_marker(path: str | None) -> None:
-    """In a launched rank: the path whose existence means a SIGTERM comes from our launcher, not a scheduler."""
-    global _stop_marker
-    _stop_marker = path
-
-
-class SignalFlag:
-    """Records the first SIGTERM/SIGUSR1 that arrives while installed; restores the previous handlers after.
-
-    Installed only from the main thread (Python delivers signals there; elsewhere ``install`` does
-    nothing and returns False). The handler replaces the previous ones while installed: it does not
-    call them.
-    """
-
-    def __init__(self) -> None:
-        #: the number of the first preemption signal received, or None
-        self.signum: int | None = None
-        #: when it arrived (time.monotonic())
-        self.received_at = 0.0
-        self._previous: dict[int, Any] = {}
-
-    def install(self) -> bool:
-        if threading.current_thread() is not threading.main_thread() or self._previous:
-            return False
-        for sig in SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._handle)
-        return True
-
-    def restore(self) -> None:
-        for sig, previous in self._previous.items():
-            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-        self._previous = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if _stop_marker is not None and signum == signal.SIGTERM and os.path.exists(_stop_marker):
-            # our launcher stops this rank because another one failed: end now, as without a handler
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        if self.signum is None:
-            self.signum = signum
-            self.received_at = time.monotonic()
-
-    def __enter__(self) -> SignalFlag:
-        self.install()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.restore()
 
 
 #: the group the flags are reduced on, per default process group: the default group itself when it is gloo
@@ -167,10 +130,11 @@ class StopAgreement:
     ``poll()`` is called by every rank at the same points (the end of each optimizer step). With one
     process it reads the flag. With several, it waits for the reduction started at the previous poll
     and starts the next one with this rank's flag: all ranks read the same MAX, one step after the
-    earliest signal, and no rank blocks on a slow one in between.
+    earliest signal, and no rank blocks on a slow one in between. ``last_poll`` and ``interval`` tell the
+    signal thread whether the steps still come.
     """
 
-    __slots__ = ("flag", "_group", "_work", "_buf", "_distributed")
+    __slots__ = ("flag", "_group", "_work", "_buf", "_distributed", "last_poll", "_previous", "_before")
 
     def __init__(self, flag: SignalFlag, world_size: int) -> None:
         self.flag = flag
@@ -178,9 +142,24 @@ class StopAgreement:
         self._group: Any = None
         self._work: Any = None
         self._buf: Any = None
+        #: time.monotonic() of the last poll (None before the first), and of the two before it
+        self.last_poll: float | None = None
+        self._previous: float | None = None
+        self._before: float | None = None
+
+    @property
+    def interval(self) -> float:
+        """The time a step takes: the shorter of the last two between polls (one that held a validation does not
+        stretch the next wait); 0 before two polls."""
+        last, previous, before = self.last_poll, self._previous, self._before
+        if last is None or previous is None:
+            return 0.0
+        return last - previous if before is None else min(last - previous, previous - before)
 
     def poll(self) -> int | None:
         """The agreed signal number when the ranks are to stop now; None to go on."""
+        # the times of the last three polls (the signal thread reads the step time from them)
+        self._before, self._previous, self.last_poll = self._previous, self.last_poll, _monotonic()
         if not self._distributed:
             return self.flag.signum
         import torch
@@ -215,41 +194,19 @@ class StopAgreement:
             _GROUPS.clear()
 
 
-class PreemptionWatch:
-    """A custom loop's view of preemption (``Fleet.preemption_requested``), started the first time it is asked.
+_monotonic = time.monotonic
 
-    Until then nothing is installed: a Fleet that never asks keeps the default SIGTERM behaviour (the
-    process ends). Once started, the signal flag is installed and every ``optimizer.step()`` polls the
-    agreement, so all ranks see the request after the same step.
+
+def steps_overdue(flag: SignalFlag, agreement: StopAgreement | None, now: float, stepping: bool = True) -> float | None:
+    """How long past its grace a rank with a signal is (None: not yet), judged by whether its steps still come.
+
+    ``stepping``: the rank is in the training steps, where the agreed stop comes within two polls; it then
+    has ``SIGNAL_GRACE_S`` plus one step's time since the later of the signal and its last poll. Elsewhere
+    (before the first step, in validation) it has ``SIGNAL_GRACE_S`` from the signal.
     """
-
-    __slots__ = ("agreement", "signum", "_flag")
-
-    def __init__(self) -> None:
-        self.agreement: StopAgreement | None = None
-        #: the agreed signal number once the ranks agreed to stop, else None
-        self.signum: int | None = None
-        self._flag: SignalFlag | None = None
-
-    def start(self, world_size: int) -> None:
-        if self.agreement is None:
-            self._flag = SignalFlag()
-            self._flag.install()
-            self.agreement = StopAgreement(self._flag, world_size)
-
-    def poll(self) -> None:
-        """After an optimizer step, on every rank (the agreement is a collective once the run has several)."""
-        if self.signum is None and self.agreement is not None:
-            self.signum = self.agreement.poll()
-
-    def close(self, completed: bool) -> None:
-        """The loop ended: settle the reduction in flight (only when every rank got here), give the handlers back."""
-        agreement, self.agreement = self.agreement, None
-        if agreement is not None:
-            if completed and self.signum is None:
-                agreement.finish()
-            elif not completed:
-                agreement.abandon()
-        if self._flag is not None:
-            self._flag.restore()
-            self._flag = None
+    last = agreement.last_poll if agreement is not None else None
+    if stepping and last is not None:
+        late = now - max(flag.received_at, last) - SIGNAL_GRACE_S - agreement.interval  # type: ignore[union-attr]
+    else:
+        late = now - flag.received_at - SIGNAL_GRACE_S
+    return late if late > 0 else None

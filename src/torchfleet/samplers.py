@@ -329,6 +329,27 @@ def even_shards(dataloader: Any, num_replicas: int, rank: int) -> tuple[Any, int
     return dataloader, 0, 0
 
 
+def pad_evaluation_shards(dataloader: Any, num_replicas: int, rank: int, stage: str, strategy: str) -> Any:
+    """``dataloader`` giving every rank the same number of evaluation batches, for strategies whose forward is a
+    collective (fsdp, deepspeed stage 3 gather parameters from all ranks in every forward).
+
+    An evaluation loader split exactly (``ExactDistributedSampler``, or a user's sampler in a ``ShardedSampler``)
+    whose items do not split evenly comes back repeating an item or two on the last ranks (``even_shards``; the
+    metrics count them, and rank 0 says how many). Anything else comes back unchanged. ``strategy`` names the
+    strategy in that message.
+    """
+    if stage == "fit" or num_replicas == 1:
+        return dataloader
+    loader, repeated, size = even_shards(dataloader, num_replicas, rank)
+    if repeated and rank == 0:
+        log.warning(
+            "The %s data (%d samples, or batches of a batch_sampler) do not split evenly among %d processes; under %s "
+            "every rank must run the same number of batches, so %d of them are evaluated twice and count twice in "
+            "the %s metrics.", stage, size, num_replicas, strategy, repeated, stage,
+        )
+    return loader
+
+
 def _check_topology(num_replicas: int, rank: int) -> None:
     if isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1:
         raise ConfigurationError(f"num_replicas must be a positive integer (the number of processes), got {num_replicas!r}.")

@@ -38,7 +38,7 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
         if env is None:
             seed = 0
             if verbose:
-                from torchfleet.utilities import rank_zero_warn
+                from torchfleet.rank_zero import rank_zero_warn
 
                 rank_zero_warn(f"No seed found: seed_everything() set the seed to {seed}. Pass seed=... (or set "
                                f"{SEED_ENV}) to choose it; later calls without a seed reuse this one.")
@@ -57,7 +57,7 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
         raise ConfigurationError(f"seed={seed!r} is not in bounds: give an int in [0, {_MAX_SEED}] (2**32 - 1).")
     seed = int(seed)  # a whole float (1e3) is that int, as Lightning takes it
     if verbose:
-        from torchfleet.utilities import rank_prefixed_message
+        from torchfleet.rank_zero import rank_prefixed_message
 
         log.info(rank_prefixed_message(f"Seed set to {seed}"))
     random.seed(seed)
@@ -102,7 +102,7 @@ def worker_init_function(worker_id: int, rank: int | None = None) -> None:
     ``rank`` (default: this process's), so no two workers of a run, on any rank, share a stream.
     """
     if rank is None:
-        from torchfleet.utilities import rank_zero_only
+        from torchfleet.rank_zero import rank_zero_only
 
         rank = rank_zero_only.rank
     base_seed = torch.initial_seed() - worker_id  # torch seeds worker i with base + i

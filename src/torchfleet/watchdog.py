@@ -67,34 +67,55 @@ def _torch_dir() -> str:
     return os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
 
-#: file name -> whether it is torchfleet's, torch's or the standard library's (not the user's code)
-_INTERNAL: dict[str, bool] = {}
+#: file name -> _USER (the user's code), _FOREIGN (torch, the standard library, torchfleet's collective plumbing) or
+#: _OWN (torchfleet code that asks for a collective: named when no user code is on the stack)
+_INTERNAL: dict[str, int] = {}
+_USER, _FOREIGN, _OWN = 0, 1, 2
+#: torchfleet files that only pass a collective on: never the place to name
+_PLUMBING = ("watchdog.py", "module.py", "strategies" + os.sep, os.path.join("trainer", "logging.py"))
 
 
-def _internal(name: str) -> bool:
+def _internal(name: str) -> int:
     import sysconfig
 
     stdlib = sysconfig.get_paths()["stdlib"] + os.sep
     purelib = sysconfig.get_paths()["purelib"] + os.sep
-    internal = (name.startswith((_PKG_DIR, _torch_dir())) or name.startswith("<frozen")
-                or (name.startswith(stdlib) and not name.startswith(purelib)))
-    _INTERNAL[name] = internal
-    return internal
+    if name.startswith(_PKG_DIR):
+        kind = _FOREIGN if name[len(_PKG_DIR):].startswith(_PLUMBING) else _OWN
+    # "<string>": the ``python -c`` of a spawned process (ddp_spawn), with no source to point to
+    elif (name.startswith((_torch_dir(), "<frozen")) or name == "<string>"
+          or (name.startswith(stdlib) and not name.startswith(purelib))):
+        kind = _FOREIGN
+    else:
+        kind = _USER
+    _INTERNAL[name] = kind
+    return kind
 
 
-def call_site(depth: int = 2) -> str:
-    """``file:line`` of the first frame outside torchfleet, torch and the standard library (the user's code)."""
+def call_site(depth: int = 2, function: bool = False) -> str:
+    """``file:line`` (``function``: then `` in <function>``) of the first frame outside torchfleet, torch and the
+    standard library (the user's code).
+
+    With no user code on the stack (a collective the Trainer issues in a spawned rank), the torchfleet code that
+    asked for it, e.g. ``torchfleet/trainer/eval_loop.py:40 in publish_epoch``.
+    """
     frame = sys._getframe(depth)
     known = _INTERNAL
+    own = None
     while frame is not None:
         name = frame.f_code.co_filename
-        internal = known.get(name)
-        if internal is None:
-            internal = _internal(name)
-        if not internal:
-            return f"{name}:{frame.f_lineno}"
+        kind = known.get(name)
+        if kind is None:
+            kind = _internal(name)
+        if kind == _USER:
+            return f"{name}:{frame.f_lineno} in {frame.f_code.co_name}" if function else f"{name}:{frame.f_lineno}"
+        if kind == _OWN and own is None:
+            own = frame
         frame = frame.f_back
-    return "(no user code on the stack)"
+    if own is None:
+        return "(no user code on the stack)"
+    where = os.path.relpath(own.f_code.co_filename, os.path.dirname(_PKG_DIR[:-1]))
+    return f"{where}:{own.f_lineno} in {own.f_code.co_name}"
 
 
 # --------------------------------------------------------------------------- the recorder
@@ -159,7 +180,8 @@ def _describe_position(position: tuple | None) -> str:
     if position is None:
         return ""
     stage, epoch, batch = position
-    return f"{stage} epoch {epoch} batch {batch}" if epoch is not None else f"{stage} batch {batch}"
+    at = ", epoch end" if batch == "end" else f" batch {batch}"  # "end": the epoch-end hooks and reductions
+    return f"{stage} epoch {epoch}{at}" if epoch is not None else f"{stage}{at}"
 
 
 class collective:  # noqa: N801 - used as a statement: ``with collective("barrier(save)"):``
@@ -208,7 +230,7 @@ def current() -> dict[str, Any]:
     """This process's record: the collective it is in, or the last it finished."""
     rec = _REC
     return {"seq": rec.seq, "state": _STATES.get(rec.state, "none"), "name": rec.name, "site": rec.site,
-            "where": rec.where, "started": rec.started, "ended": rec.ended, "pid": os.getpid()}
+            "where": rec.where, "started": rec.started, "ended": rec.ended, "pid": os.getpid(), "position": rec.position}
 
 
 def _write_box(rec: _Recorder) -> None:
@@ -280,25 +302,25 @@ _FR_FILE = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 FLIGHT_RECORDER_ENTRIES = "2000"
 
 
-def nccl_flight_recorder_env(environ: dict[str, str] | Any = None, folder: str | None = None) -> str:
+def nccl_flight_recorder_env(environ: dict[str, str] | Any = None, folder: str | None = None,
+                             run_dir: str | None = None) -> str:
     """Switch on PyTorch's NCCL flight recorder (before init_process_group); the dump files' prefix.
 
     Sets the ring buffer size, dump-on-timeout and where the dump goes, leaving alone any of them the user
-    set. The dump of rank r is ``<prefix><r>``.
-    """
+    set. The dump of rank r is ``<prefix><r>``, in ``folder``, else in ``nccl-trace`` of the launcher's private run
+    folder ``run_dir`` (shared by the ranks), else in a new private folder (mkdtemp)."""
     env = os.environ if environ is None else environ
     if not any(env.get(k) for k in _FR_BUFFER):
-        for k in _FR_BUFFER:
-            env[k] = FLIGHT_RECORDER_ENTRIES
+        env.update(dict.fromkeys(_FR_BUFFER, FLIGHT_RECORDER_ENTRIES))
     env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     prefix = next((env[k] for k in _FR_FILE if env.get(k)), None)
     if prefix is None:
         job = env.get("TORCHELASTIC_RUN_ID") or env.get("SLURM_JOB_ID") or env.get("MASTER_PORT") or str(os.getpid())
-        folder = folder or os.path.join(tempfile.gettempdir(), f"torchfleet-nccl-trace-{job}")
-        os.makedirs(folder, exist_ok=True)
+        if folder is None:  # never a name others can guess and create first
+            folder = os.path.join(run_dir, "nccl-trace") if run_dir else tempfile.mkdtemp(prefix=f"torchfleet-nccl-{job}-")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
         prefix = os.path.join(folder, "rank_")
-        for k in _FR_FILE:
-            env[k] = prefix
+        env.update(dict.fromkeys(_FR_FILE, prefix))
     return prefix
 
 
@@ -590,11 +612,10 @@ def analyse(records: dict[int, dict[str, Any] | None]) -> tuple[str, list[str]]:
             a = next(iter(seen))
             b = next(r for r in seen if (seen[r][0], seen[r][2]) != (seen[a][0], seen[a][2]))
             (na, sa, wa), (nb, sb, wb) = seen[a], seen[b]
-            return "desync", [
+            return _desync(known, (
                 f"Desync: the ranks called different collectives as #{seq}: rank {a} {na} at {sa}"
-                f"{f' ({wa})' if wa else ''}, rank {b} {nb} at {sb}{f' ({wb})' if wb else ''}.",
-                _DESYNC_HINT,
-            ]
+                f"{f' ({wa})' if wa else ''}, rank {b} {nb} at {sb}{f' ({wb})' if wb else ''}."
+            ))
     by_seq: dict[int, list[int]] = {}
     for r, rec in known.items():
         by_seq.setdefault(rec["seq"], []).append(r)
@@ -603,11 +624,10 @@ def analyse(records: dict[int, dict[str, Any] | None]) -> tuple[str, list[str]]:
         names = {known[r]["name"] for r in ranks}
         if len(names) > 1:
             a, b = ranks[0], next(r for r in ranks if known[r]["name"] != known[ranks[0]]["name"])
-            return "desync", [
+            return _desync(known, (
                 f"Desync: the ranks called different collectives as #{seq}: rank {a} {known[a]['name']} at "
-                f"{known[a]['site']}{_at(known[a])}, rank {b} {known[b]['name']} at {known[b]['site']}{_at(known[b])}.",
-                _DESYNC_HINT,
-            ]
+                f"{known[a]['site']}{_at(known[a])}, rank {b} {known[b]['name']} at {known[b]['site']}{_at(known[b])}."
+            ))
     waiting = {r: rec for r, rec in known.items() if rec["state"] == "in"}
     if len(by_seq) > 1:
         top = max(by_seq)
@@ -617,12 +637,11 @@ def analyse(records: dict[int, dict[str, Any] | None]) -> tuple[str, list[str]]:
         a = ahead[0]
         if behind_waiting:
             b = behind_waiting[0]
-            return "desync", [
+            return _desync(known, (
                 f"Desync: rank {a} is in #{top} {known[a]['name']} (called at {known[a]['site']}{_at(known[a])}) "
                 f"while rank {b} waits in #{known[b]['seq']} {known[b]['name']} (called at {known[b]['site']}"
-                f"{_at(known[b])}): the ranks issued different numbers of collectives.",
-                _DESYNC_HINT,
-            ]
+                f"{_at(known[b])}): the ranks issued different numbers of collectives."
+            ))
         b = behind[0]
         return "hang", [
             f"Hang: rank {a} waits in #{top} {known[a]['name']} (called at {known[a]['site']}{_at(known[a])}), "
@@ -638,9 +657,23 @@ def analyse(records: dict[int, dict[str, Any] | None]) -> tuple[str, list[str]]:
     return "", []
 
 
-_DESYNC_HINT = ("Every rank must issue the same collectives in the same order: look for code that runs on some "
-                "ranks only (if self.global_rank == ..., a self.log(sync_dist=True) or all_gather under a condition "
-                "that differs between ranks, data of different lengths per rank).")
+_DESYNC_HINT = ("This is a control-flow divergence inside the run (the ranks took different paths through the "
+                "program), not a network problem. Every rank must issue the same collectives in the same order: look "
+                "for code that runs on some ranks only (if self.global_rank == ..., a self.log(sync_dist=True) or "
+                "all_gather under a condition that differs between ranks, data of different lengths per rank; "
+                "evaluation shards are exact, so ranks may run different numbers of validation/test/predict batches "
+                "and a collective of your own in validation_step has no partner on a rank that ran out).")
+
+
+def _desync(known: dict[int, dict[str, Any]], first: str) -> tuple[str, list[str]]:
+    """("desync", lines): ``first``, where each rank's loops were at its latest collective (the Trainer's stage,
+    epoch and batch; left out when no rank is in a Trainer loop, as in a Fleet loop), then the hint."""
+    lines = [first]
+    if any(rec.get("where") for rec in known.values()):
+        lines.append("Loop positions: " + "; ".join(
+            f"rank {r} {rec.get('where') or 'outside the Trainer loops'} (#{rec['seq']})"
+            for r, rec in sorted(known.items())) + ".")
+    return "desync", [*lines, _DESYNC_HINT]
 
 
 def main_thread_stack(dump: str) -> str:

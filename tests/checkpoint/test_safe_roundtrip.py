@@ -28,6 +28,7 @@ from torchfleet.checkpoint.consolidate import consolidate
 from torchfleet.checkpoint.format import read_checkpoint
 from torchfleet.checkpoint.hparams import TAG
 from torchfleet.errors import CheckpointError
+from torchfleet.loggers import CSVLogger
 
 
 class Activation(enum.Enum):
@@ -218,6 +219,7 @@ def test_checkpoints_of_every_part_load_safely_and_resume(tmp_path, kind, precis
     def trainer(max_epochs):
         return Trainer(**quiet(
             max_epochs=max_epochs, default_root_dir=tmp_path, precision=precision, enable_checkpointing=True,
+            logger=CSVLogger(tmp_path, name="logs"),  # LearningRateMonitor needs one, as in Lightning
             plugins=[AsyncCheckpointIO()] if io else None,
             callbacks=[ModelCheckpoint(dirpath=pathlib.Path(tmp_path) / "ck", monitor="val_loss", save_last=True,
                                        save_top_k=2), EarlyStopping(monitor="val_loss", patience=5),

@@ -142,7 +142,7 @@ def test_gradient_accumulation_matches_one_process(runs):
 def test_bf16_runs_in_deepspeed_bf16(runs, ref):
     result = runs["stage_2_bf16"]
     assert result["config"]["bf16"]["enabled"] is True and result["config"]["fp16"]["enabled"] is False
-    assert result["param_dtype"] == "torch.bfloat16"  # DeepSpeed holds the module in bf16 (inputs cast to match)
+    assert result["param_dtype"] == "torch.bfloat16"  # DeepSpeed trains the module in bf16 (inputs cast to match)
     # bfloat16 forward/backward with float32 master weights: close to, not equal to, the float32 run
     assert result["val_loss"] == pytest.approx(ref["val_loss"], rel=0.05)
     assert_close(result["weights"], ref["weights"], atol=0.1)

@@ -142,19 +142,21 @@ def test_world_size_from_the_launcher_must_match_devices_times_nodes(monkeypatch
         resolve(accelerator="cpu", devices=1)
 
 
-def test_ctrl_c_in_the_launching_process_stops_every_rank_as_an_interrupt(tmp_path):
+def test_ctrl_c_in_the_launching_process_saves_and_stops_every_rank(tmp_path):
     import json
     import subprocess
     import sys
 
     from tests.distributed.test_ddp import ROOT, SCRIPT
+    from tests.distributed.test_fault_matrix import default_sigint
 
     out = str(tmp_path / "never-written.pt")
     started_read, started_write = os.pipe()
     cfg = {"strategy": "ddp", "devices": 2, "epochs": 10_000, "started_fd": started_write, "out": out}
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    # in tmp_path: the run saves its preemption checkpoint under the working directory (no default_root_dir)
     proc = subprocess.Popen([sys.executable, SCRIPT, json.dumps(cfg)], stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=ROOT, pass_fds=(started_write,))
+                            cwd=tmp_path, pass_fds=(started_write,), preexec_fn=default_sigint)
     os.close(started_write)  # the script holds the only write end: its exit ends the wait too
     try:
         # blocks until rank 0 has trained two steps (or the script died: end of file)
@@ -165,7 +167,8 @@ def test_ctrl_c_in_the_launching_process_stops_every_rank_as_an_interrupt(tmp_pa
     finally:
         proc.kill()
         os.close(started_read)
-    assert proc.returncode != 0
+    assert proc.returncode == 75, stderr[-3000:]  # saved and stopped, as on SIGTERM
     assert "KeyboardInterrupt" in stderr
     assert "Rank 1 failed" not in stderr  # rank 1 was stopped by us, it did not fail
+    assert (tmp_path / "checkpoints" / "preempted.ckpt").is_file()
     assert _processes_mentioning(out) == []

@@ -81,13 +81,13 @@ def eval_reference(model: nn.Module) -> tuple[float, torch.Tensor]:
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp", pytest.param("deepspeed", marks=needs_deepspeed),
                                       pytest.param("deepspeed_stage_3", marks=needs_deepspeed)])
 def test_fit_then_test_validate_predict_with_the_same_module(runs, strategy):
-    """Evaluation after fit reuses the sharded module (fsdp) or the engine (deepspeed) with its trained weights."""
+    """Evaluation after fit sees the trained weights: the module, made whole when fit ended, is sharded again."""
     result = runs[f"{strategy}_fit_test"]
     model = Regressor()
     train_regressor(model, epochs=2)
-    if strategy != "deepspeed_stage_3":  # ZeRO-3 leaves the module's parameters empty outside the engine's forward
-        sharded_helpers.assert_close(result["weights"], model.state_dict(), ATOL)
-    # evaluation reused the trained (sharded) module: it changed nothing and saw the trained weights
+    # after fit the module holds the whole trained weights, under every strategy (ZeRO-3 too)
+    sharded_helpers.assert_close(result["weights"], model.state_dict(), ATOL)
+    # evaluation changed nothing and saw the trained weights
     sharded_helpers.assert_close(result["weights_after_eval"], result["weights"], 0.0)
     loss, preds = eval_reference(model)
     assert result["test_loss"] == pytest.approx(loss, rel=1e-5)
@@ -95,8 +95,9 @@ def test_fit_then_test_validate_predict_with_the_same_module(runs, strategy):
     got = result["preds"].flatten().sort().values
     torch.testing.assert_close(got, preds.flatten().sort().values, rtol=0, atol=ATOL)
     assert result["global_step"] == 8
-    # trainer.model is the strategy's model: the sharded module itself under fsdp, the DDP wrapper under ddp
-    wrapper = {"ddp": "DistributedDataParallel", "fsdp": "FSDPRegressor"}.get(strategy, "DeepSpeedEngine")
+    # trainer.model is the strategy's model: the DDP wrapper under ddp, the engine under DeepSpeed; under fsdp the
+    # module itself, an ordinary Regressor again once fit has ended
+    wrapper = {"ddp": "DistributedDataParallel", "fsdp": "Regressor"}.get(strategy, "DeepSpeedEngine")
     assert result["model_type"] == wrapper
 
 

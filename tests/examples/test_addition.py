@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import csv
-import os
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from torchfleet import Trainer, seed_everything
+from torchfleet.cli import _metric_rows
 from torchfleet.errors import ConfigurationError
 from torchfleet.examples.addition import (
     EQUALS,
@@ -162,10 +161,7 @@ def test_short_training_run_learns_and_logs(tmp_path, one_thread):
                       enable_model_summary=False, log_every_n_steps=8, num_sanity_val_steps=0)
     trainer.fit(model, datamodule=data)
     assert trainer.global_step == 2 * 4096 // 64
-    metrics_file = os.path.join(trainer.log_dir, "metrics.csv")
-    assert os.path.isfile(metrics_file)
-    with open(metrics_file) as f:
-        rows = list(csv.DictReader(f))
+    rows, _ = _metric_rows(trainer.log_dir)  # the default logger's: TensorBoard's events, or metrics.csv
     losses = [float(r["train_loss"]) for r in rows if r.get("train_loss")]
     assert len(losses) >= 12 and sum(losses[-3:]) < sum(losses[:3])
     accs = [float(r["val_acc"]) for r in rows if r.get("val_acc")]

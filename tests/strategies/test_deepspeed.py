@@ -96,9 +96,17 @@ def test_the_seed_parameter_list_is_the_signature():
             "hysteresis", "min_loss_scale", "partition_activations", "cpu_checkpointing",
             "contiguous_memory_optimization", "synchronize_checkpoint_boundary", "load_full_weights",
             "precision_plugin", "process_group_backend"}
-    # precision= is precision_plugin's torchfleet name; timeout, start_method and max_restarts are DDPStrategy's
+    # precision= is precision_plugin's torchfleet name; timeout, start_method and max_restarts are DDPStrategy's;
+    # keep_sharded is torchfleet's (the module is made whole when a stage ends unless it is True)
     assert seed - params == set()
-    assert params - seed == {"precision", "timeout", "start_method", "max_restarts"}
+    assert params - seed == {"precision", "timeout", "start_method", "max_restarts", "keep_sharded"}
+
+
+@needs_deepspeed
+def test_keep_sharded_is_a_flag():
+    assert DeepSpeedStrategy().keep_sharded is False and DeepSpeedStrategy(keep_sharded=True).keep_sharded is True
+    with pytest.raises(ConfigurationError, match=r"DeepSpeedStrategy\(keep_sharded='yes'\) is not valid: give False"):
+        DeepSpeedStrategy(keep_sharded="yes")
 
 
 @needs_deepspeed

@@ -102,6 +102,7 @@ def test_wrap_policies():
     ({"cpu_offload": "yes"}, "give True/False or a torch.distributed.fsdp.CPUOffloadPolicy"),
     ({"mixed_precision": "bf16"}, "MixedPrecisionPolicy"),
     ({"state_dict_type": "consolidated"}, "Accepted: 'sharded'"),
+    ({"keep_sharded": 1}, r"FSDPStrategy\(keep_sharded=1\) is not valid: give False"),
 ])
 def test_bad_arguments_say_what_is_accepted(kwargs, words):
     with pytest.raises(ConfigurationError, match=words):

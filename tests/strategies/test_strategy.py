@@ -58,3 +58,40 @@ def test_single_device_refuses_several_devices():
     s = SingleDeviceStrategy()
     with pytest.raises(ConfigurationError, match="devices=2"):
         s.configure([torch.device("cpu")] * 2, 1, None)
+
+
+class _Recording(SingleDeviceStrategy):
+    """Records the stage-end calls a sharded strategy relies on."""
+
+    def __init__(self) -> None:
+        super().__init__(device="cpu")
+        self.calls: list[str] = []
+
+    def on_exception(self, exception: BaseException) -> None:
+        self.calls.append(f"on_exception({type(exception).__name__})")
+
+    def release_module(self, module: nn.Module) -> None:
+        self.calls.append("release_module")
+
+
+def test_a_stage_that_raises_tells_the_strategy_before_the_stage_end_releases_the_module():
+    from torch.utils.data import DataLoader
+
+    import torchfleet as tf
+    from torchfleet.callbacks import Callback
+    from torchfleet.demos import BoringModel, RandomDataset
+
+    class Stop(Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if batch_idx == 1:
+                raise KeyError("stop")
+
+    strategy = _Recording()
+    trainer = tf.Trainer(strategy=strategy, max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[Stop()])
+    with pytest.raises(KeyError, match="stop"):
+        trainer.fit(BoringModel(), DataLoader(RandomDataset(32, 8), batch_size=2))
+    assert strategy.calls == ["on_exception(KeyError)", "release_module"]
+    strategy.calls.clear()
+    trainer.validate(BoringModel(), DataLoader(RandomDataset(32, 4), batch_size=2), verbose=False)
+    assert strategy.calls == ["release_module"]

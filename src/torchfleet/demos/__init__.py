@@ -1,18 +1,21 @@
-"""Small models and datasets for examples, tests and bug reports (no downloads): Lightning's demo names.
-
-``from torchfleet.demos import BoringModel, RandomDataset, MNISTDataModule, Transformer, WikiText2``.
+"""Lightning's demo models and datasets under its module names, with its APIs (no downloads: the data are
+generated). ``from torchfleet.demos import BoringModel, Transformer, WikiText2, LightningTransformer``;
+``torchfleet.demos.boring_classes`` (RandomDataset, ManualOptimBoringModel, ...), ``.transformer``, ``.lstm`` and
+``.mnist_datamodule`` as in ``lightning.pytorch.demos``.
 """
 
-from torchfleet.demos.boring import (
+from torchfleet.demos.boring_classes import (
     BoringDataModule,
     BoringModel,
+    DemoModel,
     ManualOptimBoringModel,
     RandomDataset,
     RandomIterableDataset,
 )
-from torchfleet.demos.mnist import MNISTClassifier, MNISTDataModule, SyntheticMNIST
-from torchfleet.demos.transformer import LanguageModel, SyntheticText, Transformer, WikiText2
+from torchfleet.demos.lstm import LightningLSTM, SequenceSampler, SimpleLSTM
+from torchfleet.demos.mnist_datamodule import MNIST, MNISTClassifier, MNISTDataModule, SyntheticMNIST
+from torchfleet.demos.transformer import LightningTransformer, Transformer, WikiText2
 
-__all__ = ["BoringModel", "ManualOptimBoringModel", "BoringDataModule", "RandomDataset", "RandomIterableDataset",
-           "SyntheticMNIST", "MNISTDataModule", "MNISTClassifier", "SyntheticText", "WikiText2", "Transformer",
-           "LanguageModel"]
+__all__ = ["LightningLSTM", "SequenceSampler", "SimpleLSTM", "LightningTransformer", "Transformer", "WikiText2",
+           "BoringModel", "BoringDataModule", "DemoModel", "ManualOptimBoringModel", "RandomDataset",
+           "RandomIterableDataset", "MNIST", "MNISTDataModule", "SyntheticMNIST", "MNISTClassifier"]

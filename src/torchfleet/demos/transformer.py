@@ -1,126 +1,178 @@
-"""A small causal Transformer language model and a generated text corpus (no download).
+"""Lightning's demo language model (``Transformer``, ``LightningTransformer``) and its ``WikiText2`` dataset.
 
-``WikiText2`` has the interface of Lightning's demo dataset (``block_size``, ``vocab_size``, items
-``(input, target)`` shifted by one token) over a synthetic corpus: sentences from a tiny grammar, so
-there is structure to learn and the loss falls well below ``log(vocab_size)``.
+The model has Lightning's API and computation: ``Transformer(vocab_size, ninp, nhead, nhid, nlayers, dropout)``,
+``forward(inputs, target, mask=None)`` returns log-probabilities flattened to ``[batch * seq, vocab_size]`` for
+``nll_loss``, with the same submodules (``pos_encoder``, ``embedding``, ``transformer``, ``decoder``), so the same
+seed gives the same weights and results as Lightning, and checkpoints load both ways.
+
+``WikiText2`` keeps Lightning's constructor, attributes and items, over a generated corpus instead of the
+download: sentences from a tiny grammar, as many tokens as WikiText-2's training text (2,088,628), so the same
+splits work. ``data_dir`` is not read and nothing is downloaded.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from typing import Any
+from pathlib import Path
 
 import torch
-from torch import nn
-from torch.utils.data import Dataset
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
 
 from torchfleet.module import Module
 
 _SUBJECTS = ["the cat", "a dog", "the model", "my friend", "the old ship", "a small bird"]
 _VERBS = ["sees", "likes", "follows", "trains", "finds", "carries"]
 _OBJECTS = ["the ball", "a tree", "the data", "some bread", "the river", "a red box"]
+#: tokens in WikiText-2's training text (with one <eos> a line), which Lightning's WikiText2 reads
+WIKITEXT2_TOKENS = 2_088_628
 
 
-class SyntheticText(Dataset):
-    """``num_sentences`` generated sentences as one token stream, cut into ``block_size`` windows.
+def _causal_mask(size: int) -> Tensor:
+    """``size x size``: 0 where a position may attend (itself and before), -inf after."""
+    return torch.zeros(size, size).masked_fill(torch.ones(size, size).triu(1).bool(), float("-inf"))
 
-    Items are ``(tokens[i:i+block_size], tokens[i+1:i+block_size+1])``; ``vocabulary`` maps words to ids.
+
+class PositionalEncoding(nn.Module):
+    """Sine/cosine position encodings, then dropout (Lightning's demo encoding, computed on first use).
+
+    As in Lightning's demo, every position gets the encoding of position ``seq_len`` (one row, indexed rather
+    than sliced): kept, so that results equal Lightning's.
     """
 
-    def __init__(self, block_size: int = 32, num_sentences: int = 2000, seed: int = 0) -> None:
-        g = torch.Generator().manual_seed(seed)
-        words: list[str] = []
-        for _ in range(num_sentences):
-            parts = [_SUBJECTS[int(torch.randint(len(_SUBJECTS), (1,), generator=g))],
-                     _VERBS[int(torch.randint(len(_VERBS), (1,), generator=g))],
-                     _OBJECTS[int(torch.randint(len(_OBJECTS), (1,), generator=g))]]
-            words += " ".join(parts).split() + ["<eos>"]
-        self.vocabulary = {w: i for i, w in enumerate(sorted(set(words)))}
-        self.data = torch.tensor([self.vocabulary[w] for w in words])
+    def __init__(self, dim: int, dropout: float = 0.1, max_len: int = 5000) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(p=dropout)
+        self.dim, self.max_len = dim, max_len
+        # not a buffer and not a parameter: neither belongs in a checkpoint, and DDP needs every parameter used
+        self.pe: Tensor | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.pe is None:
+            self.pe = self._table(x.device)
+        return self.dropout(x + self.pe[:, x.size(1)])
+
+    def _table(self, device: torch.device) -> Tensor:
+        position = torch.arange(0, self.max_len, dtype=torch.float, device=device).unsqueeze(1)
+        freq = torch.exp(torch.arange(0, self.dim, 2, device=device).float() * (-math.log(10000.0) / self.dim))
+        table = torch.zeros(self.max_len, self.dim, device=device)
+        table[:, 0::2] = torch.sin(position * freq)
+        table[:, 1::2] = torch.cos(position * freq)
+        return table.unsqueeze(0)
+
+
+class Transformer(nn.Module):
+    """Lightning's demo encoder-decoder language model (``nn.Transformer``); ``forward(inputs, target)`` returns
+    log-probabilities ``[batch * seq, vocab_size]`` (the decoder reads ``target`` under a causal mask)."""
+
+    def __init__(self, vocab_size: int = 33278, ninp: int = 200, nhead: int = 2, nhid: int = 200, nlayers: int = 2,
+                 dropout: float = 0.2) -> None:
+        super().__init__()
+        # created in Lightning's order, so that a seed gives the same initial weights
+        self.pos_encoder = PositionalEncoding(ninp, dropout)
+        self.embedding = nn.Embedding(vocab_size, ninp)
+        self.transformer = nn.Transformer(d_model=ninp, nhead=nhead, num_encoder_layers=nlayers,
+                                          num_decoder_layers=nlayers, dim_feedforward=nhid, dropout=dropout,
+                                          batch_first=True)
+        self.decoder = nn.Linear(ninp, vocab_size)
+        self.ninp, self.vocab_size = ninp, vocab_size
+        self.src_mask: Tensor | None = None
+
+    def generate_square_subsequent_mask(self, size: int) -> Tensor:
+        """A causal mask: position i attends to positions <= i."""
+        return _causal_mask(size)
+
+    def forward(self, inputs: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
+        seq = inputs.size(1)
+        if self.src_mask is None or self.src_mask.size(0) != seq:
+            self.src_mask = self.generate_square_subsequent_mask(seq).to(inputs.device)  # kept as Lightning's
+        if mask is None:
+            mask = self.generate_square_subsequent_mask(seq).to(inputs.device)
+        scale = math.sqrt(self.ninp)
+        src = self.pos_encoder(self.embedding(inputs) * scale)
+        tgt = self.pos_encoder(self.embedding(target) * scale)
+        logits = self.decoder(self.transformer(src, tgt, tgt_mask=mask))
+        return F.log_softmax(logits, dim=-1).view(-1, self.vocab_size)
+
+
+class Dictionary:
+    """Words and their ids, in order of first appearance (``word2idx``, ``idx2word``)."""
+
+    def __init__(self) -> None:
+        self.word2idx: dict[str, int] = {}
+        self.idx2word: list[str] = []
+
+    def add_word(self, word: str) -> int:
+        if word not in self.word2idx:
+            self.word2idx[word] = len(self.idx2word)
+            self.idx2word.append(word)
+        return self.word2idx[word]
+
+    def __len__(self) -> int:
+        return len(self.idx2word)
+
+
+def _generated_corpus(num_tokens: int, seed: int) -> tuple[Tensor, Dictionary]:
+    """``num_tokens`` ids of sentences "<subject> <verb> <object> <eos>" drawn with ``seed``, and their dictionary."""
+    dictionary = Dictionary()
+    phrases = [[[dictionary.add_word(w) for w in p.split()] for p in group] for group in (_SUBJECTS, _VERBS, _OBJECTS)]
+    eos = dictionary.add_word("<eos>")
+    width = max(len(p) for group in phrases for p in group)
+    tables = [torch.tensor([p + [-1] * (width - len(p)) for p in group]) for group in phrases]
+    per_sentence = 2 + 1 + 2 + 1  # the shortest sentence: more than enough sentences are drawn
+    count = num_tokens // per_sentence + 1
+    g = torch.Generator().manual_seed(seed)
+    parts = [table[torch.randint(len(table), (count,), generator=g)] for table in tables]
+    sentences = torch.cat(parts + [torch.full((count, 1), eos)], dim=1).flatten()
+    return sentences[sentences >= 0][:num_tokens].clone(), dictionary
+
+
+class WikiText2(Dataset):
+    """Lightning's WikiText2 (``block_size`` windows, items ``(inputs, target)`` shifted by one token) over the
+    generated corpus; ``data_dir`` and ``download`` are accepted and nothing is read or downloaded."""
+
+    def __init__(self, data_dir: Path = Path("./data"), block_size: int = 35, download: bool = True) -> None:
+        super().__init__()
+        self.path = Path(data_dir) / "wikitext-2.txt"  # where Lightning's would be: never read here
+        self.data, self.dictionary = _generated_corpus(WIKITEXT2_TOKENS, seed=0)
         self.block_size = block_size
 
     @property
     def vocab_size(self) -> int:
-        return len(self.vocabulary)
+        return len(self.dictionary)
 
     def __len__(self) -> int:
         return len(self.data) // self.block_size - 1
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
         start = index * self.block_size
-        chunk = self.data[start:start + self.block_size + 1]
-        return chunk[:-1], chunk[1:]
+        return self.data[start:start + self.block_size], self.data[start + 1:start + self.block_size + 1]
+
+    @staticmethod
+    def download(destination: Path) -> None:
+        """Nothing to fetch: the corpus is generated."""
 
 
-class WikiText2(SyntheticText):
-    """Lightning's demo name and arguments (``data_dir``, ``block_size``, ``download``) over the generated corpus:
-    nothing is downloaded and ``data_dir`` is not read."""
+class LightningTransformer(Module):
+    """Lightning's demo Module: ``Transformer`` trained with ``nll_loss`` and SGD(lr=0.1) on WikiText2."""
 
-    def __init__(self, data_dir: str | os.PathLike = "data", block_size: int = 35, download: bool = True) -> None:
-        super().__init__(block_size=block_size)
-
-
-class _PositionalEncoding(nn.Module):
-    def __init__(self, dim: int, max_len: int = 512) -> None:
+    def __init__(self, vocab_size: int = 33278) -> None:
         super().__init__()
-        position = torch.arange(max_len).unsqueeze(1)
-        freq = torch.exp(torch.arange(0, dim, 2) * (-math.log(10000.0) / dim))
-        table = torch.zeros(max_len, dim)
-        table[:, 0::2] = torch.sin(position * freq)
-        table[:, 1::2] = torch.cos(position * freq[: dim // 2])
-        self.register_buffer("table", table, persistent=False)
+        self.model = Transformer(vocab_size=vocab_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.table[: x.size(1)]
+    def forward(self, inputs: Tensor, target: Tensor) -> Tensor:
+        return self.model(inputs, target)
 
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        inputs, target = batch
+        return F.nll_loss(self(inputs, target), target.view(-1))
 
-class Transformer(nn.Module):
-    """A decoder-only Transformer: token embedding, sine positions, ``nlayers`` causal self-attention layers.
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.model.parameters(), lr=0.1)
 
-    ``forward(tokens [batch, seq])`` returns logits ``[batch, seq, vocab_size]``.
-    """
+    def prepare_data(self) -> None:
+        WikiText2(download=True)
 
-    def __init__(self, vocab_size: int = 33278, ninp: int = 64, nhead: int = 2, nhid: int = 128, nlayers: int = 2,
-                 dropout: float = 0.1) -> None:
-        super().__init__()
-        self.embedding = nn.Embedding(vocab_size, ninp)
-        self.pos = _PositionalEncoding(ninp)
-        layer = nn.TransformerEncoderLayer(ninp, nhead, nhid, dropout, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, nlayers, enable_nested_tensor=False)
-        self.decoder = nn.Linear(ninp, vocab_size)
-        self.ninp = ninp
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        seq = tokens.size(1)
-        mask = nn.Transformer.generate_square_subsequent_mask(seq, device=tokens.device)
-        hidden = self.encoder(self.pos(self.embedding(tokens) * math.sqrt(self.ninp)), mask=mask, is_causal=True)
-        return self.decoder(hidden)
-
-
-class LanguageModel(Module):
-    """Next-token prediction with ``Transformer`` (cross-entropy over the vocabulary), Adam."""
-
-    def __init__(self, vocab_size: int = 33278, lr: float = 1e-3, **transformer_kwargs: Any) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.model = Transformer(vocab_size=vocab_size, **transformer_kwargs)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.model(tokens)
-
-    def loss(self, batch: Any) -> torch.Tensor:
-        tokens, target = batch
-        logits = self(tokens)
-        return nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        loss = self.loss(batch)
-        self.log("train_loss", loss, prog_bar=True)
-        return loss
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self.log("val_loss", self.loss(batch))
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(WikiText2())

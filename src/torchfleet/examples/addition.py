@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from torchfleet import DataModule, Module
-from torchfleet.errors import ConfigurationError
+from torchfleet.errors import ConfigurationError, check_int
 
 log = logging.getLogger("torchfleet")
 
@@ -91,6 +91,9 @@ class AdditionData(DataModule):
                  seed: int = 0, num_workers: int = 0) -> None:
         super().__init__()
         _check_digits(digits)
+        for name, value, minimum in (("num_train", num_train, 1), ("num_val", num_val, 1),
+                                     ("batch_size", batch_size, 1), ("seed", seed, 0), ("num_workers", num_workers, 0)):
+            check_int(name, value, minimum, owner="AdditionData")
         self.digits, self.num_train, self.num_val = digits, num_train, num_val
         self.batch_size, self.seed, self.num_workers = batch_size, seed, num_workers
 
@@ -134,6 +137,13 @@ class AdditionTransformer(Module):
         super().__init__()
         self.save_hyperparameters()
         self.digits = _check_digits(digits)
+        for name, value in (("d_model", d_model), ("nhead", nhead), ("num_layers", num_layers),
+                            ("dim_feedforward", dim_feedforward)):
+            check_int(name, value, 1, owner="AdditionTransformer")
+        if d_model % nhead:
+            raise ConfigurationError(f"AdditionTransformer(d_model={d_model}, nhead={nhead}) is not valid: each attention "
+                                     "head takes an equal share of d_model, so nhead must divide d_model (e.g. "
+                                     f"nhead={max(h for h in range(1, nhead + 1) if d_model % h == 0)}).")
         self.length = sequence_length(digits)
         self.answer_start = 2 * digits + 2
         self.embed = nn.Embedding(VOCAB, d_model)

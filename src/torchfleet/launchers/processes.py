@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import pickle
-import shutil
 import signal
 import tempfile
 import threading
@@ -34,11 +33,14 @@ from torchfleet.launchers.supervise import (
     ERROR_DIR_VAR,
     LAUNCHER_PID_VAR,
     Supervisor,
+    exit_if_peer_stopped_on_signal,
     mark_launched_child,
+    remove_run_folder,
     watch_parent,
     write_error,
 )
-from torchfleet.preemption import RESTART_COUNT_VAR, SIGNALS, Preempted
+from torchfleet.preemption import RESTART_COUNT_VAR, Preempted
+from torchfleet.signals import handled_signals
 
 if TYPE_CHECKING:
     from torchfleet.environments.base import ClusterEnvironment
@@ -159,7 +161,7 @@ class ProcessLauncher(Launcher):
                 return None
             return torch.load(result_path, weights_only=False)
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            remove_run_folder(work)
             self._supervisor = None
 
     def _check_can_start(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -259,7 +261,7 @@ def _name_of(obj: Any, default: str) -> str:
 
 
 def _forward_signals(procs: list[Any]) -> Callable[[], None]:
-    """While the launching process waits: pass SIGTERM/SIGUSR1 on to the ranks (they save and stop together).
+    """While the launching process waits: pass SIGTERM/SIGUSR1/SIGINT on to the ranks (they save and stop together).
 
     Returns the function that puts the previous handlers back. Only in the main thread (elsewhere nothing).
     """
@@ -274,7 +276,7 @@ def _forward_signals(procs: list[Any]) -> Callable[[], None]:
                 except ProcessLookupError:
                     pass
 
-    previous = {sig: signal.signal(sig, forward) for sig in SIGNALS}
+    previous = {sig: signal.signal(sig, forward) for sig in handled_signals()}
 
     def restore() -> None:
         for sig, handler in previous.items():
@@ -318,9 +320,10 @@ def _set_rng_states(states: dict[str, Any]) -> None:
 
 def _child_main(local_rank: int, variables: dict[str, str], work: str, parent_pid: int, payload: Any,
                 rng: dict[str, Any] | None = None) -> None:
-    for sig in SIGNALS:  # a forked rank inherits the launching process's forwarding handler
+    for sig in handled_signals():  # a forked rank inherits the launching process's forwarding handler
         signal.signal(sig, signal.SIG_DFL)
-    mark_launched_child(work)
+    signal.set_wakeup_fd(-1)  # and a wakeup pipe whose reader stayed in the launching process
+    mark_launched_child(work, local_rank)
     if rng is not None:
         _set_rng_states(rng)
     os.environ.update(variables)
@@ -342,7 +345,11 @@ def _child_main(local_rank: int, variables: dict[str, str], work: str, parent_pi
                 json.dump({"message": exc.message, "signal": exc.signal, "checkpoint": exc.checkpoint}, f)
         raise
     except BaseException as exc:
-        write_error(work, local_rank, exc)
+        exit_if_peer_stopped_on_signal(work)
+        if write_error(work, local_rank, exc) and not isinstance(exc, SystemExit):
+            # the launching process reports the first rank that failed, once: printed here as well, the run's
+            # output would hold every rank's traceback, most of them echoes ("Connection closed by peer")
+            raise SystemExit(1) from None
         raise
     if local_rank == 0 and int(variables["NODE_RANK"]) == 0:
         path = os.path.join(work, _RESULT_FILE)

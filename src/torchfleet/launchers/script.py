@@ -18,11 +18,9 @@ the children again, and a Trainer's fit resumes from the newest checkpoint (``au
 
 from __future__ import annotations
 
-import _thread
 import atexit
 import logging
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -30,7 +28,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from torchfleet import watchdog
 from torchfleet.errors import ConfigurationError
@@ -47,13 +45,16 @@ from torchfleet.launchers.supervise import (
     LAUNCHER_PID_VAR,
     POLL_S,
     Supervisor,
-    error_file,
+    exit_if_peer_stopped_on_signal,
     mark_launched_child,
+    remove_run_folder,
     set_own_error_dir,
     watch_parent,
     write_error,
 )
-from torchfleet.preemption import RESTART_COUNT_VAR, Preempted
+from torchfleet.preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
+from torchfleet.preemption import RESTART_COUNT_VAR, Preempted, describe_signal
+from torchfleet.signals import SignalFlag, end_own_children, interrupt_main, set_unagreed_stop
 
 if TYPE_CHECKING:
     from torchfleet.environments.base import ClusterEnvironment
@@ -101,6 +102,31 @@ class _Children:
         atexit.register(self._at_exit)
         set_own_error_dir(supervisor.error_dir)
         watchdog.set_in_process_supervisor(self._own_hang)
+        # this process is rank 0 and the launcher: a signal outside a fit (whose own flag goes first) stops every
+        # rank at once, and so does one that any rank stops on without the others (_signal_stop)
+        self._signal_lock = threading.Lock()
+        self.stopping_on_signal = False
+        self._signals = SignalFlag(self._outside_fit)
+        self._signals.install()
+        set_unagreed_stop(self._signal_stop)
+
+    def _outside_fit(self, flag: SignalFlag, now: float) -> str:
+        return (f"torchfleet: {describe_signal(flag.signum or 0)} received by the launching process (rank 0) "
+                "outside a Trainer's fit or a Fleet loop that reads preemption_requested, so nothing can be saved: "
+                f"every process stops (the last complete checkpoint stays). Exit code {PREEMPTED_EXIT_CODE}.")
+
+    def _signal_stop(self, line: str) -> NoReturn:
+        """Stop every rank now on a signal, without a checkpoint: stop the children, say ``line`` once, exit 75."""
+        self._signal_lock.acquire()  # never released: a second caller waits here until the process exits
+        self.stopping_on_signal = True
+        self.main_stopped.set()
+        self.reported = True
+        end_own_children()
+        self.supervisor.stop()
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        remove_run_folder(self.supervisor.error_dir)
+        os._exit(PREEMPTED_EXIT_CODE)
 
     def _own_hang(self, watch: Any) -> None:
         """This process's own watchdog fired (rank 0 waited too long in a collective): report for every rank, exit."""
@@ -120,11 +146,26 @@ class _Children:
         sys.stderr.flush()
         for p in sup.procs:  # at once: the main thread would report again when its collective fails
             _signal_kill(p)
-        shutil.rmtree(sup.error_dir, ignore_errors=True)
+        remove_run_folder(sup.error_dir)
         os._exit(watchdog.HANG_EXIT_CODE)
 
     def _excepthook(self, kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        self.main_error = (value, time.time())
+        if self.stopping_on_signal:  # the echo of a stop the signal thread is making: it ends this process
+            threading.Event().wait()
+        failed_at = time.time()
+        self.main_error = (value, failed_at)
+        if (not self.reported and self.restart >= self.max_restarts
+                and not isinstance(value, (KeyboardInterrupt, ProcessFailedError))):
+            failure = self.supervisor.wait_for_failure(timeout=1.0)
+            if failure is not None and failure.failed_at <= failed_at:
+                # a child failed first (a Fleet loop runs outside any launch): this rank's error ("Connection
+                # closed by peer") is its echo, so the child's error is what is reported, once
+                self.main_stopped.set()
+                self.reported = True
+                self.supervisor.stop()
+                sys.stderr.write(f"torchfleet: {failure}\n")
+                sys.stderr.flush()
+                return
         self._previous_excepthook(kind, value, tb)
 
     def restart_if_left(self, cause: BaseException) -> None:
@@ -144,12 +185,15 @@ class _Children:
         self.main_stopped.set()
         self.reported = True
         sup.stop()
-        shutil.rmtree(sup.error_dir, ignore_errors=True)
+        remove_run_folder(sup.error_dir)
         _exec_again(command_to_rerun(), dict(self.original_env, **{RESTART_COUNT_VAR: str(self.restart + 1)}))
 
     def _watch(self) -> None:
         sup = self.supervisor
         while sup.check() is None:
+            line = sup.signal_stop()
+            if line is not None:
+                self._signal_stop(line)
             if sup.all_done():
                 return
             time.sleep(POLL_S)
@@ -162,7 +206,7 @@ class _Children:
                     if self.main_stopped.is_set():
                         return
                     self.interrupted = True
-                    _thread.interrupt_main()
+                    interrupt_main()
                 if not self.main_stopped.wait(INTERRUPT_GRACE_S):
                     # blocked inside C++ where the interrupt cannot land: exit with the report ourselves
                     self._report_and_exit(sup.failure)
@@ -176,7 +220,7 @@ class _Children:
             self.reported = True
             sys.stderr.write(f"torchfleet: {failure}\n")
             sys.stderr.flush()
-        shutil.rmtree(self.supervisor.error_dir, ignore_errors=True)
+        remove_run_folder(self.supervisor.error_dir)
         os._exit(1)
 
     def _at_exit(self) -> None:
@@ -185,9 +229,15 @@ class _Children:
         try:
             if self.main_error is not None and not self.reported and self.restart < self.max_restarts:
                 self._restart_after_main_error(*self.main_error)
+            if self.main_error is not None and not self.reported:
+                # rank 0 ended with an uncaught error outside a launch (a Fleet loop), which Python printed: the run
+                # has failed, and the others would wait for rank 0 in a collective until hang_timeout. Stop them
+                # (their own errors are echoes of rank 0's)
+                self.reported = True
+                self.supervisor.stop()
             self._wait_for_children()
         finally:
-            shutil.rmtree(self.supervisor.error_dir, ignore_errors=True)
+            remove_run_folder(self.supervisor.error_dir)
 
     def _restart_after_main_error(self, error: BaseException, failed_at: float) -> None:
         """Rank 0 ended with an uncaught exception outside a launch (a Fleet loop): restart, naming the cause."""
@@ -203,6 +253,9 @@ class _Children:
             self.supervisor.wait()
         except ProcessFailedError as failure:  # the supervisor stopped the other children
             self._report_and_exit(failure)
+        except Preempted:  # a child stopped on a signal: the supervisor stopped the others and said why
+            remove_run_folder(self.supervisor.error_dir)
+            os._exit(PREEMPTED_EXIT_CODE)
 
 
 _CHILDREN: _Children | None = None
@@ -301,21 +354,25 @@ def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwarg
             raise failure from exc
         raise
     except BaseException as exc:
+        if children.stopping_on_signal:  # an echo of the stop the signal thread is making: it ends this process
+            threading.Event().wait()
         failed_at = time.time()
+        with children.lock:  # from now on this handler reports: the watcher must not interrupt it (a second error)
+            children.main_stopped.set()
         sup = children.supervisor
         ctrl_c = isinstance(exc, KeyboardInterrupt) and not children.interrupted
         failure = None if ctrl_c else sup.wait_for_failure(timeout=0.0 if children.interrupted else 1.0)
-        children.main_stopped.set()
+        line = sup.signal_stop()
+        if line is not None:  # this rank's error is an echo of a rank that stopped on a signal: stop them all
+            children._signal_stop(line)
         children.reported = True  # the children are stopped on purpose: their exit codes are not news
         sup.stop()
         # a child that failed before this rank did is the cause; one that failed after is an echo of this error
         child_caused = failure is not None and (children.interrupted or failure.failed_at <= failed_at)
         if not ctrl_c and not _clean_exit(exc):
             children.restart_if_left(failure if child_caused else exc)  # does not return when restarts are left
-        if child_caused:
-            if failure.diagnosis:  # this rank's own error ("Connection closed by peer") is an echo of the report's
-                raise failure from None
-            raise failure from exc
+        if child_caused:  # this rank's own error ("Connection closed by peer") is an echo: the report is the news
+            raise failure from None
         raise
     finally:
         children.in_launch -= 1
@@ -358,15 +415,31 @@ def _exec_again(command: list[str], env: dict[str, str]) -> None:
 def _run_as_child(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     _watch_launcher_once()
     _report_uncaught_once()
-    mark_launched_child(os.environ.get(ERROR_DIR_VAR))
+    mark_launched_child(os.environ.get(ERROR_DIR_VAR), int(os.environ.get("LOCAL_RANK", "0")))
     try:
         return fn(*args, **kwargs)
     except Preempted:
         raise  # not a failure: this rank saved with the others and exits with the preemption code
     except BaseException as exc:
-        write_error(os.environ.get(ERROR_DIR_VAR), int(os.environ.get("LOCAL_RANK", "0")), exc)
+        exit_if_peer_stopped_on_signal(os.environ.get(ERROR_DIR_VAR))
+        _record_error(exc)
         _report_if_launcher_died(exc)
         raise
+
+
+#: the error this child recorded for its launching process (which reports it: this rank does not print it)
+_RECORDED: BaseException | None = None
+
+
+def _record_error(exc: BaseException) -> None:
+    global _RECORDED
+    if write_error(os.environ.get(ERROR_DIR_VAR), int(os.environ.get("LOCAL_RANK", "0")), exc):
+        _RECORDED = exc
+
+
+def _launcher_alive() -> bool:
+    pid = os.environ.get(LAUNCHER_PID_VAR)
+    return bool(pid) and os.getppid() == int(pid)  # type: ignore[arg-type]
 
 
 #: how long a failing child waits to see whether the launching process (rank 0) is gone
@@ -395,7 +468,7 @@ def _report_if_launcher_died(exc: BaseException | None) -> None:
     why = f" This rank then failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}" if exc else ""
     sys.stderr.write(f"torchfleet: the launching process (rank 0) died, so every rank stops.{why}\n{text}\n")
     sys.stderr.flush()
-    shutil.rmtree(error_dir, ignore_errors=True)
+    remove_run_folder(error_dir)
     os._exit(1)
 
 
@@ -412,11 +485,13 @@ def _report_uncaught_once() -> None:
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        error_dir = os.environ.get(ERROR_DIR_VAR)
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        # an error raised inside a launch was recorded there already
-        if error_dir and not os.path.exists(error_file(error_dir, local_rank)):
-            write_error(error_dir, local_rank, value)
+        exit_if_peer_stopped_on_signal(os.environ.get(ERROR_DIR_VAR))
+        if value is not _RECORDED:  # an error raised inside a launch was recorded there already
+            _record_error(value)
+        if value is _RECORDED and _launcher_alive():
+            # the launching process reports the first rank that failed, once: printed here as well, the run's
+            # output would hold every rank's traceback, most of them echoes ("Connection closed by peer")
+            return
         previous(kind, value, tb)
 
     sys.excepthook = hook

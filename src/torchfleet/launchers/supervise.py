@@ -9,11 +9,17 @@ A child that exits with ``preemption.EXIT_CODE`` (75) has not failed: it saved t
 checkpoint with the other ranks and stopped, so the others are left to finish their save. Before
 the supervisor stops children on purpose it creates ``<error_dir>/stopping``: a child's preemption
 handler then lets that SIGTERM end it at once instead of treating it as a request to save.
+
+A child that stops on a signal where the ranks could not agree to stop together leaves its one line in
+``<error_dir>/signal-stop-<local_rank>.txt`` and exits with 75; one ended by SIGTERM/SIGINT/SIGUSR1
+from outside before it could handle it is read the same way. Either stops every other process of the
+launch at once (``signal_stop``), and the run ends with exit code 75 and that one line.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -23,7 +29,8 @@ from typing import Any
 
 from torchfleet.launchers.base import STOP_GRACE_S, ProcessFailedError, describe_exit
 from torchfleet.preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
-from torchfleet.preemption import set_stop_marker
+from torchfleet.preemption import SIGNALS, Preempted
+from torchfleet.signals import set_stop_marker, set_unagreed_stop
 from torchfleet.watchdog import DUMP_REQUEST, HANG_EXIT_CODE, HANG_MARKER, stacks_path
 from torchfleet.watchdog import report as collectives_report
 
@@ -36,6 +43,10 @@ POLL_S = 0.05
 STACKS_WAIT_S = 3.0
 #: the file whose existence tells the children that a SIGTERM comes from their launcher stopping them
 STOP_MARKER = "stopping"
+#: the file a child leaves its one line in before it exits on a signal without the other ranks
+SIGNAL_STOP_PREFIX = "signal-stop-"
+#: the exit codes of a child that a preemption signal ended before it had a handler (the default action)
+_SIGNAL_DEATHS = {-int(sig) for sig in SIGNALS}
 
 
 def _exitcode(proc: Any) -> int | None:
@@ -58,27 +69,138 @@ def set_own_error_dir(path: str | None) -> None:
     _OWN_ERROR_DIR = path
 
 
+def remove_run_folder(path: str) -> None:
+    """Remove a launch's folder, except the NCCL flight recorder dumps a report may have pointed to."""
+    import shutil
+
+    trace = os.path.join(path, "nccl-trace")  # watchdog.nccl_flight_recorder_env's, under nccl
+    if not (os.path.isdir(trace) and os.listdir(trace)):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    for name in os.listdir(path):
+        entry = os.path.join(path, name)
+        if name == "nccl-trace":
+            continue
+        if os.path.isdir(entry):
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            os.unlink(entry)
+
+
 def error_file(error_dir: str, local_rank: int) -> str:
     return os.path.join(error_dir, f"rank-{local_rank}.txt")
 
 
-def mark_launched_child(error_dir: str | None) -> None:
-    """In a launched child: a SIGTERM after the launcher created its stop marker ends this process at once."""
+def signal_stop_file(error_dir: str, local_rank: int) -> str:
+    return os.path.join(error_dir, f"{SIGNAL_STOP_PREFIX}{local_rank}.txt")
+
+
+def exit_if_peer_stopped_on_signal(error_dir: str | None) -> None:
+    """In a launched child that failed: when another rank stopped on a signal, the failure is its echo (its
+    sockets closed): leave quietly with exit code 75; the launcher says why, once."""
+    if error_dir and any(n.startswith(SIGNAL_STOP_PREFIX) for n in os.listdir(error_dir)):
+        os._exit(PREEMPTED_EXIT_CODE)
+
+
+def mark_launched_child(error_dir: str | None, local_rank: int = 0) -> None:
+    """In a launched child: a SIGTERM after the launcher created its stop marker ends this process at once; a
+    signal it stops on without the other ranks is handed to the launcher in a file; Ctrl-C ends it quietly
+    (the launcher says why) instead of a KeyboardInterrupt traceback in every rank."""
     set_stop_marker(os.path.join(error_dir, STOP_MARKER) if error_dir else None)
-
-
-def write_error(error_dir: str | None, local_rank: int, exc: BaseException) -> None:
-    """Record ``exc`` with its traceback for the launching process (best effort: the error itself still propagates)."""
     if not error_dir:
         return
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+    def hand_over(line: str) -> None:
+        path = signal_stop_file(error_dir, local_rank)
+        with open(path + ".tmp", "w") as f:
+            f.write(line)
+        os.replace(path + ".tmp", path)
+
+    set_unagreed_stop(hand_over)
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is \
+            signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def write_error(error_dir: str | None, local_rank: int, exc: BaseException) -> bool:
+    """Record ``exc`` with its traceback for the launching process; whether it was written (best effort: the error
+    itself still propagates, and a rank whose record could not be written prints it itself)."""
+    if not error_dir:
+        return False
+    try:
+        text = rank_traceback(exc)
+    except Exception:  # noqa: BLE001 - a report that cannot be shortened is reported whole
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         tmp = error_file(error_dir, local_rank) + ".tmp"
         with open(tmp, "w") as f:
             f.write(text)
         os.replace(tmp, error_file(error_dir, local_rank))
     except OSError:
-        pass
+        return False
+    return True
+
+
+def rank_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as a failed rank's report shows it: the user's own frames, and every frame below the last
+    of them (where the error was raised, library code included); the frames of torchfleet, torch and Python that
+    merely lead from the script to the user's hook are summed up in one line each run. Without any frame of the
+    user's (an error inside torchfleet), every frame is kept. Chained exceptions are kept, shortened the same way.
+    """
+    roots = _library_roots()
+    return "".join(_format_chain(traceback.TracebackException.from_exception(exc), roots))
+
+
+def _library_roots() -> list[tuple[str | None, str]]:
+    """(name, folder) of the code that is not the user's, most specific first; name None: a site-packages folder,
+    whose sub-folders name the packages."""
+    import sysconfig
+
+    import torchfleet
+
+    paths = sysconfig.get_paths()
+    roots: list[tuple[str | None, str]] = [("torchfleet", os.path.dirname(os.path.abspath(torchfleet.__file__)))]
+    roots += [(None, paths[k]) for k in ("purelib", "platlib")] + [("python", paths["stdlib"])]
+    return [(name, os.path.join(os.path.abspath(folder), "")) for name, folder in roots]
+
+
+def _frame_owner(filename: str, roots: list[tuple[str | None, str]]) -> str | None:
+    """The library a frame's file belongs to ("torchfleet", "torch", "python", ...); None for the user's own code."""
+    if filename.startswith("<"):  # "<frozen runpy>" is Python's; "<string>" (python -c) and "<stdin>" the user's
+        return "python" if filename.startswith("<frozen") else None
+    path = os.path.abspath(filename)
+    for name, root in roots:
+        if path.startswith(root):
+            return name or path[len(root):].split(os.sep)[0].removesuffix(".py")
+    return None
+
+
+def _format_chain(te: traceback.TracebackException, roots: list[tuple[str | None, str]]) -> list[str]:
+    lines: list[str] = []
+    if te.__cause__ is not None:
+        lines += _format_chain(te.__cause__, roots)
+        lines.append("\nThe above exception was the direct cause of the following exception:\n\n")
+    elif te.__context__ is not None and not te.__suppress_context__:
+        lines += _format_chain(te.__context__, roots)
+        lines.append("\nDuring handling of the above exception, another exception occurred:\n\n")
+    if te.stack:
+        lines.append("Traceback (most recent call last):\n")
+        owners = [_frame_owner(frame.filename, roots) for frame in te.stack]
+        last_own = max((i for i, owner in enumerate(owners) if owner is None), default=-1)
+        hidden: list[str] = []
+        for i, (frame, owner) in enumerate(zip(te.stack, owners)):
+            if owner is not None and i < last_own:
+                hidden.append(owner)
+                continue
+            if hidden:
+                lines.append(f"  ... {len(hidden)} frame{'s' if len(hidden) > 1 else ''} of "
+                             f"{', '.join(dict.fromkeys(hidden))}\n")
+                hidden = []
+            lines.append(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}\n')
+            if frame.line:
+                lines.append(f"    {frame.line.strip()}\n")
+    lines += list(te.format_exception_only())
+    return lines
 
 
 class Supervisor:
@@ -172,7 +294,8 @@ class Supervisor:
     def _check(self) -> ProcessFailedError | None:
         if self.failure is None:
             failures = [self.failed(rank, code) for proc, rank in zip(self.procs, self.ranks)
-                        if (code := _exitcode(proc)) is not None and code not in (0, PREEMPTED_EXIT_CODE)]
+                        if (code := _exitcode(proc)) is not None and code not in (0, PREEMPTED_EXIT_CODE)
+                        and not self._ended_by_signal(code)]
             if failures:
                 self.failure = self.diagnose(min(failures, key=lambda f: f.failed_at))
         return self.failure
@@ -180,7 +303,7 @@ class Supervisor:
     def wait_for_failure(self, timeout: float) -> ProcessFailedError | None:
         """After an error in this process: give a child that caused it (its socket closed first) time to be seen."""
         deadline = time.monotonic() + timeout
-        while self.check() is None and time.monotonic() < deadline:
+        while self.check() is None and self.signal_stop() is None and time.monotonic() < deadline:
             if all(_exitcode(p) is not None for p in self.procs):
                 break
             time.sleep(POLL_S)
@@ -188,6 +311,34 @@ class Supervisor:
 
     def all_done(self) -> bool:
         return all(_exitcode(p) is not None for p in self.procs)
+
+    def _ended_by_signal(self, code: int) -> bool:
+        """A child that a preemption signal from outside ended before it handled it (not one we stopped)."""
+        return code in _SIGNAL_DEATHS and not os.path.exists(os.path.join(self.error_dir, STOP_MARKER))
+
+    def signal_stop(self) -> str | None:
+        """The one line of a child that stopped on a signal without the other ranks, else None."""
+        for proc, rank in zip(self.procs, self.ranks):
+            code = _exitcode(proc)
+            if code == PREEMPTED_EXIT_CODE:
+                try:
+                    with open(signal_stop_file(self.error_dir, rank)) as f:
+                        return f.read().strip()
+                except OSError:
+                    continue  # it saved with the others (the agreed stop)
+            elif code is not None and self._ended_by_signal(code):
+                name = signal.Signals(-code).name
+                return (f"torchfleet: rank {self._global_rank(rank)} was ended by {name} before it could stop with "
+                        f"the others; every process stops without saving (the last complete checkpoint stays). "
+                        f"Exit code {PREEMPTED_EXIT_CODE}.")
+        return None
+
+    def stop_for_signal(self, line: str) -> Preempted:
+        """Stop every child still running and say ``line`` (once); the ``Preempted`` to raise."""
+        self.stop()
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        return Preempted(line)
 
     def preempted(self) -> bool:
         """Whether a child exited with the preemption exit code (it saved and stopped on SIGTERM/SIGUSR1)."""
@@ -222,15 +373,24 @@ class Supervisor:
             join()
 
     def wait(self) -> None:
-        """Block until every child exits; on the first failure stop the others and raise it."""
+        """Block until every child exits; on the first failure stop the others and raise it.
+
+        A child that stopped on a signal without the others stops them too: ``Preempted`` (exit code 75) is raised.
+        """
         while not self.all_done():
             if self.check() is not None:
                 break
+            line = self.signal_stop()
+            if line is not None:
+                raise self.stop_for_signal(line)
             time.sleep(POLL_S)
         failure = self.check()
         if failure is not None:
             self.stop()
             raise failure
+        line = self.signal_stop()
+        if line is not None:
+            raise self.stop_for_signal(line)
 
 
 def _hang_timeout(error_dir: str) -> float | None:

@@ -12,10 +12,10 @@ import re
 import warnings
 from abc import ABC, abstractmethod
 from argparse import Namespace
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from torchfleet.errors import ConfigurationError
+from torchfleet.errors import ConfigurationError, not_valid
 
 
 def is_url(path: str) -> bool:
@@ -347,3 +347,22 @@ def save_loggers(loggers: list[Any]) -> None:
         except Exception as exc:  # noqa: BLE001  (at exit: say which logger lost what, then go on with the others)
             logging.getLogger("torchfleet").warning("%s could not write its buffered values at exit: %s",
                                                     type(lg).__name__, exc)
+
+
+#: the loggers torchfleet ships, for the error that names what is accepted
+LOGGER_FORMS = ("a Logger object (e.g. CSVLogger(save_dir), TensorBoardLogger(save_dir), MLflowLogger(...), "
+                "WandbLogger(...) from torchfleet.loggers, or a subclass of torchfleet.loggers.Logger)")
+
+
+def check_loggers(value: Any, name: str, others: str, owner: str = "") -> list[Logger]:
+    """``value`` (one Logger or several) as a list of Logger objects, or one paragraph naming ``name``; ``others``
+    says what else the caller accepts (None, True, False)."""
+    accepted = f"{name} takes {LOGGER_FORMS}, a list of them, {others}"
+    if isinstance(value, (str, bytes)):
+        raise not_valid(name, value, f"a logger is not named by a string. {accepted}", owner)
+    given = list(value) if isinstance(value, Iterable) and not isinstance(value, Mapping) else [value]
+    for lg in given:
+        if not isinstance(lg, Logger):
+            which = "it" if given == [value] else f"it holds {lg!r} of type {type(lg).__name__}, which"
+            raise not_valid(name, value, f"{which} is not a Logger. {accepted}", owner)
+    return given

@@ -73,6 +73,8 @@ class DDPStrategy(ParallelStrategy):
     ``bucket_cap_mb``, ``broadcast_buffers``, ...) goes to DistributedDataParallel.
     """
 
+    reseeds_for = frozenset({"trainer"})  # Lightning's DDPStrategy re-seeds; Fabric's does not
+
     def __init__(
         self,
         accelerator: Accelerator | None = None,
@@ -208,11 +210,49 @@ class DDPStrategy(ParallelStrategy):
                   self.world_size, os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
         nccl_prefix = None
         if self.process_group_backend == "nccl" and self.hang_timeout is not None:
-            nccl_prefix = watchdog.nccl_flight_recorder_env()
+            from torchfleet.launchers.supervise import rank_error_dir
+
+            nccl_prefix = watchdog.nccl_flight_recorder_env(run_dir=rank_error_dir())
+        store = self._loopback_store()
+        if store is not None:
+            kwargs["store"] = store
         dist.init_process_group(self.process_group_backend, world_size=self.world_size, rank=self.global_rank,
                                 **kwargs)
         atexit.register(_destroy_process_group)
         self._start_watchdog(nccl_prefix)
+
+    def _loopback_store(self) -> Any:
+        """The rendezvous store of a one-machine run our launchers started, listening on 127.0.0.1 only; else None.
+
+        torch's env:// store listens on every interface (``*:MASTER_PORT``) though every rank is on this machine.
+        Across machines, or where torchrun/srun/mpirun started the ranks (their store, their address), env://.
+        """
+        from torchfleet.environments.local import LocalEnvironment
+
+        # LocalEnvironment: our launchers (or a hand start) on this machine; the others' launchers own the rendezvous
+        if self.num_nodes != 1 or not isinstance(self.cluster_environment, LocalEnvironment):
+            return None
+        import socket
+
+        from torch.distributed import TCPStore
+
+        port = int(os.environ["MASTER_PORT"])
+        timeout = self.timeout if self.timeout is not None else DEFAULT_TIMEOUT
+        if self.global_rank != 0:
+            return TCPStore("127.0.0.1", port, self.world_size, False, timeout)
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's: a restart's port may linger
+        try:
+            listener.bind(("127.0.0.1", port))
+            listener.listen(max(128, self.world_size))
+        except OSError as exc:
+            listener.close()
+            raise ConfigurationError(
+                f"Rank 0 cannot listen on 127.0.0.1:{port} (MASTER_PORT) for the other ranks: {exc.strerror}. Unset "
+                "MASTER_PORT to let torchfleet pick a free port, or export one that is free."
+            ) from None
+        # the store takes the socket over (detach: Python must not close it under the store)
+        return TCPStore("127.0.0.1", port, self.world_size, True, timeout, master_listen_fd=listener.detach())
 
     def _start_watchdog(self, nccl_prefix: str | None) -> None:
         """Open this rank's collectives record and start its hang watchdog (watchdog.py), once per process."""

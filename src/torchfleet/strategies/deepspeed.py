@@ -50,7 +50,10 @@ from torchfleet.strategies._deepspeed_checkpoint import (
     load_full_weights,
     save_deepspeed,
 )
+from torchfleet.strategies._deepspeed_optimizer import _EngineOptimizer
+from torchfleet.strategies._deepspeed_unshard import Before, Detached, unshard
 from torchfleet.strategies.ddp import _HOOK_KWARG, DEFAULT_TIMEOUT, DDPStrategy, _HookDispatch
+from torchfleet.strategies.utils import check_keep_sharded, stays_sharded
 
 if TYPE_CHECKING:
     from torchfleet.accelerators.base import Accelerator
@@ -58,61 +61,6 @@ if TYPE_CHECKING:
     from torchfleet.precision import Precision
 
 log = logging.getLogger(__name__)
-
-class _EngineOptimizer(Optimizer):
-    """The optimizer the Trainer and Fleet hold under DeepSpeed: the user's, with step and zero_grad going to the engine.
-
-    ZeRO runs the user's optimizer over its own float32 partitions and keeps their gradient buffers
-    between steps; the Trainer's ``zero_grad(set_to_none=True)`` on the user's optimizer would drop
-    them. The engine clears gradients itself in its step, so ``zero_grad`` here does nothing.
-    ``param_groups`` and ``state`` are the user's (LR schedulers built over it keep working).
-    """
-
-    def __init__(self, optimizer: Optimizer, strategy: DeepSpeedStrategy) -> None:
-        # Optimizer.__init__ is not called: the parameters and hyperparameters are the wrapped optimizer's
-        self._optimizer = optimizer
-        self._strategy = strategy
-
-    @property
-    def optimizer(self) -> Optimizer:
-        """The optimizer configure_optimizers() returned (DeepSpeed runs it over ZeRO's partitions)."""
-        return self._optimizer
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        return self._optimizer.param_groups
-
-    @property
-    def state(self) -> Any:  # type: ignore[override]
-        return self._optimizer.state
-
-    @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
-        return self._optimizer.defaults
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Nothing to do: ``engine.step`` clears the gradients it used."""
-
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """``engine.step()`` (after ``closure``, when one is given)."""
-        return self._strategy.optimizer_step(self, closure)
-
-    def state_dict(self) -> dict[str, Any]:
-        """A placeholder: the partitioned state is written by the engine's checkpoint."""
-        return InEngine("optimizer")
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Loaded with the engine's checkpoint; see DeepSpeedStrategy.load_optimizer_state_dict."""
-        self._strategy.load_optimizer_state_dict(self, state_dict)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("_optimizer", "_strategy"):
-            raise AttributeError(name)
-        return getattr(self._optimizer, name)
-
-    def __repr__(self) -> str:
-        return f"DeepSpeed({self._optimizer!r})"
-
 
 class DeepSpeedStrategy(DDPStrategy):
     """Sharded data-parallel training with DeepSpeed ZeRO (stages 0-3), optionally offloading to CPU or NVMe.
@@ -129,7 +77,15 @@ class DeepSpeedStrategy(DDPStrategy):
     None: the training device). ``logging_level`` sets DeepSpeed's logger. ``load_full_weights`` is
     accepted for compatibility: a single-file checkpoint is always loaded as full weights, also
     under stage 3. ``timeout``, ``start_method`` and ``max_restarts`` are DDPStrategy's.
+
+    When a Trainer stage ends, the module is made an ordinary one again on every rank (``unshard_module``):
+    the trained (float32 master) weights, whole, on the CPU, in the dtypes it had before, without DeepSpeed's
+    hooks, so user code can call it on any rank. ``keep_sharded=True`` keeps the engine and its partitions
+    instead (for a model that does not fit in one process; a later evaluation stage reuses the engine;
+    spawned or forked ranks end with the stage, so there the caller's process gets the module whole anyway).
     """
+
+    reseeds_for = frozenset({"trainer", "fleet"})  # as Lightning's and Fabric's
 
     def __init__(
         self,
@@ -181,6 +137,7 @@ class DeepSpeedStrategy(DDPStrategy):
         start_method: str = "popen",
         precision_plugin: Precision | None = None,
         max_restarts: int = 0,
+        keep_sharded: bool = False,
     ) -> None:
         if not deepspeed_available():
             raise not_installed("A DeepSpeed strategy")
@@ -206,6 +163,13 @@ class DeepSpeedStrategy(DDPStrategy):
         #: per param group of the user's optimizer, its parameters' names in the module (None: not in it)
         self.optimizer_param_names: list[list[str | None]] | None = None
         self._loader_batch_size: int | None = None
+        self.keep_sharded = check_keep_sharded("DeepSpeedStrategy", keep_sharded)
+        #: the module as setup received it (dtypes): what unsharding gives back
+        self._before: Before | None = None
+        #: the engine's view of its module once that was made whole (the engine is kept for a save after the stage)
+        self._detached: Detached | None = None
+        #: the running stage raised: its end leaves the module in the engine (making it whole needs every rank)
+        self._interrupted = False
 
     # ----------------------------------------------------------------- properties
     @property
@@ -220,10 +184,19 @@ class DeepSpeedStrategy(DDPStrategy):
 
     # ----------------------------------------------------------------- data
     def process_dataloader(self, dataloader: Any, stage: str) -> Any:
-        """DDP's sampler injection; the training loader's batch size is the default micro batch size."""
+        """DDP's sampler injection; the training loader's batch size is the default micro batch size.
+
+        Under ZeRO stage 3 every forward gathers parameters from all ranks: evaluation loaders then give every
+        rank the same number of batches (as under fsdp), else a rank with one batch more would wait forever.
+        """
         if stage == "fit":
             self._loader_batch_size = loader_batch_size(dataloader)
-        return super().process_dataloader(dataloader, stage)
+        loader = super().process_dataloader(dataloader, stage)
+        if self.zero_stage != 3:
+            return loader
+        from torchfleet.samplers import pad_evaluation_shards
+
+        return pad_evaluation_shards(loader, self.world_size, self.global_rank, stage, "deepspeed stage 3")
 
     def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
         """Move the batch; under DeepSpeed's fp16/bf16 the module's parameters are 16-bit, so floating inputs are too."""
@@ -245,8 +218,9 @@ class DeepSpeedStrategy(DDPStrategy):
         deepspeed = import_deepspeed()
         optimizers = list(optimizers)
         engine = self._engine
-        if not optimizers and engine is not None and self.unwrap(engine) is module:
-            # evaluation after fit with the same module: its engine holds the trained (partitioned) weights
+        self._interrupted = False
+        if not optimizers and engine is not None and self._detached is None and self.unwrap(engine) is module:
+            # evaluation after fit with the same module (keep_sharded): its engine holds the trained partitions
             return engine, []
         # a later stage (a second fit, another module): the previous engine's ZeRO-3 hooks are still on the
         # module's layers and would fetch parameters alongside the new engine's
@@ -267,6 +241,10 @@ class DeepSpeedStrategy(DDPStrategy):
         )
         dsc.check_config(config)
         _check_nvme_supported(config)
+        if not optimizers and dsc.zero_stage(config) in (1, 2):
+            # ZeRO 1-2 partition the optimizer's state and the gradients, which evaluation has none of (DeepSpeed
+            # refuses such an engine); the parameters are whole under them anyway
+            config = {**config, "zero_optimization": {**config["zero_optimization"], "stage": 0}}
         self.config, self._half = config, half
         from deepspeed.utils import logger as ds_logger
 
@@ -274,6 +252,8 @@ class DeepSpeedStrategy(DDPStrategy):
         select_deepspeed_accelerator(self.root_device)
         _skip_shm_build(self.root_device)
         self.optimizer_param_names = _param_names(module, optimizers[0]) if optimizers else None
+        # evaluation in 16 bits: DeepSpeed converts the weights in place, so the stage's end gives the originals back
+        self._before = Before.of(module, keep_originals=not optimizers and half is not None)
         with _local_rank_env(self.local_rank):
             engine, _, _, _ = deepspeed.initialize(
                 args=argparse.Namespace(device_rank=device_rank(self.root_device, self.local_rank)),
@@ -289,7 +269,7 @@ class DeepSpeedStrategy(DDPStrategy):
         if optimizers:
             # the Trainer says where the accumulation boundary is (no_backward_sync); not DeepSpeed's counter
             engine.set_gradient_accumulation_boundary(True)
-        self._engine = engine
+        self._engine, self._detached = engine, None
         return engine, [_EngineOptimizer(o, self) for o in optimizers]
 
     def setup_module(self, module: nn.Module) -> nn.Module:
@@ -306,7 +286,24 @@ class DeepSpeedStrategy(DDPStrategy):
         )
 
     def release_module(self, module: nn.Module) -> None:
-        """The engine owns where its (partitioned) parameters live; they stay there."""
+        """The end of a stage: the module is made whole on the CPU (``unshard_module``) unless ``keep_sharded``.
+
+        After a stage that raised, the engine keeps it: the other ranks may be anywhere, and gathering needs all.
+        """
+        if not stays_sharded(self.keep_sharded, self.start_method, self._interrupted):
+            self.unshard_module(module)
+
+    def unshard_module(self, module: nn.Module) -> None:
+        """Make the engine's module an ordinary one with its whole trained weights, on every rank (all call it)."""
+        engine = self._engine
+        if engine is None or self._detached is not None or self.unwrap(module) is not self.unwrap(engine):
+            return
+        assert self._before is not None
+        self._detached = unshard(engine, self.unwrap(engine), self._before)
+
+    def on_exception(self, exception: BaseException) -> None:
+        """The stage raised: its end leaves the module in the engine (see ``release_module``)."""
+        self._interrupted = True
 
     def unwrap(self, module: nn.Module) -> nn.Module:
         """The user's module inside the engine and its hook dispatcher."""
@@ -404,7 +401,7 @@ class DeepSpeedStrategy(DDPStrategy):
     def module_state_dict(self, module: nn.Module) -> dict[str, Any]:
         """The full state dict of the user's module; under stage 3 its parameters are gathered from every rank first."""
         user = self.unwrap(module)
-        if self.zero_stage != 3 or self._engine is None:
+        if self.zero_stage != 3 or self._engine is None or self._detached is not None:
             return user.state_dict()
         import deepspeed
 
@@ -445,7 +442,9 @@ class DeepSpeedStrategy(DDPStrategy):
                 "without a CheckpointIO. Call save_checkpoint without storage_options."
             )
         self._require_engine("save_checkpoint")
-        save_deepspeed(self, path, self.state_for_saving(state))
+        # after the stage made the module whole, the engine writes what it held at the stage's end
+        with self._detached.engine_view() if self._detached is not None else contextlib.nullcontext():
+            save_deepspeed(self, path, self.state_for_saving(state))
 
     def load_checkpoint(
         self, path: str | os.PathLike, state: Mapping[str, Any] | None = None, strict: bool = True,
@@ -473,12 +472,19 @@ class DeepSpeedStrategy(DDPStrategy):
 
     def _release_engine(self) -> None:
         engine, self._engine = self._engine, None
-        if engine is not None:
+        if engine is not None and self._detached is None:  # unsharding destroyed it already
             engine.destroy()
 
     def teardown(self) -> None:
-        """Release the engine (its hooks on the module), then what DDPStrategy releases."""
-        self._release_engine()
+        """Make the module whole as at a stage's end, destroy an engine still attached to it, then DDPStrategy's.
+
+        The engine of a module made whole (destroyed already, without hooks) is kept for ``trainer.save_checkpoint``
+        after the stage, and with ``keep_sharded`` the engine stays for the next stage; the next ``setup`` drops both.
+        """
+        if self._engine is not None and not stays_sharded(self.keep_sharded, self.start_method, self._interrupted):
+            self.unshard_module(self._engine)
+        if self._detached is None and not self.keep_sharded:
+            self._release_engine()
         super().teardown()
 
     def __repr__(self) -> str:

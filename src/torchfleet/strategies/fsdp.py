@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import weakref
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +25,16 @@ from torch.optim import Optimizer
 from torchfleet.checkpoint.consolidate import read_keeping_dcp_entries
 from torchfleet.checkpoint.dcp import save_dcp_checkpoint
 from torchfleet.errors import ConfigurationError
-from torchfleet.strategies import _fsdp_checkpoint
+from torchfleet.strategies import _fsdp_checkpoint, _fsdp_hooks
+from torchfleet.strategies._fsdp_init import (
+    LayerPolicy,
+    _apply_activation_checkpointing,
+    _as_policy,
+    _materialize,
+    _on_meta,
+)
 from torchfleet.strategies.ddp import DEFAULT_TIMEOUT, DDPStrategy
+from torchfleet.strategies.utils import check_keep_sharded, stays_sharded
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -45,37 +53,9 @@ STATE_DICT_TYPES = ("sharded", "full")
 _STEP_HOOKS = ("training_step", "validation_step", "test_step", "predict_step")
 _MESH_DIMS = ("replicate", "shard")
 
-#: the modules an FSDPStrategy sharded in this process: a later stage with the same module (``trainer.test(model)``
-#: after ``trainer.fit(model)``) trains or evaluates those shards as they are
+#: the modules an FSDPStrategy sharded in this process and that are still sharded (``keep_sharded``, or a stage that
+#: raised): a later stage with the same module (``trainer.test(model)`` after ``fit``) uses those shards as they are
 _SHARDED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
-
-Policy = Callable[[nn.Module], bool]
-#: which submodules a policy selects: layer classes, or a predicate over modules
-LayerPolicy = type[nn.Module] | Collection[type[nn.Module]] | Policy | None
-
-
-def _as_policy(name: str, value: LayerPolicy) -> Policy | None:
-    """``value`` (None, a layer class, a set/list of them, or a callable(module) -> bool) as a predicate."""
-    if value is None:
-        return None
-    if isinstance(value, type):
-        value = {value}
-    if isinstance(value, (set, frozenset, list, tuple)):
-        classes = tuple(value)
-        bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, nn.Module))]
-        if bad or not classes:
-            raise ConfigurationError(
-                f"{name}={value!r} is not valid: a set of layer classes must hold nn.Module subclasses "
-                f"(got {', '.join(repr(b) for b in bad) or 'an empty set'}). Give e.g. {{nn.TransformerEncoderLayer}}, "
-                "or a function that takes a module and returns True for those to wrap."
-            )
-        return lambda module: isinstance(module, classes)
-    if callable(value):
-        return value
-    raise ConfigurationError(
-        f"{name}={value!r} is not understood. Accepted: a set of layer classes ({{nn.TransformerEncoderLayer}}), or a "
-        "function that takes a module and returns True for each one to wrap."
-    )
 
 
 def _sharding_name(value: str | ShardingStrategy) -> str:
@@ -110,7 +90,15 @@ class FSDPStrategy(DDPStrategy):
     layer classes (or a callable) whose activations are recomputed in backward.
     ``state_dict_type``: "sharded" (a DCP directory, default) or "full" (one file from rank 0).
     ``process_group_backend``, ``timeout``, ``start_method`` and ``max_restarts`` are as for DDPStrategy.
+
+    When a Trainer stage (fit, validate, test, predict) ends, the module is made whole again on every
+    rank (``unshard_module``): ordinary parameters on the CPU with the trained weights, so user code can
+    call it or any submodule on any rank; a later stage shards it again. ``keep_sharded=True`` leaves it
+    sharded instead (for a model that does not fit in one process): then call it on every rank together
+    (spawned or forked ranks end with the stage, so there the caller's process gets it whole anyway).
     """
+
+    reseeds_for = frozenset({"trainer", "fleet"})  # as Lightning's and Fabric's
 
     def __init__(
         self,
@@ -131,6 +119,7 @@ class FSDPStrategy(DDPStrategy):
         state_dict_type: str = "sharded",
         precision_plugin: Precision | None = None,
         max_restarts: int = 0,
+        keep_sharded: bool = False,
     ) -> None:
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
                          cluster_environment=cluster_environment, checkpoint_io=checkpoint_io, precision=precision,
@@ -138,6 +127,7 @@ class FSDPStrategy(DDPStrategy):
                          precision_plugin=precision_plugin, max_restarts=max_restarts)
         from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
 
+        self.keep_sharded = check_keep_sharded("FSDPStrategy", keep_sharded)
         self.auto_wrap_policy = auto_wrap_policy
         self._wrap_policy = _as_policy("auto_wrap_policy", auto_wrap_policy)
         self._checkpoint_policy = _as_policy("activation_checkpointing_policy", activation_checkpointing_policy)
@@ -170,6 +160,10 @@ class FSDPStrategy(DDPStrategy):
         self.state_dict_type = state_dict_type
         self._mesh: DeviceMesh | None = None
         self._modules: list[weakref.ref[nn.Module]] = []
+        #: the optimizers set up over sharded parameters (unsharding points them at the whole ones)
+        self._optimizers: list[weakref.ref[Optimizer]] = []
+        #: the running stage raised: its end leaves the module sharded (making it whole needs every rank)
+        self._interrupted = False
         # parameters replaced by fully_shard: id(old) -> (weak reference to old, new), to rebind optimizers built before
         self._replaced: dict[int, tuple[weakref.ref[Tensor], nn.Parameter]] = {}
 
@@ -271,16 +265,20 @@ class FSDPStrategy(DDPStrategy):
 
     # ----------------------------------------------------------------- the module
     def setup(self, module: nn.Module, optimizers: Sequence[Optimizer] = ()) -> tuple[nn.Module, list[Optimizer]]:
-        """Shard ``module``, or reuse it as it is when an earlier stage in this process sharded it (fit, then test)."""
+        """Shard ``module``, or reuse it as it is when an earlier stage left it sharded (``keep_sharded=True``)."""
+        self._interrupted = False
         if module in _SHARDED:
-            if not any(r() is module for r in self._modules):
-                self._modules.append(weakref.ref(module))
+            self._remember(module)
             return module, [self.setup_optimizer(o) for o in optimizers]
         return super().setup(module, optimizers)
 
+    def _remember(self, module: nn.Module) -> None:
+        if not any(r() is module for r in self._modules):
+            self._modules.append(weakref.ref(module))
+
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Shard ``module``: activation checkpointing, then fully_shard on each policy match, then on the root."""
-        from torch.distributed.fsdp import FSDPModule, fully_shard, register_fsdp_forward_method
+        from torch.distributed.fsdp import FSDPModule, fully_shard
 
         if isinstance(module, FSDPModule):
             raise ConfigurationError(
@@ -304,12 +302,13 @@ class FSDPStrategy(DDPStrategy):
         fully_shard(module, **kwargs)
         for hook in _STEP_HOOKS:
             if callable(getattr(module, hook, None)):
-                register_fsdp_forward_method(module, hook)
+                _fsdp_hooks.register_forward_method(module, hook)
+        _fsdp_hooks.number_forward_gathers(module)
         if _on_meta(module):
             _materialize(module, torch.device("cpu") if self.cpu_offload else self.root_device)
         new = dict(module.named_parameters())
         self._replaced.update({id(p): (weakref.ref(p), new[n]) for n, p in old.items() if n in new and new[n] is not p})
-        self._modules.append(weakref.ref(module))
+        self._remember(module)
         _SHARDED.add(module)
         return module
 
@@ -365,6 +364,8 @@ class FSDPStrategy(DDPStrategy):
                 )
             for group, replacements in zip(groups, found):
                 group["params"] = [r if r is not None else p for r, p in zip(replacements, group["params"])]
+        if not any(r() is optimizer for r in self._optimizers):
+            self._optimizers.append(weakref.ref(optimizer))
         return optimizer
 
     def _replacement(self, param: Tensor) -> nn.Parameter | None:
@@ -386,12 +387,8 @@ class FSDPStrategy(DDPStrategy):
     outside_forward = "never"
 
     def forward_method(self, module: nn.Module, name: str) -> Callable[..., Any]:
-        """``name`` with fully_shard's forward hooks around it (gather before, reshard after): torch's
-        ``register_fsdp_forward_method``, applied once per method."""
-        from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
-
-        if isinstance(module, FSDPModule) and name not in vars(module):  # registering puts the method in vars
-            register_fsdp_forward_method(module, name)
+        """``name`` with fully_shard's forward hooks around it (gather before, reshard after), applied once per method."""
+        _fsdp_hooks.register_forward_method(module, name)
         return getattr(module, name)
 
     @contextlib.contextmanager
@@ -415,22 +412,38 @@ class FSDPStrategy(DDPStrategy):
         others would wait for them forever. Where the samples do not divide evenly, the last
         ranks repeat a sample or two (as torch's DistributedSampler does), which the metrics count.
         """
-        loader = super().process_dataloader(dataloader, stage)
-        if stage == "fit" or self.world_size == 1:
-            return loader
-        from torchfleet.samplers import even_shards
+        from torchfleet.samplers import pad_evaluation_shards
 
-        loader, repeated, size = even_shards(loader, self.world_size, self.global_rank)
-        if repeated and self.is_global_zero:
-            log.warning(
-                "The %s data (%d samples, or batches of a batch_sampler) do not split evenly among %d processes; under "
-                "fsdp every rank must run the same number of batches, so %d of them are evaluated twice and count "
-                "twice in the %s metrics.", stage, size, self.world_size, repeated, stage,
-            )
-        return loader
+        loader = super().process_dataloader(dataloader, stage)
+        return pad_evaluation_shards(loader, self.world_size, self.global_rank, stage, "fsdp")
 
     def release_module(self, module: nn.Module) -> None:
-        """The shards stay where they are: moving DTensor parameters off their mesh's device would break them."""
+        """The end of a stage: the module is made whole on the CPU (``unshard_module``) unless ``keep_sharded``.
+
+        After a stage that raised, the shards stay: the other ranks may be anywhere, and gathering needs all of them.
+        """
+        if not stays_sharded(self.keep_sharded, self.start_method, self._interrupted):
+            self.unshard_module(module)
+
+    def unshard_module(self, module: nn.Module) -> None:
+        """Make the sharded ``module`` an ordinary one, with whole parameters on the CPU, on every rank (all call it).
+
+        Calls on any rank alone then give what the unsharded model gives. The optimizers keep their sharded
+        state (``trainer.save_checkpoint`` after ``fit`` still saves it); a later stage shards the module again.
+        """
+        if _fsdp_hooks.unshard(module, [o for o in (r() for r in self._optimizers) if o is not None]):
+            _SHARDED.discard(module)
+
+    def on_exception(self, exception: BaseException) -> None:
+        """The stage raised: its end leaves the module sharded (see ``release_module``)."""
+        self._interrupted = True
+
+    def teardown(self) -> None:
+        """Make the modules this strategy sharded whole again (unless ``keep_sharded``), then DDPStrategy's teardown."""
+        if not stays_sharded(self.keep_sharded, self.start_method, self._interrupted):
+            for module in self.modules_set_up():
+                self.unshard_module(module)
+        super().teardown()
 
     @property
     def supports_inference_mode(self) -> bool:
@@ -500,67 +513,3 @@ def _is_mesh(value: Any) -> bool:
 def _is_mesh_shape(value: Any) -> bool:
     return (isinstance(value, tuple) and len(value) == 2
             and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value))
-
-
-def _on_meta(module: nn.Module) -> bool:
-    return any(t.is_meta for t in _tensors(module))
-
-
-def _tensors(module: nn.Module) -> Iterable[Tensor]:
-    yield from module.parameters()
-    yield from module.buffers()
-
-
-def _apply_activation_checkpointing(module: nn.Module, policy: Policy) -> None:
-    # the composable form keeps parameter names as they are (no wrapper module), so checkpoints stay portable
-    from torch.distributed._composable import checkpoint
-
-    matched = [m for m in module.modules() if m is not module and policy(m)]
-    if not matched:
-        log.warning("activation_checkpointing_policy matched no submodule of %s: nothing is recomputed.",
-                    type(module).__name__)
-    for sub in matched:
-        checkpoint(sub)
-
-
-def _init_method(module: nn.Module) -> Callable[[], None] | None:
-    # torch's layers name it reset_parameters; a few (MultiheadAttention) only have the private form
-    for name in ("reset_parameters", "_reset_parameters"):
-        method = getattr(module, name, None)
-        if callable(method):
-            return method
-    return None
-
-
-def _materialize(module: nn.Module, device: torch.device) -> None:
-    """Allocate the (sharded) parameters of a meta-device module on ``device`` and initialise them.
-
-    Every module that owns parameters or buffers must be initialised by its own or an ancestor's
-    ``reset_parameters``; buffers not set there come out uninitialised, so they must be too.
-    """
-    uncovered = []
-
-    def visit(mod: nn.Module, name: str, covered: bool) -> None:
-        covered = covered or _init_method(mod) is not None
-        owns = any(True for _ in mod.parameters(recurse=False)) or any(True for _ in mod.buffers(recurse=False))
-        if owns and not covered:
-            uncovered.append(name or type(mod).__name__)
-        for child_name, child in mod.named_children():
-            visit(child, f"{name}.{child_name}" if name else child_name, covered)
-
-    visit(module, "", False)
-    if uncovered:
-        raise ConfigurationError(
-            f"The model was created with init_module(empty_init=True), on the meta device, but "
-            f"{', '.join(map(repr, uncovered[:5]))}{' and others' if len(uncovered) > 5 else ''} own parameters or "
-            "buffers that no reset_parameters() initialises, so they would start as uninitialised memory. Give those "
-            "modules (or a parent) a reset_parameters() method that fills every parameter and buffer, or create the "
-            "model without empty_init."
-        )
-    module.to_empty(device=device)
-    with torch.no_grad():
-        # children first: a parent's own initialisation (of its children too) has the last word
-        for sub in reversed(list(module.modules())):
-            method = _init_method(sub)
-            if method is not None:
-                method()

@@ -113,6 +113,11 @@ class ParallelStrategy(Strategy, ABC):
         return len(self.parallel_devices) if self.parallel_devices else 1
 
     @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """``num_replicas`` (the world size) and ``rank`` (this process's global rank) for a DistributedSampler."""
+        return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    @property
     def world_size(self) -> int:
         env = self.cluster_environment
         return env.world_size() if env is not None else self.num_processes * self.num_nodes

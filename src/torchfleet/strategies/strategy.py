@@ -64,6 +64,10 @@ class Strategy(ABC):
 
     #: whether ``backward`` runs through the precision (and so through a Module's ``backward`` override)
     backward_through_precision = True
+    #: the clients ("trainer", "fleet") that call ``reset_seed()`` as they set this strategy's environment up, as
+    #: Lightning's strategy of the same kind does (Trainer: ddp, fsdp, deepspeed; Fabric: fsdp, deepspeed), so that
+    #: random numbers drawn between ``seed_everything`` and the run do not shift the run
+    reseeds_for: frozenset[str] = frozenset()
 
     @classmethod
     def unusable_here(cls, cuda: bool) -> str | None:
@@ -185,6 +189,11 @@ class Strategy(ABC):
         return [0]
 
     # ------------------------------------------------------------------ setup
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """``num_replicas`` and ``rank`` for this process's DistributedSampler; None: one process, no sampler."""
+        return None
+
     def setup_environment(self) -> None:
         """Prepare this process: select its device (and, in parallel strategies, join the process group).
 
@@ -249,10 +258,25 @@ class Strategy(ABC):
         """Leave the user's ``module`` on the CPU when a Trainer stage ends, as Lightning does.
 
         The model can then be called with CPU tensors after ``fit``/``predict`` on a GPU, and the
-        device's memory is given back. Sharded strategies keep their shards where they are.
+        device's memory is given back. Sharded strategies first make it whole (``unshard_module``).
         """
         if self.root_device.type != "cpu":
             self.unwrap(module).cpu()
+
+    def unshard_module(self, module: nn.Module) -> None:
+        """Make the user's module inside ``module`` an ordinary one again: whole weights, none of the strategy's hooks.
+
+        User code can then call it, and any submodule, on any rank alone and gets what the unsharded
+        model gives. Sharded strategies gather here, so every rank calls it; here every rank already
+        holds the whole model, so there is nothing to do.
+        """
+
+    def on_exception(self, exception: BaseException) -> None:
+        """A stage raised ``exception`` (called before the stage's end): the ranks may now be anywhere.
+
+        Sharded strategies then leave the module as it is at the stage's end, since making it whole
+        would need every rank.
+        """
 
     def outputs_to_cpu(self, outputs: Any) -> Any:
         """``outputs`` (predictions) with every tensor on the CPU, where the caller of ``predict`` can use them."""

@@ -69,3 +69,24 @@ def creation_context(device: torch.device | str, dtype: torch.dtype) -> contextl
     stack.enter_context(torch.device(device))
     stack.enter_context(_DefaultDtype(dtype))
     return stack
+
+
+def check_keep_sharded(owner: str, value: Any) -> bool:
+    """``keep_sharded`` of a sharded strategy, checked: True or False."""
+    if not isinstance(value, bool):
+        raise ConfigurationError(
+            f"{owner}(keep_sharded={value!r}) is not valid: give False (the default: when a stage ends the module is "
+            "made whole again on every rank, so user code can call it on any rank) or True (it stays sharded, for a "
+            "model too large for one process; then call it on every rank together)."
+        )
+    return value
+
+
+def stays_sharded(keep_sharded: bool, start_method: str, interrupted: bool) -> bool:
+    """Whether the end of a stage leaves a sharded strategy's module as it is instead of making it whole.
+
+    So after a stage that raised (the other ranks may be anywhere; gathering needs all of them), and with
+    ``keep_sharded`` while the ranks outlive the stage: spawned or forked ranks end with it, and the caller's
+    process then takes rank 0's whole weights.
+    """
+    return interrupted or (keep_sharded and start_method == "popen")

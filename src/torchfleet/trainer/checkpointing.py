@@ -183,7 +183,7 @@ def restore(trainer: Trainer, path: str, full: bool, weights_only: bool | None =
                 "weights with Module.load_from_checkpoint and call fit without ckpt_path."
             )
         targets["optimizer_states"] = list(trainer.optimizers)
-    strategy.load_into(checkpoint, targets, path=path)
+    strategy.load_into(checkpoint, targets, strict=module.strict_loading, path=path)
     if not full:
         return checkpoint
     saved_scheds = checkpoint.get("lr_schedulers", [])

@@ -29,7 +29,7 @@ def _switch_mode(trainer: Trainer, model: Any, name: str, default: Any) -> None:
 
 def publish_epoch(trainer: Trainer, results: Results, suffix: str = "") -> dict[str, float]:
     """Reduce ``results`` to epoch metrics, record them on the trainer and send them to the loggers."""
-    callback, logged, bar = results.collect_epoch(trainer.strategy)
+    callback, logged, bar = results.collect_epoch(trainer.strategy, trainer.lightning_module)
     if suffix:
         callback = {k + suffix: v for k, v in callback.items()}
         logged = {k + suffix: v for k, v in logged.items()}
@@ -86,6 +86,8 @@ class EvalLoop:
         start_cbs, end_cbs = hooks.cb(f"on_{hook}_batch_start"), hooks.cb(f"on_{hook}_batch_end")
         start_mod, end_mod = hooks.mod(f"on_{hook}_batch_start"), hooks.mod(f"on_{hook}_batch_end")
         results_by_loader = []
+        # named in hang/desync reports (watchdog.py); inside fit, with the training epoch
+        epoch = trainer.state.current_epoch if trainer.state.fn == "fit" else None
         for dl_idx, (loader, limit) in enumerate(zip(self.loaders, self.limits)):
             res = results if not multi else Results(self.stage)
             res.device = strategy.root_device
@@ -100,7 +102,7 @@ class EvalLoop:
             for batch_idx, batch in enumerate(loader):
                 if batch_idx >= limit:
                     break
-                set_position((self.stage, None, batch_idx))  # named in hang/desync reports (watchdog.py)
+                set_position((self.stage, epoch, batch_idx))
                 batch = transfer(batch)
                 res.new_batch(batch)
                 for fn in start_cbs:
@@ -116,7 +118,8 @@ class EvalLoop:
                 if end_mod is not None:
                     hooks.call_module(trainer, f"on_{hook}_batch_end", end_mod, out, batch, batch_idx, *extra)
             self.predictions.append(preds)
-        set_position(None)
+        # every rank's epoch end, however many batches it ran (loop_shape.py): its reductions are matched
+        set_position((self.stage, epoch, "end"))
         model._results = results_by_loader[0] if results_by_loader else results
         if self.stage != "predict":
             def publish() -> None:
@@ -131,6 +134,7 @@ class EvalLoop:
             hooks.call(f"on_{hook}_epoch_end", trainer)
         model._results = None
         hooks.call(f"on_{hook}_end", trainer)
+        set_position(None)
         if was_training:
             _switch_mode(trainer, model, f"on_{hook}_model_train", model.train)
         return per_loader

@@ -20,6 +20,7 @@ from torchfleet.seed import capture_rng, restore_rng
 from torchfleet.trainer.eval_loop import EvalLoop, publish_epoch
 from torchfleet.trainer.hooks import batch_transfer_fn, trim_step_arguments
 from torchfleet.trainer.logging import Results, logger_step, open_train_results, train_epoch_results
+from torchfleet.trainer.loop_shape import NEVER_LAST, LookAhead, has_length, no_training_warning
 from torchfleet.watchdog import set_position
 
 if TYPE_CHECKING:
@@ -57,12 +58,17 @@ class _ReplayClosure:
 class FitLoop:
     """Epochs of training batches, with validation, logging, checkpoint callbacks and exact resume."""
 
-    def __init__(self, trainer: Trainer, model: Any, train_loader: Any, val_loaders: list[Any]) -> None:
+    def __init__(self, trainer: Trainer, model: Any, train_loader: Any, val_loaders: list[Any],
+                 lockstep: bool = False) -> None:
         self.trainer = trainer
         self.model = model
         self.loader = train_loader
         self.val_loaders = val_loaders
         self.strategy = trainer.strategy
+        #: some rank's training data have no length: the ranks agree before each batch that all have one
+        self._lockstep = lockstep
+        #: data without a length are read one batch ahead, so that the last batch is known (as in Lightning)
+        self._look_ahead = lockstep or not has_length(train_loader)
         n = trainer.num_training_batches
         interval = trainer.val_check_interval
         self._val_seconds = trainer.val_check_seconds
@@ -140,6 +146,9 @@ class FitLoop:
                 # nothing left to run: a checkpoint saved now must still say where the first run stopped
                 trainer.state.current_epoch = restored_epoch
                 trainer.state.progress = {**trainer.state.progress, **progress, "resume_rng": resume_rng}
+        if trainer.num_training_batches == 0:  # as Lightning: no training hooks, fit ends after the sanity check
+            no_training_warning(trainer)
+            return
         trainer.state.in_train = True
         open_train_results(trainer.state, self.model, self.strategy.root_device)  # on_train_start may self.log
         trainer._hooks.call("on_train_start", trainer)
@@ -147,15 +156,17 @@ class FitLoop:
         while not self._done():
             ran = True
             if mid_epoch is not None:
-                self.run_epoch(start_batch, mid_epoch, resume_rng)
+                empty = self.run_epoch(start_batch, mid_epoch, resume_rng)
                 mid_epoch = None
             else:
-                self.run_epoch(0, None, None)
+                empty = self.run_epoch(0, None, None)
             self._batches_before += trainer.state.progress["batches_done"]
             stop = trainer.state.should_stop and self._may_stop(trainer.state.current_epoch + 1)
+            if empty:  # data without a length that gave no batch: the next epoch would not either
+                no_training_warning(trainer, trainer.state.current_epoch)
             # the epoch counts as done even when a stop ended it early, as when max_epochs ends the run
             trainer.state.current_epoch += 1
-            if stop:
+            if stop or empty:
                 break
         if ran and trainer.state.progress["resume_rng"] is None:
             # stopped at an epoch end: the next epoch would start from this RNG state
@@ -174,7 +185,8 @@ class FitLoop:
         t = self.trainer
         return epochs_done >= t.min_epochs and t.state.global_step >= t.min_steps
 
-    def run_epoch(self, start_batch: int, resume_at: dict | None, rng: dict | None) -> None:
+    def run_epoch(self, start_batch: int, resume_at: dict | None, rng: dict | None) -> bool:
+        """One epoch from ``start_batch``; True when the data gave no batch at all (an iterable that is empty)."""
         trainer, strategy, model, hooks = self.trainer, self.strategy, self.model, self.trainer._hooks
         state = trainer.state
         set_sampler_epoch(self.loader, state.current_epoch)
@@ -217,13 +229,15 @@ class FitLoop:
         agreement = preemption.agreement or preemption.start_loop() if preemption is not None else None
         trainer._current_fx("training_step")
         window_has_grads = False
-        stopped = False
+        stopped = is_last = False
         epoch = state.current_epoch
-        for batch_idx, batch in enumerate(iterator, start_batch):
+        ahead = LookAhead(iterator, strategy if self._lockstep else None, epoch) if self._look_ahead else NEVER_LAST
+        batch_idx = None
+        for batch_idx, batch in enumerate(ahead if self._look_ahead else iterator, start_batch):
             if batch_idx >= limit:
                 break
             set_position(("training", epoch, batch_idx))  # named in hang/desync reports (watchdog.py)
-            trainer.is_last_batch = is_last = batch_idx + 1 >= limit
+            trainer.is_last_batch = is_last = batch_idx + 1 >= limit or ahead.last
             batch = transfer(batch)
             results.new_batch(batch)
             skip_rest = False
@@ -238,8 +252,11 @@ class FitLoop:
                 loss = self._forward_backward(step_fn, batch, batch_idx, accumulate, boundary)
                 window_has_grads = window_has_grads or loss is not None
                 if boundary:
-                    if window_has_grads and opt is not None:
-                        self._optimizer_step(opt, loss, step_fn, batch, batch_idx)
+                    if window_has_grads:
+                        if opt is not None:
+                            self._optimizer_step(opt, loss, step_fn, batch, batch_idx)
+                        else:  # as Lightning: no optimizer, yet the step counts (max_steps ends the fit)
+                            state.global_step += 1
                     window_has_grads = False
                 outputs = loss
             else:
@@ -274,11 +291,14 @@ class FitLoop:
             if agreement is not None and boundary and (signum := agreement.poll()):
                 preemption.stop(signum)
         del iterator
-        set_position(None)
+        if isinstance(ahead, LookAhead):
+            ahead.iterator = iter(())  # its loader's workers stop now, as when ``iterator`` goes
+        set_position(("training", epoch, "end"))
+        if ahead.uneven:
+            no_training_warning(trainer, epoch, uneven=True)
         # A stop before the epoch's last batch: a resumed run continues this epoch from the next batch, with the
         # RNG as it is here, before the end-of-epoch work below (an uninterrupted run would not do it here).
-        # An iterable without a length cannot tell its last batch: a resumed run then finds it exhausted.
-        cut_short = stopped and progress["batches_done"] < limit
+        cut_short = stopped and not is_last
         if cut_short:
             self._set_progress(stopped_mid_epoch=True, resume_rng=capture_rng())
         # epoch end: ordinary callbacks and the Module, then epoch metrics and epoch schedulers,
@@ -296,6 +316,8 @@ class FitLoop:
 
         hooks.call_module_between("on_train_epoch_end", trainer, between=finish_epoch)
         model._results = None
+        set_position(None)
+        return batch_idx is None and start_batch == 0
 
     def _forward_backward(self, step_fn: Any, batch: Any, batch_idx: int, accumulate: int, boundary: bool) -> Tensor | None:
         if not boundary:

@@ -134,9 +134,10 @@ def batch_transfer_fn(trainer: Any, dataloader_idx: int) -> Callable[[Any], Any]
     """
     hooks, strategy = trainer._hooks, trainer.strategy
     before = hooks.mod("on_before_batch_transfer")
-    custom = hooks.mod("transfer_batch_to_device")
-    after = hooks.mod("on_after_batch_transfer")
     dm = trainer.datamodule
+    # one transfer runs: the DataModule's where it overrides it, else the Module's (Lightning chooses so too)
+    custom = (dm is not None and _datamodule_hook(dm, "transfer_batch_to_device")) or hooks.mod("transfer_batch_to_device")
+    after = hooks.mod("on_after_batch_transfer")
     dm_before, dm_after = (None, None) if dm is None else (_datamodule_hook(dm, n) for n in _TRANSFER_HOOKS)
     if before is None and custom is None and after is None and dm_before is None and dm_after is None:
         return strategy.batch_to_device

@@ -244,13 +244,17 @@ class Results:
         # a value logged on both step and epoch is "name_step" here and "name_epoch" there
         return _route(fresh, values, [f"{v.name}_step" if v.on_epoch else v.name for v in fresh])
 
-    def collect_epoch(self, strategy: Strategy | None) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, Tensor]]:
-        """Epoch aggregates of values logged on_epoch: (for callbacks, for loggers, for the progress bar)."""
+    def collect_epoch(self, strategy: Strategy | None, module: Any = None) -> tuple[dict[str, Tensor], dict[str, Tensor],
+                                                                                 dict[str, Tensor]]:
+        """Epoch aggregates of values logged on_epoch: (for callbacks, for loggers, for the progress bar).
+
+        ``module``: where a rank that never logged a torchmetrics Metric another rank logged finds it (by attribute).
+        """
         entries = [v for v in self.values.values() if v.on_epoch and v.total is not None]
-        if _distributed(strategy):
-            entries = _agree_on_synced(strategy, entries)  # type: ignore[arg-type]
-        values = sync_epoch(strategy, entries) if entries else []
         metrics = [v for v in self.values.values() if v.metric is not None]
+        if _distributed(strategy):
+            entries, metrics = _agree_on_synced(strategy, entries, metrics, module)  # type: ignore[arg-type]
+        values = sync_epoch(strategy, entries) if entries else []
         for v in metrics:
             if v.on_epoch:
                 entries.append(v)
@@ -334,20 +338,26 @@ def sync_values(strategy: Strategy | None, items: list[tuple[Tensor, str, bool]]
 _IDENTITY = {"mean": 0.0, "sum": 0.0, "max": float("-inf"), "min": float("inf")}
 
 
-def _agree_on_synced(strategy: Strategy, entries: list[LoggedValue]) -> list[LoggedValue]:
-    """The local entries plus, for every ``sync_dist`` name some other rank logged, an empty stand-in here.
+def _agree_on_synced(strategy: Strategy, entries: list[LoggedValue], metrics: list[LoggedValue],
+                     module: Any) -> tuple[list[LoggedValue], list[LoggedValue]]:
+    """The local entries plus, for every ``sync_dist`` name some other rank logged, an empty stand-in here; the
+    logged torchmetrics Metrics of every rank, in one order.
 
     With exact evaluation shards a rank may have run fewer batches (or none) and so lack a name the
     others reduce; the stand-in (weight 0, the identity of its reduction) keeps the collectives
     matched instead of leaving the other ranks waiting. Synced entries go in one order on every rank.
+    A Metric's ``compute()`` is a collective of its own: a rank that never logged it computes the
+    same attribute of its module (empty, it adds nothing), so every rank computes every Metric.
     """
     local = [v for v in entries if not v.sync_dist]
     mine = {v.name: v for v in entries if v.sync_dist}
     options = [(v.name, v.reduce_fx, v.on_step, v.prog_bar, v.logger) for v in mine.values()]
+    paths = _metric_paths(module, metrics)
+    metric_options = [(v.name, paths.get(id(v.metric)), v.on_step, v.on_epoch, v.prog_bar, v.logger) for v in metrics]
     union: dict[str, tuple] = {}
     with labelled("self.log sync_dist names, epoch end"):
-        gathered = strategy.all_gather_object(options)
-    for rank_options in gathered:
+        gathered = strategy.all_gather_object((options, metric_options))
+    for rank_options, _ in gathered:
         for opt in rank_options:
             union.setdefault(opt[0], opt)
     synced = []
@@ -358,7 +368,45 @@ def _agree_on_synced(strategy: Strategy, entries: list[LoggedValue]) -> list[Log
         _, fx, on_step, prog_bar, logger = union[name]
         empty = torch.tensor(_IDENTITY[fx], device=strategy.root_device)
         synced.append(LoggedValue(name, on_step, True, fx, True, prog_bar, logger, latest=empty, total=empty, weight=0.0))
-    return local + synced
+    return local + synced, _every_ranks_metrics(metrics, [m for _, m in gathered], module)
+
+
+def _metric_paths(module: Any, metrics: list[LoggedValue]) -> dict[int, str]:
+    """id(metric) -> its attribute path in ``module`` (``named_modules``), for the logged Metrics found there."""
+    if not metrics or module is None:
+        return {}
+    return {id(m): name for name, m in module.named_modules() if name}
+
+
+def _every_ranks_metrics(metrics: list[LoggedValue], gathered: list[list[tuple]], module: Any) -> list[LoggedValue]:
+    """The Metrics any rank logged, by name: this rank's entries, else a stand-in around its module's attribute.
+
+    Decided from what every rank gathered, so a Metric some rank cannot find stops every rank with the same error.
+    """
+    mine = {v.name: v for v in metrics}
+    union: dict[str, tuple] = {}
+    ranks: dict[str, int] = {}
+    for rank_metrics in gathered:
+        for name, path, *options in rank_metrics:
+            ranks[name] = ranks.get(name, 0) + 1
+            if union.get(name, (None,))[0] is None:
+                union[name] = (path, *options)
+    out = []
+    for name in sorted(union):
+        path, on_step, on_epoch, prog_bar, logger = union[name]
+        if ranks[name] < len(gathered) and on_epoch and (path is None or module is None):
+            raise MisconfiguredModuleError(
+                f"self.log({name!r}, metric) logged a torchmetrics Metric on {ranks[name]} of {len(gathered)} ranks, "
+                "and it is not an attribute of the Module, so the ranks that ran no batch cannot take part in its "
+                "compute() across ranks. Make the Metric an attribute of the Module (self.metric = "
+                "torchmetrics.Accuracy(...) in __init__), as Lightning also requires."
+            )
+        if name in mine:
+            out.append(mine[name])
+        elif on_epoch:  # an entry only logged per step is reset, with no collective to join
+            out.append(LoggedValue(name, on_step, True, "mean", False, prog_bar, logger, torch.tensor(float("nan")),
+                                   metric=module.get_submodule(path)))
+    return out
 
 
 def sync_epoch(strategy: Strategy | None, entries: list[LoggedValue]) -> list[Tensor]:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from torchfleet.errors import MisconfiguredModuleError
+from torchfleet.utilities.types import LRSchedulerConfig
 
 _ACCEPTED = (
     "configure_optimizers() must return one of: an optimizer; a list of optimizers; a tuple "
@@ -19,22 +19,6 @@ _ACCEPTED = (
 )
 
 _SCHEDULER_KEYS = {"scheduler", "interval", "frequency", "monitor", "name", "strict", "reduce_on_plateau"}
-
-
-@dataclass
-class LRSchedulerConfig:
-    """One LR scheduler and when to step it."""
-
-    scheduler: Any
-    interval: str = "epoch"
-    frequency: int = 1
-    monitor: str | None = None
-    name: str | None = None
-    strict: bool = True
-    reduce_on_plateau: bool = False
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.scheduler.state_dict()
 
 
 def _is_torch_scheduler(obj: Any) -> bool:

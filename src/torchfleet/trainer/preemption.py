@@ -7,16 +7,32 @@ checkpoint) at that step, exactly where an uninterrupted run would continue, ask
 environment to requeue the job (SLURM), and raises ``Preempted`` (exit code 75). The epoch-end hooks
 do not run: the epoch is not over, and callbacks such as EarlyStopping must not count it. Which
 checkpoint a restarted run resumes from is decided in ``checkpointing.resolve_ckpt_path``.
+
+Where the ranks cannot reach that agreed stop (a signal before the first step, in validation, while a rank
+waits for data or in a collective another rank never joins), ``_overdue`` tells the flag's signal thread
+to stop this process without a checkpoint after ``SIGNAL_GRACE_S`` (plus one step's time while steps
+still come): the line it writes names where the signal found the run and the checkpoint that stays.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
 import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from torchfleet.preemption import EXIT_CODE, Preempted, SignalFlag, StopAgreement, signal_name
+from torchfleet import watchdog
+from torchfleet.preemption import (
+    EXIT_CODE,
+    Preempted,
+    StopAgreement,
+    describe_signal,
+    signal_name,
+    steps_overdue,
+)
+from torchfleet.signals import SignalFlag, exit_without_agreement
 
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
@@ -39,12 +55,13 @@ class FitPreemption:
 
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
-        self.flag = SignalFlag()
+        self.flag = SignalFlag(self._overdue, single_process=trainer.strategy.world_size == 1)
         self.agreement: StopAgreement | None = None
 
     def __enter__(self) -> FitPreemption:
         self.flag.install()
         self.trainer._preemption = self
+        self.trainer._received_sigterm = False
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -61,7 +78,20 @@ class FitPreemption:
                     agreement.abandon()
         finally:
             self.trainer._preemption = None
+            self.trainer._received_sigterm = self.flag.signum == signal.SIGTERM  # trainer.received_sigterm after fit
             self.flag.restore()
+        flag = self.flag
+        if exc is not None and not isinstance(exc, Preempted) and flag.signum is not None and not flag.stopping:
+            # an error after a signal this rank had not yet acted on is its echo (a data-loader worker ended by it, a
+            # rank that stopped on it): the signal is why the run stops, as it would have a moment later
+            summary = (str(exc).strip().splitlines() or [""])[0][:200]
+            line = (f"torchfleet: {describe_signal(flag.signum)} received; the run then stopped on "
+                    f"{type(exc).__name__}: {summary} - every process stops without saving ({self._kept()}). "
+                    f"Exit code {EXIT_CODE}.")
+            if not flag.single_process:
+                exit_without_agreement(line)
+            sys.stderr.write(line + "\n")
+            raise Preempted(line, signal_name(flag.signum)) from exc
 
     def start_loop(self) -> StopAgreement:
         """The agreement the fit loop polls (every rank creates it at the same point)."""
@@ -71,7 +101,8 @@ class FitPreemption:
     def stop(self, signum: int) -> NoReturn:
         """Every rank, after the same step: save the preemption checkpoint, requeue, raise ``Preempted``."""
         trainer = self.trainer
-        name = signal_name(signum)
+        self.flag.begin_agreed_stop()  # the ranks save together now: the signal thread must not end this one
+        name = describe_signal(signum)
         path = preemption_checkpoint_path(trainer)
         own = self.flag.signum is not None
         if trainer.is_global_zero:
@@ -89,7 +120,46 @@ class FitPreemption:
                    f"job (SLURM_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT > 0) does so by itself. Exit code {EXIT_CODE}.")
         if trainer.is_global_zero:
             log.warning("torchfleet: %s", message)
-        raise Preempted(message, name, path)
+        raise Preempted(message, signal_name(signum), path)
+
+    def _overdue(self, flag: SignalFlag, now: float) -> str | None:
+        """In the signal thread: the line to stop with when the agreed stop will not come in time, else None."""
+        record = watchdog.current()
+        position = record["position"]
+        training = position is not None and position[0] == "training"
+        if steps_overdue(flag, self.agreement, now, stepping=training) is None:
+            return None
+        waited = now - record["started"] if record["state"] == "in" else 0.0
+        if waited > 1.0:
+            where = (f"while this rank waited {waited:.1f} s in collective #{record['seq']} {record['name']} (called "
+                     f"at {record['site']}), which another rank does not join")
+        elif training:
+            last = self.agreement.last_poll if self.agreement is not None else None
+            since = f" for {now - last:.1f} s" if last is not None else ""
+            where = (f"in epoch {position[1]} after batch {position[2]}, with no training step completed{since} "
+                     "(waiting for data, or for another rank)")
+        elif position is not None:
+            where = {"sanity_check": "during the sanity check", "validate": "during validation"}.get(
+                position[0], f"during {position[0]}")
+        elif self.agreement is None or self.agreement.last_poll is None:
+            where = "before the first training step"
+        else:
+            where = "at the end of an epoch (validation, checkpoints or epoch-end hooks)"
+        return (f"torchfleet: {describe_signal(flag.signum or 0)} received {where}; the ranks cannot agree on a "
+                f"checkpoint there, so every process stops without saving ({self._kept()}). Exit code {EXIT_CODE}.")
+
+    def _kept(self) -> str:
+        kept = _newest_checkpoint(self.trainer)
+        return f"the last complete one stays: {kept}" if kept else "none was saved before"
+
+
+def _newest_checkpoint(trainer: Trainer) -> str | None:
+    """The newest file or directory this fit's checkpoint callbacks wrote that still exists (None when none)."""
+    paths = []
+    for cb in trainer.checkpoint_callbacks:
+        paths += [cb.last_model_path, cb.best_model_path, *getattr(cb, "best_k_models", {})]
+    found = [p for p in paths if p and os.path.exists(p)]
+    return max(found, key=os.path.getmtime) if found else None
 
 
 def _cluster_environment(trainer: Trainer) -> Any:

@@ -5,6 +5,7 @@ The per-batch loops live in fit_loop.py and eval_loop.py.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -19,15 +20,17 @@ import torch
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
 from torchfleet.module import Module
 from torchfleet.samplers import shuffled_for_training, without_shuffle
-from torchfleet.seed import add_worker_init_fn
+from torchfleet.seed import add_worker_init_fn, isolate_rng, reset_seed
 from torchfleet.settings import loader_batch_size
 from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore
 from torchfleet.trainer.eval_loop import EvalLoop
 from torchfleet.trainer.fit_loop import FitLoop
+from torchfleet.trainer.loop_shape import agree_eval, agree_fit, has_length
 from torchfleet.trainer.optim import parse_optimizers, validate_schedulers
 from torchfleet.trainer.preemption import FitPreemption
 from torchfleet.trainer.profiling import attach as attach_profiler
 from torchfleet.trainer.replica_logging import REPLICA_LOGGING
+from torchfleet.utilities.combined_loader import BatchView, CombinedLoader
 
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
@@ -57,6 +60,9 @@ def _one_or_list(loaders: list[Any]) -> Any:
 def _as_list(loaders: Any) -> list[Any]:
     if loaders is None:
         return []
+    if isinstance(loaders, CombinedLoader):
+        # "sequential": each loader is a dataloader_idx of its own; another mode reads them together, as one loader
+        return list(loaders.flattened) if loaders.mode == "sequential" else [loaders]
     if isinstance(loaders, (list, tuple)):
         return list(loaders)
     if isinstance(loaders, Mapping):
@@ -65,10 +71,7 @@ def _as_list(loaders: Any) -> list[Any]:
 
 
 def _num_batches(loader: Any, limit: int | float) -> int | float:
-    try:
-        n = len(loader)
-    except TypeError:
-        n = float("inf")
+    n = len(loader) if has_length(loader) else float("inf")
     if isinstance(limit, float):
         if math.isinf(n):
             if limit not in (0.0, 1.0):
@@ -112,14 +115,17 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
 def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any, kw: dict) -> Any:
     strategy = trainer.strategy
     trainer.state.start_stage(stage)
+    if "trainer" in strategy.reseeds_for:
+        reset_seed()
     strategy.setup_environment()
     set_torch_flags(trainer.deterministic, trainer.benchmark)  # in each rank's process (spawned ones too)
     model.trainer = trainer
     dm = trainer.datamodule
     if dm is not None:
         dm.trainer = trainer
-    if strategy.local_rank == 0:
-        (dm if dm is not None else model).prepare_data()
+    for owner in (dm, model):  # as Lightning: both, each on local rank 0 of every machine or on global rank 0
+        if owner is not None and (strategy.local_rank if owner.prepare_data_per_node else strategy.global_rank) == 0:
+            owner.prepare_data()
     strategy.barrier("prepare_data")
     if strategy.world_size > 1:
         # every rank names the same log and checkpoint folder: rank 0's (the only one that writes)
@@ -155,6 +161,9 @@ def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl:
         failed = True
         for cb in trainer.callbacks:
             cb.on_exception(trainer, model, exc)
+        if dm is not None:
+            dm.on_exception(exc)
+        strategy.on_exception(exc)  # before the stage's end, which then leaves sharded modules as they are
         for lg in trainer.loggers if trainer.is_global_zero else []:
             lg.finalize("failed")
         raise
@@ -179,14 +188,20 @@ def configure_model_once(trainer: Trainer, model: Any, context: Any) -> None:
     """``configure_model()`` once per module and process, inside ``context()``: where the strategy creates models
     (meta under fsdp) in a rank; on the CPU in the process that spawned the ranks, before it takes their weights.
     ``context`` is a factory: creation contexts take effect when made (an ExitStack), so one is made only if used."""
-    impl = getattr(type(model), "configure_model", None)
-    if impl is None or impl is Module.configure_model or model.__dict__.get("_torchfleet_configured"):
+    # Lightning's legacy configure_sharded_model first, as Lightning calls them
+    hooks = [name for name in ("configure_sharded_model", "configure_model")
+             if getattr(type(model), name, None) not in (None, getattr(Module, name))]
+    if not hooks or model.__dict__.get("_torchfleet_configured"):
         return
+    if "configure_sharded_model" in hooks and trainer.is_global_zero:
+        warnings.warn(f"{type(model).__name__} overrides configure_sharded_model, which Lightning deprecated: it "
+                      "runs as configure_model does. Rename it to configure_model.", DeprecationWarning, stacklevel=2)
     previous = model._current_fx
-    trainer._current_fx("configure_model")
     try:
         with context():
-            model.configure_model()
+            for name in hooks:
+                trainer._current_fx(name)
+                getattr(model, name)()
     finally:
         trainer._current_fx(previous)
     object.__setattr__(model, "_torchfleet_configured", True)
@@ -212,8 +227,10 @@ def _setup_model(trainer: Trainer, model: Any, with_optimizers: bool, micro_batc
         opts, found = parse_optimizers(model.configure_optimizers())
         validate_schedulers(found, model.automatic_optimization, trainer._hooks.mod("lr_scheduler_step") is not None)
         scheds.extend(found)
-        if not opts:
-            log.warning("configure_optimizers() returned None: fit runs forward and backward but changes no weights.")
+        if not opts and trainer.is_global_zero:
+            warnings.warn("configure_optimizers() returned None: fit runs forward and backward but changes no weights "
+                          "(global_step still counts each step, so max_steps ends the fit, as in Lightning).",
+                          UserWarning, stacklevel=2)
         if model.automatic_optimization and len(opts) > 1:
             raise MisconfiguredModuleError(
                 f"configure_optimizers() returned {len(opts)} optimizers, but automatic optimisation steps one. "
@@ -240,7 +257,17 @@ def _log_summary(trainer: Trainer, model: Any) -> None:
         ModelSummary(max_depth=1).on_fit_start(trainer, model)
 
 
+def _each_loader(loader: Any, fn: Any, *args: Any) -> Any:
+    """``fn(loader, *args)``; for a CombinedLoader, ``fn`` replaces each of its loaders and the CombinedLoader stays."""
+    if isinstance(loader, CombinedLoader):
+        loader.flattened = [fn(one, *args) for one in loader.flattened]
+        return loader
+    return fn(loader, *args)
+
+
 def _for_strategy(trainer: Trainer, loader: Any, stage: str) -> Any:
+    if isinstance(loader, CombinedLoader):  # each of its loaders is prepared; the loops read its combined batches
+        return BatchView(_each_loader(loader, lambda one: _for_strategy(trainer, one, stage)))
     # use_distributed_sampler=False: the user shards the data themselves (their own sampler)
     if stage == "fit" and trainer.use_distributed_sampler and trainer.world_size > 1 and not trainer.overfit_batches:
         loader = shuffled_for_training(loader)  # as Lightning's Trainer: a distributed training loader always shuffles
@@ -272,33 +299,57 @@ def _defines_step(model: Any, name: str) -> bool:
     return impl is not None and impl is not getattr(Module, name)
 
 
-def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: Any, weights_only: bool | None) -> None:
-    strategy = trainer.strategy
-    _check_training_step_signature(model)
+def _fit_sources(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any) -> tuple[Any, list[Any]]:
+    """The training data (several loaders combined) and the validation loaders, asked for as Lightning does:
+    ``val_dataloader()`` only when validation runs, first and inside ``isolate_rng`` when the sanity check will
+    run (there Lightning calls it), then ``train_dataloader()``; so data the hooks draw from the global
+    generator are Lightning's."""
+    checked = _defines_step(model, "validation_step") and trainer.num_sanity_val_steps and trainer.limit_val_batches
+    with isolate_rng() if checked else contextlib.nullcontext():
+        val_source = _as_list(_source(trainer, model, "val", val_dl)) if trainer.limit_val_batches else []
     train_loader = _source(trainer, model, "train", train_dl)
     if train_loader is None:
         raise ConfigurationError(
             "trainer.fit() found no training data: pass train_dataloaders=..., a datamodule with "
             "train_dataloader(), or define train_dataloader() on the model."
         )
-    if trainer._max_epochs_defaulted and trainer.is_global_zero:
-        warnings.warn("max_epochs was not set: fit stops after 1000 epochs. Pass max_epochs=N, or max_epochs=-1 "
-                      "to train until max_steps, max_time or a callback stops it.", UserWarning, stacklevel=2)
-    val_source = _as_list(_source(trainer, model, "val", val_dl))
+    if isinstance(train_loader, (Mapping, list, tuple)):  # several loaders: one batch of each per step, as Lightning
+        train_loader = CombinedLoader(train_loader, "max_size_cycle")
+    if isinstance(train_loader, CombinedLoader) and train_loader.mode == "sequential":
+        raise ConfigurationError(
+            'trainer.fit() cannot train on a CombinedLoader(mode="sequential"): a training step takes one batch of '
+            'every loader. Use mode "max_size_cycle" (the default for a list or dict of loaders), "max_size" or '
+            '"min_size".'
+        )
     if val_source and not _defines_step(model, "validation_step"):
         if getattr(type(model), "validation_step", None) is not None and trainer.is_global_zero:
             warnings.warn(f"fit got validation data but {type(model).__name__} defines no validation_step: "
                           "validation is skipped.", UserWarning, stacklevel=2)
         val_source = []  # validation_step = None: validation is switched off, as in Lightning
+    return train_loader, val_source
+
+
+def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: Any, weights_only: bool | None) -> None:
+    strategy = trainer.strategy
+    _check_training_step_signature(model)
+    train_loader, val_source = _fit_sources(trainer, model, train_dl, val_dl)
+    if trainer._max_epochs_defaulted and trainer.is_global_zero:
+        warnings.warn(f"max_epochs was not set: fit stops after {trainer.max_epochs} epochs. Pass max_epochs=N, or "
+                      "max_epochs=-1 to train until max_steps, max_time or a callback stops it.", UserWarning,
+                      stacklevel=2)
     if trainer.overfit_batches:
-        train_loader = without_shuffle(train_loader, "training")
-        val_source = [without_shuffle(v, "validation") for v in val_source]
+        train_loader = _each_loader(train_loader, without_shuffle, "training")
+        val_source = [_each_loader(v, without_shuffle, "validation") for v in val_source]
     micro_batch_size = loader_batch_size(train_loader)
     train_loader = _for_strategy(trainer, train_loader, "fit")
     val_loaders = [_for_strategy(trainer, v, "validate") for v in val_source]
-    trainer.num_training_batches = _num_batches(train_loader, trainer.limit_train_batches)
-    trainer.num_val_batches = [_num_batches(v, trainer.limit_val_batches) for v in val_loaders]
-    trainer.train_dataloader, trainer.val_dataloaders = train_loader, _one_or_list(val_loaders)
+    # every rank runs the same number of training and validation batches (loop_shape.py): one collective
+    shape = agree_fit(strategy, _num_batches(train_loader, trainer.limit_train_batches), has_length(train_loader),
+                      [_num_batches(v, trainer.limit_val_batches) for v in val_loaders])
+    trainer.num_training_batches, trainer.num_val_batches = shape.train_batches, shape.val_batches
+    # a CombinedLoader shows its collection of loaders, as in Lightning
+    trainer.train_dataloader = train_loader.combined.iterables if isinstance(train_loader, BatchView) else train_loader
+    trainer.val_dataloaders = _one_or_list(val_loaders)
     trainer.state.current_epoch = 0
     trainer.state.global_step = 0
     _setup_model(trainer, model, with_optimizers=True, micro_batch_size=micro_batch_size)
@@ -316,8 +367,9 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
             graph(model)
     trainer._hooks.call("on_fit_start", trainer)
     if trainer.num_sanity_val_steps and val_loaders and trainer.limit_val_batches:
-        _sanity_check(trainer, model, val_loaders)
-    FitLoop(trainer, model, train_loader, val_loaders).run()
+        with isolate_rng():  # as in Lightning: training draws the same numbers with and without the check
+            _sanity_check(trainer, model, val_loaders)
+    FitLoop(trainer, model, train_loader, val_loaders, lockstep=shape.lockstep).run()
     trainer._hooks.call("on_fit_end", trainer)
     if trainer.is_global_zero:
         for lg in trainer.loggers:
@@ -374,7 +426,7 @@ def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path
             f"define {kind}_dataloader() on the model."
         )
     limit = trainer.limit_val_batches if stage == "validate" else trainer.limit_test_batches
-    limits = [_num_batches(v, limit) for v in loaders]
+    limits = agree_eval(trainer.strategy, [_num_batches(v, limit) for v in loaders])
     if stage == "validate":
         trainer.num_val_batches, trainer.val_dataloaders = limits, _one_or_list(loaders)
     else:
@@ -398,13 +450,19 @@ def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path
 
 def _predict(trainer: Trainer, model: Any, dl: Any, ckpt_path: Any, return_predictions: bool,
              weights_only: bool | None) -> Any:
-    loaders = [_for_strategy(trainer, v, "predict") for v in _as_list(_source(trainer, model, "predict", dl))]
+    sources = _as_list(_source(trainer, model, "predict", dl))
+    if any(isinstance(v, CombinedLoader) for v in sources):
+        raise ConfigurationError(
+            'trainer.predict() takes a CombinedLoader only in mode "sequential" (each loader\'s batches in turn, with '
+            'their dataloader_idx), as Lightning does: build it with CombinedLoader(loaders, "sequential").'
+        )
+    loaders = [_for_strategy(trainer, v, "predict") for v in sources]
     if not loaders:
         raise ConfigurationError(
             "trainer.predict() found no data: pass dataloaders=..., a datamodule with predict_dataloader(), or "
             "define predict_dataloader() on the model."
         )
-    limits = [_num_batches(v, trainer.limit_predict_batches) for v in loaders]
+    limits = agree_eval(trainer.strategy, [_num_batches(v, trainer.limit_predict_batches) for v in loaders])
     trainer.num_predict_batches, trainer.predict_dataloaders = limits, _one_or_list(loaders)
     _setup_model(trainer, model, with_optimizers=False)
     path = resolve_ckpt_path(trainer, ckpt_path, "predict")

@@ -7,7 +7,7 @@ import logging
 import math
 import os
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +16,8 @@ from torch import nn
 
 from torchfleet.errors import ConfigurationError
 from torchfleet.settings import TrainingSettings
+from torchfleet.trainer import arguments as args
+from torchfleet.trainer.arguments import default
 from torchfleet.trainer.hooks import HookDispatcher
 from torchfleet.trainer.progress import FitProgress
 from torchfleet.trainer.state import RunState, TrainerStatus
@@ -41,56 +43,19 @@ def _setup_logging() -> None:
 _setup_logging()
 
 
-def _check_limit(name: str, value: Any) -> int | float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
-        isinstance(value, float) and value > 1.0
-    ):
-        raise ConfigurationError(
-            f"{name}={value!r} is not valid: give an int >= 0 (a number of batches) or a float in [0.0, 1.0] "
-            "(a fraction of the dataloader)."
-        )
-    return value
-
-
 def _state_field(name: str, doc: str) -> property:
     """A Trainer attribute that reads and writes ``trainer.state.<name>``."""
     return property(lambda self: getattr(self.state, name), lambda self, value: setattr(self.state, name, value),
                     doc=doc)
 
 
-def _parse_val_check_time(value: Any) -> float:
-    from torchfleet.trainer.callbacks.timer import parse_duration
-
-    try:
-        seconds = parse_duration(value)
-    except ConfigurationError:
-        seconds = None
-    if not seconds:
-        raise ConfigurationError(
-            f"val_check_interval={value!r} is not a valid duration: give a string \"DD:HH:MM:SS\" (e.g. "
-            "\"00:00:30:00\" validates every 30 minutes), a datetime.timedelta, or a dict of timedelta arguments "
-            "such as {\"minutes\": 30}, longer than zero. A float in (0.0, 1.0] or an int number of batches count "
-            "batches instead of time."
-        )
-    return seconds
-
-
-def _note_single_batches(trainer: Trainer, val_check_interval: Any) -> None:
-    """Say what an int 1 means where a float 1.0 means the whole epoch (Lightning tells this too)."""
-    for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
-        value = getattr(trainer, name)
-        if value == 1 and isinstance(value, int) and not trainer.fast_dev_run:
-            log.info("Trainer(%s=1): 1 batch per epoch will be used (1.0 would use them all).", name)
-    if val_check_interval == 1 and isinstance(val_check_interval, int):
-        log.info("Trainer(val_check_interval=1): validation runs after every training batch (1.0 would run it "
-                 "once per epoch).")
-
-
 class Trainer:
     """Train, evaluate and predict with a ``Module`` on the strategy, devices and precision you choose.
 
     The model code never changes between one CPU, one GPU, N processes or N machines: only
-    ``strategy=``, ``accelerator=``, ``devices=``, ``num_nodes=`` and ``precision=`` do.
+    ``strategy=``, ``accelerator=``, ``devices=``, ``num_nodes=`` and ``precision=`` do. An argument left at None
+    takes its value from ``torchfleet.trainer.arguments.DEFAULTS`` (``torchfleet fit --help`` shows them); a value
+    that is not accepted raises a ConfigurationError here, before anything runs.
 
     Args:
         accelerator: "cpu", "cuda", "gpu", "mps" or "auto" (a GPU when present, else the CPU), or an Accelerator.
@@ -99,12 +64,15 @@ class Trainer:
         devices: devices per machine: an int (on the CPU, that many processes), a list of GPU indices, "0,1",
             -1 for every GPU, or "auto".
         num_nodes: how many machines take part.
-        precision: "32-true" (default), "64-true", "16-mixed", "bf16-mixed", "16-true" or "bf16-true".
+        precision: "32-true", "64-true", "16-mixed", "bf16-mixed", "16-true" or "bf16-true"; not given: a Precision
+            plugin's or the strategy object's, else "32-true".
         plugins: extra parts: a ClusterEnvironment, a CheckpointIO (e.g. AsyncCheckpointIO), a Precision.
-        logger: a Logger, a list of them, False for none; default: a CSVLogger in ``default_root_dir/logs``.
+        logger: a Logger, a list of them, False for none; default: a TensorBoardLogger in ``default_root_dir/logs``
+            when tensorboard is installed, else a CSVLogger there.
         callbacks: Callback objects (ModelCheckpoint, EarlyStopping, LearningRateMonitor, ...).
         fast_dev_run: True (1) or n: run n training and evaluation batches once to check the code, logging nothing.
-        max_epochs: stop after this many epochs (default 1000 when neither max_steps nor max_time is given).
+        max_epochs: stop after this many epochs (-1: no limit). Left unset, there is no limit either when max_steps
+            or max_time is given.
         min_epochs: train at least this many epochs, even if a callback asks to stop.
         max_steps: stop after this many optimizer steps (-1: no limit).
         min_steps: take at least this many optimizer steps, even if a callback asks to stop.
@@ -118,14 +86,14 @@ class Trainer:
         val_check_interval: validate after this fraction of each epoch (float), every n training batches (int), or
             every so much time ("DD:HH:MM:SS", a timedelta or a dict such as {"minutes": 30}).
         check_val_every_n_epoch: validate every n epochs; None counts val_check_interval batches across epochs.
-        num_sanity_val_steps: validation batches run before training to catch bugs early (default 2, -1: all).
-        log_every_n_steps: send the logged training values to the loggers every n optimizer steps (default 50).
-        enable_checkpointing: add a ModelCheckpoint when callbacks has none (default True).
-        enable_progress_bar: show a progress bar (default True).
-        enable_model_summary: log the model's layers and parameter counts at fit start (default True).
+        num_sanity_val_steps: validation batches run before training to catch bugs early (-1: all).
+        log_every_n_steps: send the logged training values to the loggers every n optimizer steps.
+        enable_checkpointing: add a ModelCheckpoint when callbacks has none.
+        enable_progress_bar: show a progress bar.
+        enable_model_summary: log the model's layers and parameter counts at fit start.
         accumulate_grad_batches: sum gradients over n batches before each optimizer step.
         gradient_clip_val: clip gradients to this value (by norm unless gradient_clip_algorithm says "value").
-        gradient_clip_algorithm: "norm" (default) or "value".
+        gradient_clip_algorithm: "norm" or "value".
         deterministic: True: use deterministic algorithms only; "warn": warn where one is not; None: torch's default.
         benchmark: set torch.backends.cudnn.benchmark (None: leave it, unless deterministic turns it off).
         use_distributed_sampler: give each process its share of the data (a DistributedSampler) automatically.
@@ -202,18 +170,23 @@ class Trainer:
         #: seconds between validations when val_check_interval is a duration, else None
         self.val_check_seconds: float | None = None
         if isinstance(val_check_interval, (str, timedelta, dict)):
-            self.val_check_seconds = _parse_val_check_time(val_check_interval)
+            self.val_check_seconds = args.parse_val_check_time(val_check_interval)
             val_check_interval = None
-        self._validate_loop_args(
-            fast_dev_run, max_epochs, min_epochs, max_steps, val_check_interval, check_val_every_n_epoch,
+        args.check_loop_args(
+            fast_dev_run, max_epochs, min_epochs, max_steps, min_steps, val_check_interval, check_val_every_n_epoch,
             log_every_n_steps, num_sanity_val_steps, deterministic,
         )
+        args.check_switches(enable_checkpointing=enable_checkpointing, enable_progress_bar=enable_progress_bar,
+                            enable_model_summary=enable_model_summary, use_distributed_sampler=use_distributed_sampler,
+                            inference_mode=inference_mode, sync_batchnorm=sync_batchnorm)
+        args.check_root_dir(default_root_dir)
+        loggers = args.check_logger(logger)
         if benchmark is not None and not isinstance(benchmark, bool):
             raise ConfigurationError(f"benchmark={benchmark!r} is not valid: give True, False or None (leave "
                                      "torch.backends.cudnn.benchmark as it is).")
         # validates them too; the strategy gets them at setup (configure_training)
         settings = TrainingSettings(accumulate_grad_batches, gradient_clip_val,
-                                    "norm" if gradient_clip_algorithm is None else gradient_clip_algorithm)
+                                    default("gradient_clip_algorithm", gradient_clip_algorithm))
         self.fast_dev_run = fast_dev_run
         dev_batches = int(fast_dev_run) if fast_dev_run else 0
         if dev_batches:
@@ -222,28 +195,29 @@ class Trainer:
             num_sanity_val_steps, val_check_interval, check_val_every_n_epoch = 0, 1.0, 1
             self.val_check_seconds = None  # a duration means nothing for a run of a few batches
             # as Lightning, checkpointing is not switched off: ModelCheckpoint saves nothing under fast_dev_run
-            logger = False
+            loggers = []
         # a time budget alone runs until it is spent, as Lightning
         self._max_epochs_defaulted = max_epochs is None and max_steps == -1 and max_time is None
-        self.max_epochs = max_epochs if max_epochs is not None else (1000 if max_steps == -1 and max_time is None else -1)
-        self.min_epochs = min_epochs or 0
+        self.max_epochs = max_epochs if max_epochs is not None else (
+            default("max_epochs", None) if max_steps == -1 and max_time is None else -1)
+        self.min_epochs = default("min_epochs", min_epochs)
         self.max_steps = max_steps
-        self.min_steps = min_steps or 0
-        self.limit_train_batches = _check_limit("limit_train_batches", 1.0 if limit_train_batches is None else limit_train_batches)
-        self.limit_val_batches = _check_limit("limit_val_batches", 1.0 if limit_val_batches is None else limit_val_batches)
-        self.limit_test_batches = _check_limit("limit_test_batches", 1.0 if limit_test_batches is None else limit_test_batches)
-        self.limit_predict_batches = _check_limit(
-            "limit_predict_batches", 1.0 if limit_predict_batches is None else limit_predict_batches
+        self.min_steps = default("min_steps", min_steps)
+        self.limit_train_batches = args.check_limit("limit_train_batches", default("limit_train_batches", limit_train_batches))
+        self.limit_val_batches = args.check_limit("limit_val_batches", default("limit_val_batches", limit_val_batches))
+        self.limit_test_batches = args.check_limit("limit_test_batches", default("limit_test_batches", limit_test_batches))
+        self.limit_predict_batches = args.check_limit(
+            "limit_predict_batches", default("limit_predict_batches", limit_predict_batches)
         )
         #: train and validate on the same first batches, in order, every epoch (a debugging aid, as Lightning)
-        self.overfit_batches = _check_limit("overfit_batches", overfit_batches)
+        self.overfit_batches = args.check_limit("overfit_batches", overfit_batches)
         if self.overfit_batches:
             self.limit_train_batches = self.limit_val_batches = self.overfit_batches
-        _note_single_batches(self, val_check_interval)
-        self.val_check_interval = 1.0 if val_check_interval is None else val_check_interval
+        args.note_single_batches(self, val_check_interval)
+        self.val_check_interval = default("val_check_interval", val_check_interval)
         self.check_val_every_n_epoch = check_val_every_n_epoch
-        self.num_sanity_val_steps = 2 if num_sanity_val_steps is None else num_sanity_val_steps
-        self.log_every_n_steps = 50 if log_every_n_steps is None else log_every_n_steps
+        self.num_sanity_val_steps = default("num_sanity_val_steps", num_sanity_val_steps)
+        self.log_every_n_steps = default("log_every_n_steps", log_every_n_steps)
         self.accumulate_grad_batches = settings.accumulate_grad_batches
         self.gradient_clip_val = settings.gradient_clip_val
         self.gradient_clip_algorithm = settings.gradient_clip_algorithm
@@ -270,15 +244,15 @@ class Trainer:
         if hasattr(self.strategy, "hang_timeout"):
             self.strategy.hang_timeout = self.hang_timeout
         self.default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
-        self.enable_progress_bar = True if enable_progress_bar is None else enable_progress_bar
-        self.enable_checkpointing = True if enable_checkpointing is None else enable_checkpointing
-        self.enable_model_summary = True if enable_model_summary is None else enable_model_summary
+        self.enable_progress_bar = default("enable_progress_bar", enable_progress_bar)
+        self.enable_checkpointing = default("enable_checkpointing", enable_checkpointing)
+        self.enable_model_summary = default("enable_model_summary", enable_model_summary)
 
         from torchfleet.profilers import resolve as resolve_profiler
 
         #: times the hooks and steps of each stage (``profiler="simple" | "advanced" | "pytorch"``); see profilers/
         self.profiler = resolve_profiler(profiler)
-        self.loggers = self._build_loggers(logger)
+        self.loggers = self._default_loggers() if loggers is None else loggers
         self.callbacks = self._build_callbacks(callbacks, max_time)
 
         #: where the run is: the loops read and write it; checkpoints save and restore it through it
@@ -299,6 +273,8 @@ class Trainer:
         #: whether the training batch running now is the epoch's last
         self.is_last_batch = False
         self.module: Any = None
+        self._preemption: Any = None  # the running fit's FitPreemption (trainer/preemption.py)
+        self._received_sigterm = False  # whether the last fit got SIGTERM
         self.datamodule: Any = None
         self.ckpt_path: str | None = None
         self._hooks = HookDispatcher()
@@ -323,66 +299,18 @@ class Trainer:
         return self._manual_optimizers
 
     # ------------------------------------------------------------------ setup helpers
-    @staticmethod
-    def _validate_loop_args(
-        fast_dev_run: Any, max_epochs: Any, min_epochs: Any, max_steps: Any, val_check_interval: Any,
-        check_val_every_n_epoch: Any, log_every_n_steps: Any, num_sanity_val_steps: Any, deterministic: Any,
-    ) -> None:
-        def positive_int(name: str, value: Any, minimum: int = 1, allow_none: bool = True) -> None:
-            if value is None and allow_none:
-                return
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ConfigurationError(f"{name}={value!r} is not valid: it must be an int >= {minimum}.")
+    def _default_loggers(self) -> list[Any]:
+        # as Lightning: TensorBoard when it is installed (so logger.experiment.add_image works), else CSV
+        from torchfleet.loggers import CSVLogger, TensorBoardLogger
+        from torchfleet.utilities.imports import package_available
 
-        if not isinstance(fast_dev_run, (bool, int)) or (not isinstance(fast_dev_run, bool) and fast_dev_run < 0):
-            raise ConfigurationError(f"fast_dev_run={fast_dev_run!r} is not valid: give True/False or a number of batches.")
-        if max_epochs is not None and max_epochs != -1:
-            positive_int("max_epochs", max_epochs, 0)
-        positive_int("min_epochs", min_epochs, 0)
-        if max_steps != -1:
-            positive_int("max_steps", max_steps, 0, allow_none=False)
-        positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
-        positive_int("log_every_n_steps", log_every_n_steps)
-        if num_sanity_val_steps is not None and num_sanity_val_steps != -1:
-            positive_int("num_sanity_val_steps", num_sanity_val_steps, 0)
-        if val_check_interval is not None:
-            ok = (isinstance(val_check_interval, float) and 0.0 < val_check_interval <= 1.0) or (
-                isinstance(val_check_interval, int) and not isinstance(val_check_interval, bool) and val_check_interval >= 1
-            )
-            if not ok:
-                raise ConfigurationError(
-                    f"val_check_interval={val_check_interval!r} is not valid: a float in (0.0, 1.0] validates after "
-                    "that fraction of each training epoch, an int >= 1 after that many training batches."
-                )
-        if check_val_every_n_epoch is None and not isinstance(val_check_interval, int):
-            raise ConfigurationError(
-                f"check_val_every_n_epoch=None validates every val_check_interval training batches counted across "
-                f"epochs, so val_check_interval must be an int number of batches, not {val_check_interval!r} (a "
-                "fraction of an epoch has no meaning there). Pass val_check_interval=N (an int >= 1), or keep "
-                "check_val_every_n_epoch=1 to validate at fractions of each epoch."
-            )
-        if deterministic not in (None, True, False, "warn"):
-            raise ConfigurationError(f"deterministic={deterministic!r} is not valid: give True, False or 'warn'.")
-
-    def _build_loggers(self, logger: Any) -> list[Any]:
-        if logger is False:
-            return []
-        if logger is None or logger is True:
-            from torchfleet.loggers import CSVLogger
-
-            return [CSVLogger(self.default_root_dir, name="logs")]
-        return list(logger) if isinstance(logger, Iterable) else [logger]
+        default = TensorBoardLogger if package_available("tensorboard") else CSVLogger
+        return [default(self.default_root_dir, name="logs")]
 
     def _build_callbacks(self, callbacks: Any, max_time: Any) -> list[Any]:
-        from torchfleet.trainer.callbacks import Callback, ModelCheckpoint, ProgressBar, Timer
+        from torchfleet.trainer.callbacks import ModelCheckpoint, ProgressBar, Timer
 
-        cbs = list(callbacks) if isinstance(callbacks, Iterable) else ([callbacks] if callbacks else [])
-        for cb in cbs:
-            if not isinstance(cb, Callback):
-                raise ConfigurationError(
-                    f"callbacks=[...] holds {cb!r} of type {type(cb).__name__}; callbacks must subclass "
-                    "torchfleet.callbacks.Callback."
-                )
+        cbs = args.check_callbacks(callbacks)
         if max_time is not None:
             if any(isinstance(c, Timer) for c in cbs):
                 raise ConfigurationError(
@@ -502,6 +430,44 @@ class Trainer:
         return self.stage == "predict"
 
     @property
+    def evaluating(self) -> bool:
+        """Validating (the sanity check included) or testing."""
+        return self.validating or self.testing
+
+    @property
+    def enable_validation(self) -> bool:
+        """Whether fit validates: the Module has a ``validation_step``, there is validation data and
+        ``limit_val_batches`` is not 0."""
+        from torchfleet.utilities.model_helpers import is_overridden
+
+        data = self.val_dataloaders is not None or any(
+            is_overridden("val_dataloader", owner) for owner in (self.datamodule, self.module))
+        return bool(self.limit_val_batches) and is_overridden("validation_step", self.module) and data
+
+    @property
+    def received_sigterm(self) -> bool:
+        """Whether SIGTERM reached this process during the running (or last) fit (it then stops, see preemption)."""
+        import signal
+
+        running = self._preemption
+        return self._received_sigterm or (running is not None and running.flag.signum == signal.SIGTERM)
+
+    @property
+    def scaler(self) -> Any:
+        """The precision's gradient scaler ("16-mixed"), else None."""
+        return getattr(self.strategy.precision, "scaler", None)
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int] | None:
+        """``num_replicas`` and ``rank`` of this process's DistributedSampler; None for a one-process strategy."""
+        return self.strategy.distributed_sampler_kwargs
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on local rank 0 of each machine (Lightning's ``Trainer.print``)."""
+        if self.local_rank == 0:
+            print(*args, **kwargs)
+
+    @property
     def callback_metrics(self) -> dict[str, torch.Tensor]:
         """Latest value of everything logged (epoch aggregates after an epoch end)."""
         out: dict[str, torch.Tensor] = {}
@@ -613,6 +579,7 @@ class Trainer:
 
         train_dl, datamodule = loaders_or_datamodule(train_dl, datamodule, stage)
         eval_dl, datamodule = loaders_or_datamodule(eval_dl, datamodule, stage)
+        args.check_stage_args(stage, train_dl, eval_dl, datamodule, ckpt_path, kw)
         model = self._connect(stage, model, train_dl, eval_dl, datamodule)
         launcher = self.strategy.launcher
         if launcher is None or not launcher.runs_in_children:

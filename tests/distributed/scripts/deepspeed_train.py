@@ -113,16 +113,17 @@ class SaveAt(Callback):
 
 
 class Probe(Callback):
-    """Where training happens: DeepSpeed's engine device and the parameters' devices, seen at the first batch."""
+    """Where and how training happens: the engine's device, the parameters' devices and dtype, at the first batch."""
 
     def __init__(self) -> None:
-        self.engine_device, self.param_devices = None, None
+        self.engine_device, self.param_devices, self.param_dtype = None, None, None
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if self.engine_device is None:
             engine = getattr(trainer.strategy, "engine", None)
             self.engine_device = None if engine is None else str(engine.device)
             self.param_devices = sorted({p.device.type for p in module.parameters()})
+            self.param_dtype = str(next(module.parameters()).dtype)
 
 
 def full_weights(trainer) -> dict:
@@ -220,7 +221,7 @@ def main(cfg: dict) -> None:
             "batches_run": model.batches_run,
             "world_size": trainer.world_size,
             "stage": getattr(trainer.strategy, "zero_stage", None),
-            "param_dtype": str(next(model.parameters()).dtype),
+            "param_dtype": probe.param_dtype,
             "config": getattr(trainer.strategy, "config", None),
             # a run stopped by max_steps before an epoch's end has not validated
             "val_loss": float(trainer.callback_metrics.get("val_loss", float("nan"))),

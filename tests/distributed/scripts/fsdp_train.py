@@ -20,7 +20,8 @@ and must end with the same weights. Every run is one entry of ``cfg["runs"]``:
 - ``"fleet": true``: a hand-written Fleet loop that saves at ``SAVE_AT`` and resumes in a fresh model.
 
 Rank 0 writes ``cfg["out"]`` (torch.save) with, per run: the final full weights, global step,
-batches this process ran, world size, what the parameters are (DTensor placements, local numel).
+batches this process ran, world size, what the parameters are while fit trains (DTensor placements, local
+numel).
 """
 
 from __future__ import annotations
@@ -90,6 +91,16 @@ class SaveAt(Callback):
             if trainer.global_rank == 1:
                 _die_while_writing()
             trainer.save_checkpoint(self.path)
+
+
+class Describe(Callback):
+    """What the parameters are while fit trains (``describe_params`` after each step; fit's end makes them whole)."""
+
+    def __init__(self) -> None:
+        self.params: dict | None = None
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.params = describe_params(module)
 
 
 def _die_while_writing() -> None:
@@ -193,7 +204,8 @@ def main(cfg: dict) -> None:
                                       run.get("fsdp"), accelerator)
             continue
         saver = None
-        callbacks = []
+        describe = Describe()
+        callbacks = [describe]
         if run.get("save_at"):
             saver = SaveAt(run["save_at"], os.path.join(run["ckpt_dir"], f"{name}.ckpt"),
                            kill_later=run.get("kill_in_second_save", False))
@@ -233,7 +245,7 @@ def main(cfg: dict) -> None:
             "world_size": trainer.world_size,
             "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
             "was_meta": was_meta,
-            "params": describe_params(model),
+            "params": describe.params,
             "val_loss": float(trainer.callback_metrics["val_loss"]),
             "best_model_path": trainer.checkpoint_callback.best_model_path if run.get("model_checkpoint") else None,
         }

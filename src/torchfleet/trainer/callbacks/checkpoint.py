@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from torchfleet.errors import ConfigurationError
+from torchfleet.errors import ConfigurationError, check_flag, check_int, check_text, not_valid
 from torchfleet.trainer.callbacks.base import Callback
 
 log = logging.getLogger("torchfleet")
@@ -28,6 +28,34 @@ def _resolve_dir(dirpath: str | os.PathLike) -> str:
     """``~`` expanded and, for a local folder, made absolute (as Lightning); a URL (``s3://...``) as given."""
     path = os.path.expanduser(os.fspath(dirpath))
     return path if "://" in path else os.path.realpath(path)
+
+
+def _check_arguments(given: dict[str, Any]) -> None:
+    """ModelCheckpoint's arguments, each of the type and range it accepts (one paragraph for the first that is not)."""
+    owner = "ModelCheckpoint"
+    check_text("dirpath", given["dirpath"], owner, allow_none=True, path=True)
+    check_text("filename", given["filename"], owner, allow_none=True,
+               meaning="a template of metric names, epoch and step, e.g. '{epoch}-{val_loss:.2f}'")
+    check_text("monitor", given["monitor"], owner, allow_none=True, meaning="the name of a logged metric")
+    for name in ("verbose", "save_weights_only", "auto_insert_metric_name", "enable_version_counter",
+                 "save_on_exception"):
+        check_flag(name, given[name], owner)
+    check_flag("save_on_train_epoch_end", given["save_on_train_epoch_end"], owner, allow_none=True)
+    save_last = given["save_last"]
+    if not (save_last is None or isinstance(save_last, bool) or save_last == "link"):
+        raise not_valid("save_last", save_last, "give True (also write last.ckpt), False, None or 'link'", owner)
+    # "Must be >= -1" is Lightning's phrase, kept for ported pytest.raises(match=...)
+    check_int("save_top_k", given["save_top_k"], -1, owner,
+              meaning="-1 keeps every checkpoint, 0 none, k the best k. Must be >= -1")
+    check_int("every_n_train_steps", given["every_n_train_steps"], 0, owner, allow_none=True,
+              meaning="optimizer steps between saves; 0 or None: not by steps")
+    check_int("every_n_epochs", given["every_n_epochs"], 0, owner, allow_none=True,
+              meaning="epochs between saves; 0: not by epochs")
+    interval = given["train_time_interval"]
+    seconds = interval.total_seconds() if isinstance(interval, timedelta) else interval
+    if interval is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0):
+        raise not_valid("train_time_interval", interval, "give a datetime.timedelta or a number of seconds, longer "
+                                                         "than zero, or None", owner)
 
 
 class ModelCheckpoint(Callback):
@@ -62,12 +90,10 @@ class ModelCheckpoint(Callback):
         enable_version_counter: bool = True,
         save_on_exception: bool = False,
     ) -> None:
+        _check_arguments(locals())
         if mode not in ("min", "max"):
             raise ConfigurationError(f"ModelCheckpoint(mode={mode!r}) is not valid: `mode` can be 'min' or 'max' but got "
                                      f"{mode}.")
-        if save_top_k < -1:
-            raise ConfigurationError(f"ModelCheckpoint(save_top_k={save_top_k}) is not valid. Must be >= -1: use -1 (all), "
-                                     "0 or k >= 1.")
         if monitor is None and save_top_k not in (-1, 0, 1):
             raise ConfigurationError(
                 f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration: save_top_k="
@@ -88,6 +114,9 @@ class ModelCheckpoint(Callback):
         self.auto_insert_metric_name = auto_insert_metric_name
         self.every_n_train_steps = every_n_train_steps or 0
         self.train_time_interval = train_time_interval
+        #: seconds between time-based saves (Lightning gives a timedelta; a number of seconds is accepted too)
+        self._interval_s = (train_time_interval.total_seconds() if isinstance(train_time_interval, timedelta)
+                            else train_time_interval)
         self.every_n_epochs = every_n_epochs if every_n_epochs is not None else (0 if chosen else 1)
         self.save_on_train_epoch_end = save_on_train_epoch_end
         self.enable_version_counter = enable_version_counter
@@ -164,9 +193,7 @@ class ModelCheckpoint(Callback):
         due = bool(self.every_n_train_steps) and step % self.every_n_train_steps == 0
         if self.train_time_interval:
             now = time.monotonic()
-            interval = self.train_time_interval
-            seconds = interval.total_seconds() if isinstance(interval, timedelta) else float(interval)
-            elapsed = self._last_time is not None and now - self._last_time >= seconds
+            elapsed = self._last_time is not None and now - self._last_time >= self._interval_s
             if trainer.strategy.broadcast(elapsed):
                 self._last_time = now
                 due = True

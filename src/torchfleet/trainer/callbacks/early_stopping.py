@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from torchfleet.errors import ConfigurationError
+from torchfleet.errors import ConfigurationError, check_flag, check_int, check_number, check_text
 from torchfleet.trainer.callbacks.base import Callback
 
 log = logging.getLogger("torchfleet")
@@ -45,6 +45,15 @@ class EarlyStopping(Callback):
         divergence_threshold: float | None = None,
         check_on_train_epoch_end: bool | None = None,
     ) -> None:
+        owner = "EarlyStopping"
+        check_text("monitor", monitor, owner, meaning="the name of a logged metric")
+        check_number("min_delta", min_delta, owner=owner, meaning="the least change that counts as an improvement")
+        check_int("patience", patience, 0, owner, meaning="checks without an improvement before training stops")
+        for name, flag in (("verbose", verbose), ("strict", strict), ("check_finite", check_finite)):
+            check_flag(name, flag, owner)
+        check_flag("check_on_train_epoch_end", check_on_train_epoch_end, owner, allow_none=True)
+        check_number("stopping_threshold", stopping_threshold, owner=owner, allow_none=True)
+        check_number("divergence_threshold", divergence_threshold, owner=owner, allow_none=True)
         if mode not in ("min", "max"):
             raise ConfigurationError(f"EarlyStopping(mode={mode!r}) is not valid: use 'min' or 'max'.")
         self.monitor, self.mode, self.patience = monitor, mode, patience

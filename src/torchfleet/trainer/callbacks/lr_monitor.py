@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from torchfleet.errors import ConfigurationError
+from torchfleet.errors import ConfigurationError, check_flag
 from torchfleet.trainer.callbacks.base import Callback
 
 
@@ -25,6 +25,8 @@ class LearningRateMonitor(Callback):
             raise ConfigurationError(
                 f"LearningRateMonitor(logging_interval={logging_interval!r}) is not valid: use None, 'step' or 'epoch'."
             )
+        check_flag("log_momentum", log_momentum, "LearningRateMonitor")
+        check_flag("log_weight_decay", log_weight_decay, "LearningRateMonitor")
         self.logging_interval = logging_interval
         self.log_momentum, self.log_weight_decay = log_momentum, log_weight_decay
         self.lrs: dict[str, list[float]] = {}

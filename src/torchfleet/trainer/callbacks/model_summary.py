@@ -9,6 +9,7 @@ from torch import nn
 
 from torchfleet.errors import ConfigurationError
 from torchfleet.trainer.callbacks.base import Callback
+from torchfleet.utilities.model_summary import ModelSummary as LayerSummary
 
 log = logging.getLogger("torchfleet")
 
@@ -16,13 +17,10 @@ log = logging.getLogger("torchfleet")
 def summarize(model: nn.Module, max_depth: int = 1) -> tuple[list[tuple[str, str, int]], dict[str, int]]:
     """Rows ``(name, type, parameters)`` for the submodules up to ``max_depth`` levels deep (-1: all), and the
     totals: ``trainable``, ``frozen``, ``total`` parameters and ``bytes`` of parameter storage."""
-    rows = [(name, type(child).__name__, sum(p.numel() for p in child.parameters()))
-            for name, child in model.named_modules()
-            if name and (max_depth < 0 or name.count(".") < max_depth)]
-    params = list(model.parameters())
-    total = sum(p.numel() for p in params)
-    trainable = sum(p.numel() for p in params if p.requires_grad)
-    size = sum(p.numel() * p.element_size() for p in params)
+    summary = LayerSummary(model, max_depth)  # counts only: the model does not run
+    total, trainable = summary.total_parameters, summary.trainable_parameters
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    rows = list(zip(summary.layer_names, summary.layer_types, summary.param_nums))
     return rows, {"trainable": trainable, "frozen": total - trainable, "total": total, "bytes": size}
 
 

@@ -17,6 +17,11 @@ class ProgressBar(Callback):
     """
 
     def __init__(self, refresh_interval: float | None = None, leave: bool = True) -> None:
+        from torchfleet.errors import check_flag, check_number
+
+        check_number("refresh_interval", refresh_interval, 0, type(self).__name__, allow_none=True,
+                     meaning="seconds between redraws; None: 0.1 on a terminal, 10 in a log file")
+        check_flag("leave", leave, type(self).__name__)
         interactive = sys.stderr.isatty()
         # in a log file, a line every 10 s is plenty; on a terminal, 10 redraws a second
         self.refresh_interval = refresh_interval if refresh_interval is not None else (0.1 if interactive else 10.0)
@@ -190,7 +195,10 @@ class TQDMProgressBar(ProgressBar):
     """
 
     def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False) -> None:
+        from torchfleet.errors import check_int
+
         check_refresh_rate(self, refresh_rate)
+        check_int("process_position", process_position, 0, type(self).__name__)
         super().__init__(refresh_interval=0.0, leave=leave)
         self.refresh_rate = refresh_rate
         self.process_position = process_position

@@ -18,6 +18,11 @@ class RichProgressBar(ProgressBar):
     def __init__(self, refresh_rate: int = 1, leave: bool = False, console_kwargs: dict[str, Any] | None = None) -> None:
         _require_rich("RichProgressBar")
         check_refresh_rate(self, refresh_rate)
+        if console_kwargs is not None and not isinstance(console_kwargs, dict):
+            from torchfleet.errors import not_valid
+
+            raise not_valid("console_kwargs", console_kwargs, "give a dict of rich.console.Console arguments or None",
+                            "RichProgressBar")
         super().__init__(refresh_interval=0.0, leave=leave)
         self.refresh_rate = refresh_rate
         self.console_kwargs = dict(console_kwargs or {})

@@ -7,6 +7,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from torchfleet.errors import check_int, check_number, not_valid
 from torchfleet.trainer.callbacks.base import Callback
 from torchfleet.trainer.logging import infer_batch_size
 
@@ -26,6 +27,12 @@ class ThroughputMonitor(Callback):
         flops_per_batch: float | None = None,
         window_size: int = 100,
     ) -> None:
+        for name, fn in (("batch_size_fn", batch_size_fn), ("length_fn", length_fn)):
+            if fn is not None and not callable(fn):
+                raise not_valid(name, fn, "give a function of the batch that returns a count, or None",
+                                "ThroughputMonitor")
+        check_number("flops_per_batch", flops_per_batch, 0, "ThroughputMonitor", allow_none=True)
+        check_int("window_size", window_size, 1, "ThroughputMonitor", meaning="batches the rates are measured over")
         self.batch_size_fn = batch_size_fn or infer_batch_size
         self.length_fn = length_fn
         self.flops_per_batch = flops_per_batch

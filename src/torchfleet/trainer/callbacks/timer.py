@@ -7,7 +7,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from torchfleet.errors import ConfigurationError
+from torchfleet.errors import ConfigurationError, check_flag
 from torchfleet.trainer.callbacks.base import Callback
 
 log = logging.getLogger("torchfleet")
@@ -20,20 +20,22 @@ def parse_duration(duration: Any) -> float | None:
     """Seconds in ``duration``: "DD:HH:MM:SS", a ``timedelta``, a dict of ``timedelta`` arguments, or None."""
     if duration is None:
         return None
+    parsed: Any = duration
     try:
         if isinstance(duration, str):
             days, hours, minutes, seconds = (int(part) for part in duration.strip().split(":"))
-            duration = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+            parsed = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
         elif isinstance(duration, dict):
-            duration = timedelta(**duration)
+            parsed = timedelta(**duration)
     except (TypeError, ValueError):
-        duration = None
-    if not isinstance(duration, timedelta) or duration.total_seconds() < 0:
+        parsed = None
+    if not isinstance(parsed, timedelta) or parsed.total_seconds() < 0:
         raise ConfigurationError(
-            f"The time budget {duration!r} (max_time, or Timer's duration) is not a duration: give a string \"DD:HH:MM:SS\" (e.g. \"00:12:00:00\" for 12 "
-            "hours), a datetime.timedelta, or a dict of timedelta arguments such as {\"hours\": 12}."
+            f"The time budget {duration!r} (max_time, or Timer's duration) is not a duration: give a string "
+            "\"DD:HH:MM:SS\" (e.g. \"00:12:00:00\" for 12 hours), a datetime.timedelta, or a dict of timedelta "
+            "arguments such as {\"hours\": 12}."
         )
-    return duration.total_seconds()
+    return parsed.total_seconds()
 
 
 #: the stages a Timer clocks (Lightning's RunningStage values); the budget applies to "train"
@@ -51,6 +53,7 @@ class Timer(Callback):
     def __init__(self, duration: Any = None, interval: str = "step", verbose: bool = True) -> None:
         if interval not in ("step", "epoch"):
             raise ConfigurationError(f"Timer(interval={interval!r}) is not valid: use 'step' or 'epoch'.")
+        check_flag("verbose", verbose, "Timer")
         self.duration = parse_duration(duration)
         self.interval, self.verbose = interval, verbose
         self._start: dict[str, float | None] = dict.fromkeys(STAGES)

@@ -1,7 +1,7 @@
-"""Helpers ported Lightning code imports: ``rank_zero_only``, the rank-zero logging functions and the banner.
+"""Rank-zero helpers every layer may use: ``rank_zero_only`` (+ ``.rank``), the rank-zero logging functions, the banner.
 
-``from torchfleet.utilities import rank_zero_only, rank_zero_info, rank_zero_warn, rank_zero_debug``;
-``from torchfleet import cli_lightning_logo`` (Lightning's name for :func:`cli_logo`).
+A leaf (it imports nothing of torchfleet). Ported code imports these from ``torchfleet.utilities`` (Lightning's
+path); ``from torchfleet import cli_lightning_logo`` (Lightning's name for :func:`cli_logo`).
 """
 
 from __future__ import annotations
@@ -98,6 +98,30 @@ def rank_zero_warn(message: str | Warning, category: type[Warning] = UserWarning
         warnings.warn(message, category, stacklevel=stacklevel + 1, **kwargs)
 
 
+def rank_zero_deprecation(message: str | Warning, stacklevel: int = 2, **kwargs: Any) -> None:
+    """``warnings.warn(message, DeprecationWarning)`` on global rank 0 only."""
+    rank_zero_warn(message, DeprecationWarning, stacklevel=stacklevel + 1, **kwargs)
+
+
+class WarningCache(set):
+    """Warn (or log) each distinct message once, on global rank 0: a set of the messages already given."""
+
+    def warn(self, message: str, stacklevel: int = 2, **kwargs: Any) -> None:
+        if message not in self:
+            self.add(message)
+            rank_zero_warn(message, stacklevel=stacklevel + 1, **kwargs)
+
+    def deprecation(self, message: str, stacklevel: int = 2, **kwargs: Any) -> None:
+        if message not in self:
+            self.add(message)
+            rank_zero_deprecation(message, stacklevel=stacklevel + 1, **kwargs)
+
+    def info(self, message: str, stacklevel: int = 2, **kwargs: Any) -> None:
+        if message not in self:
+            self.add(message)
+            rank_zero_info(message, stacklevel=stacklevel + 1, **kwargs)
+
+
 _LOGO = r"""
  _                 _      __ _           _
 | |_ ___  _ __ ___| |__  / _| | ___  ___| |_
@@ -118,5 +142,5 @@ def cli_logo() -> None:
 #: Lightning's name, so ``from lightning.pytorch import cli_lightning_logo`` ports by its import line alone
 cli_lightning_logo = cli_logo
 
-__all__ = ["rank_zero_only", "rank_zero_info", "rank_zero_warn", "rank_zero_debug", "rank_prefixed_message",
-           "cli_logo", "cli_lightning_logo"]
+__all__ = ["rank_zero_only", "rank_zero_info", "rank_zero_warn", "rank_zero_debug", "rank_zero_deprecation",
+           "rank_prefixed_message", "WarningCache", "cli_logo", "cli_lightning_logo"]

@@ -1,0 +1,182 @@
+"""What FSDPStrategy adds to fully_shard on the user's module, and how it takes fully_shard off again.
+
+Numbered gathers: every FSDP unit's forward all-gather (and the gather before a step method the
+strategy registered, such as ``training_step``) is a torchfleet collective (``watchdog.collective``)
+named after the unit, at the user's line and the function it is in. A forward that runs on some
+ranks only (a ``@rank_zero_only`` callback sampling from the model) then waits in a numbered gather
+while the other ranks wait elsewhere, and the watchdog reports the desync, naming the rank, the
+hook and the line, instead of gloo aborting or the run hanging unexplained. The record covers the
+gather only, never the unit's computation, so a slow layer is never taken for a desync.
+
+Unsharding (``unshard``): at the end of a stage each parameter is gathered whole, fully_shard's
+hooks, state and class are taken off every unit, and the whole parameters are registered in their
+place, so the module is an ordinary one that any rank can call alone. The optimizers keep their
+sharded state, now keyed by the whole parameters, so ``trainer.save_checkpoint`` after ``fit``
+still writes the optimizer state. A later stage shards the module again from its (whole) weights.
+This reaches into fully_shard's state (torch offers no way back); the fsdp tests exercise each part.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from torchfleet.watchdog import call_site, collective
+
+#: per sharded module, the hook handles of its numbered gathers (removed when it is unsharded)
+_HANDLES: weakref.WeakKeyDictionary[nn.Module, list[Any]] = weakref.WeakKeyDictionary()
+#: what marks the step methods registered here, so that unsharding finds them in the instance's __dict__
+_MARK = "_torchfleet_fsdp_method"
+#: attributes fully_shard sets on every module it manages (read by torch.compile)
+_MANAGED_FLAGS = ("_is_fsdp_managed_module", "_fsdp_use_orig_params")
+
+
+class _Gather:
+    """One unit's numbered gather: opened before fully_shard's pre-forward, closed right after it."""
+
+    __slots__ = ("name", "open")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.open: collective | None = None
+
+    def begin(self, *_: Any) -> None:
+        self.open = collective(self.name, site=call_site(function=True))
+
+    def end(self, *_: Any) -> None:
+        record, self.open = self.open, None
+        if record is not None:
+            record.__exit__(None, None, None)
+
+
+def number_forward_gathers(root: nn.Module) -> None:
+    """Record the forward all-gather of every FSDP unit in ``root`` as a numbered collective (see above)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    handles = _HANDLES.setdefault(root, [])
+    for path, unit in root.named_modules():
+        if isinstance(unit, FSDPModule):
+            gather = _Gather(f"all_gather(fsdp forward of {path or _user_class(unit).__name__})")
+            # prepended after fully_shard's own (also prepended) pre-hook: runs before it; the second runs after it
+            handles.append(unit.register_forward_pre_hook(gather.begin, prepend=True))
+            handles.append(unit.register_forward_pre_hook(gather.end))
+
+
+def register_forward_method(module: nn.Module, name: str) -> None:
+    """torch's ``register_fsdp_forward_method`` with the gather numbered: ``name`` runs between fully_shard's
+    pre-forward (gather) and post-forward (reshard), as ``forward`` does. Once per method."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(module, FSDPModule) or name in vars(module):
+        return
+    method = getattr(module, name)
+    gather = _Gather(f"all_gather(fsdp forward of {_user_class(module).__name__}.{name})")
+
+    @functools.wraps(method)
+    def forward_method(*args: Any, **kwargs: Any) -> Any:
+        state = module._get_fsdp_state()
+        gather.begin()
+        args, kwargs = state._pre_forward(module, args, kwargs)
+        gather.end()
+        return state._post_forward(module, args, method(*args, **kwargs))
+
+    setattr(forward_method, _MARK, True)
+    vars(module)[name] = forward_method
+
+
+def unshard(module: nn.Module, optimizers: Iterable[Optimizer]) -> bool:
+    """Make the fully_shard'ed ``module`` an ordinary module with whole parameters on the CPU (see above).
+
+    Every rank calls it (each parameter is all-gathered). The ``optimizers`` over its sharded
+    parameters are pointed at the whole ones. Returns False when ``module`` was not sharded.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        return False
+    for unit in units:
+        unit.reshard()  # a unit left gathered after forward (the root) registers its sharded parameters again
+    named = list(module.named_parameters(remove_duplicate=False))
+    whole: dict[int, nn.Parameter] = {}
+    with collective("all_gather(fsdp: whole parameters at the end of the stage)"), torch.no_grad():
+        for _, param in named:
+            if id(param) not in whole:  # a tied parameter is gathered once and stays tied
+                whole[id(param)] = nn.Parameter(_gathered(param), requires_grad=param.requires_grad)
+    for handle in _HANDLES.pop(module, []):
+        handle.remove()
+    for unit in units:
+        _take_off(unit)
+    for sub in module.modules():
+        for flag in _MANAGED_FLAGS:
+            vars(sub).pop(flag, None)
+    for name, param in named:
+        owner, _, leaf = name.rpartition(".")
+        module.get_submodule(owner)._parameters[leaf] = whole[id(param)]
+    module.cpu()  # the buffers, which fully_shard moved to the device but never sharded
+    for optimizer in optimizers:
+        _rebind(optimizer, whole)
+    return True
+
+
+def _gathered(param: Any) -> torch.Tensor:
+    """The whole value of a (DTensor) parameter, as a new tensor on the CPU."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(param, DTensor):
+        return param.detach().to("cpu", copy=True)
+    mesh = param.device_mesh
+    local = param.to_local()
+    if local.device.type != mesh.device_type:  # cpu_offload on an accelerator: the collective runs on the device
+        param = DTensor.from_local(local.to(mesh.device_type), mesh, param.placements, shape=param.shape,
+                                   stride=param.stride())
+    return param.full_tensor().detach().to("cpu", copy=True)
+
+
+def _take_off(unit: nn.Module) -> None:
+    """Remove fully_shard's hooks, state and class from one unit."""
+    from torch.distributed import _composable_state
+    from torch.distributed._composable.contract import REGISTRY_KEY, STATE_KEY
+
+    state = unit._get_fsdp_state()
+    state._pre_forward_hook_handle.remove()
+    state._post_forward_hook_handle.remove()
+    for group in state._fsdp_param_groups or ():
+        for handles in (group._module_to_pre_save_state_dict_hook_handle,
+                        group._module_to_pre_load_state_dict_hook_handle):
+            for handle in handles.values():
+                handle.remove()
+        for fsdp_param in group.fsdp_params:
+            fsdp_param._post_load_hook_handle.remove()
+    states = vars(unit).get(STATE_KEY, {})
+    for key in [k for k, v in states.items() if v is state]:
+        del states[key]
+    vars(unit).get(REGISTRY_KEY, {}).pop("fully_shard", None)
+    _composable_state._module_state_mapping.pop(unit, None)
+    for name in [k for k, v in vars(unit).items() if getattr(v, _MARK, False)]:
+        del vars(unit)[name]
+    unit.__class__ = _user_class(unit)
+
+
+def _user_class(unit: nn.Module) -> type:
+    """The class of a unit before fully_shard swapped in its ``FSDP<class>`` subclass."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(base for base in type(unit).__bases__ if base is not FSDPModule)
+
+
+def _rebind(optimizer: Optimizer, whole: dict[int, nn.Parameter]) -> None:
+    """Point ``optimizer`` at the whole parameters; its (sharded) state stays, keyed by them."""
+    moved: Callable[[Any], Any] = lambda p: whole.get(id(p), p)  # noqa: E731
+    if not any(id(p) in whole for group in optimizer.param_groups for p in group["params"]):
+        return
+    for group in optimizer.param_groups:
+        group["params"] = [moved(p) for p in group["params"]]
+    optimizer.state = collections.defaultdict(dict, {moved(p): s for p, s in optimizer.state.items()})
