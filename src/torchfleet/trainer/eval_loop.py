@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -99,9 +101,8 @@ class EvalLoop:
             if not limit:
                 self.predictions.append(preds)
                 continue
-            for batch_idx, batch in enumerate(loader):
-                if batch_idx >= limit:
-                    break
+            # as Lightning: the batch after the limit is never read (nor its random draws)
+            for batch_idx, batch in enumerate(loader if math.isinf(limit) else itertools.islice(loader, limit)):
                 set_position((self.stage, epoch, batch_idx))
                 batch = transfer(batch)
                 res.new_batch(batch)

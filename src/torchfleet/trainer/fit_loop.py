@@ -5,6 +5,7 @@ Strategy-agnostic: everything device- or process-specific goes through ``trainer
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 import warnings
@@ -214,6 +215,8 @@ class FitLoop:
             self._validate()
 
         limit = trainer.num_training_batches
+        if not math.isinf(limit):  # as Lightning: the batch after the limit is never read (nor its random draws)
+            iterator = itertools.islice(iterator, max(0, limit - start_batch))
         accumulate = trainer.accumulate_grad_batches
         log_every = trainer.log_every_n_steps
         automatic = model.automatic_optimization
@@ -234,8 +237,6 @@ class FitLoop:
         ahead = LookAhead(iterator, strategy if self._lockstep else None, epoch) if self._look_ahead else NEVER_LAST
         batch_idx = None
         for batch_idx, batch in enumerate(ahead if self._look_ahead else iterator, start_batch):
-            if batch_idx >= limit:
-                break
             set_position(("training", epoch, batch_idx))  # named in hang/desync reports (watchdog.py)
             trainer.is_last_batch = is_last = batch_idx + 1 >= limit or ahead.last
             batch = transfer(batch)
