@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 
 from tests.distributed.scripts.ddp_train import make_data
 from tests.distributed.scripts.fleet_train import EPOCHS, fit, plain_net
+from tests.distributed.trainer_order import InOrder
 
 GRAPHS: list[int] = []
 
@@ -95,7 +96,9 @@ def main(strategy: str, out_dir: str) -> None:
     module = Net()
     trainer = tf.Trainer(strategy=strategy, accelerator="cpu", devices=2, max_epochs=EPOCHS, logger=False,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=out_dir)
-    trainer.fit(torch.compile(module, backend=counting_backend), DataLoader(make_data(), batch_size=8))
+    # a sampler of the program's own: the Trainer deals it out in order, as the one-process reference reads
+    data = make_data()
+    trainer.fit(torch.compile(module, backend=counting_backend), DataLoader(data, batch_size=8, sampler=InOrder(data)))
     result["trainer_graphs"] = len(GRAPHS) - before
     result["trainer_weights"] = full(module.state_dict())
     result["trainer_saved_keys"] = saved_model_keys(trainer.checkpoint_callback.best_model_path, "state_dict")
