@@ -98,6 +98,7 @@ class ProcessLauncher(Launcher):
                 f"as one rank by {type(env).__name__} (torchrun, srun or mpirun). Use strategy='ddp' there: it "
                 "joins the ranks the launcher started."
             )
+        env.validate_settings(self.num_processes, self.num_nodes)  # the pre-flight check, before a rank starts
         payload = self._check_can_start(fn, args, kwargs)
         check_port_free(env)
         restart = 0
