@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from torchfleet.compiled import jit_scan, jit_scanning
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.hparams import AttributeDict, HyperparametersMixin
 from torchfleet.watchdog import labelled
@@ -191,20 +192,17 @@ class Module(nn.Module, HyperparametersMixin):
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # -------------------------------------------------------------- accessors
-    #: True while to_torchscript compiles: TorchScript reads every attribute, and ``trainer`` must not raise then
-    _jit_is_scripting = False
-
     @property
     def trainer(self) -> Trainer:
-        if self._trainer is None and not Module._jit_is_scripting:
-            raise RuntimeError(
-                f"{type(self).__name__} is not attached to a Trainer. self.trainer exists inside "
-                "Trainer.fit/validate/test/predict."
-            )
+        if self._trainer is None and not jit_scanning():  # TorchScript reads every attribute: no error then
+            raise RuntimeError(f"{type(self).__qualname__} is not attached to a `Trainer`: self.trainer exists inside "
+                               "Trainer.fit/validate/test/predict.")  # Lightning's words first
         return self._trainer
 
     @trainer.setter
     def trainer(self, trainer: Trainer | None) -> None:
+        for child in (c for c in self.children() if isinstance(c, Module)):  # as Lightning: inner Modules too
+            child.trainer = trainer
         object.__setattr__(self, "_trainer", trainer)
 
     def _strategy(self) -> Any:
@@ -489,15 +487,13 @@ class Module(nn.Module, HyperparametersMixin):
             )
         training = self.training
         try:
-            with torch.no_grad():
-                Module._jit_is_scripting = True
+            with torch.no_grad(), jit_scan():
                 if method == "script":
                     compiled = torch.jit.script(self.eval(), **kwargs)
                 else:
                     inputs = self.example_input_array if example_inputs is None else example_inputs
                     compiled = torch.jit.trace(self.eval(), example_inputs=inputs, **kwargs)
         finally:
-            Module._jit_is_scripting = False
             self.train(training)
         if file_path is not None:
             torch.jit.save(compiled, os.fspath(file_path))
