@@ -70,10 +70,6 @@ class Timer(Callback):
         """The time budget in seconds, None without one."""
         return self._duration
 
-    @duration.setter
-    def duration(self, seconds: float | None) -> None:
-        self._duration = seconds
-
     @staticmethod
     def _stage(stage: str) -> str:
         stage = str(stage)
