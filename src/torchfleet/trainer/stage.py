@@ -166,6 +166,11 @@ def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl:
         strategy.on_exception(exc)  # before the stage's end, which then leaves sharded modules as they are
         for lg in trainer.loggers if trainer.is_global_zero else []:
             lg.finalize("failed")
+        if isinstance(exc, KeyboardInterrupt) and strategy.launcher is None:
+            # as Lightning: the hooks above were the graceful shutdown, then the program ends with status 1 (a
+            # launcher's ranks leave Ctrl-C to the launcher, which also interrupts rank 0 itself to stop it)
+            log.info("Detected KeyboardInterrupt, attempting graceful shutdown ... (exit status 1)")
+            raise SystemExit(1) from exc
         raise
     finally:
         if trainer.state.wrapped is not None:

@@ -407,8 +407,21 @@ class Trainer:
         return self.strategy.is_global_zero
 
     @property
+    def loggers(self) -> list[Any]:
+        """The loggers, first the one ``logger`` names (an empty list for none)."""
+        return self._loggers
+
+    @loggers.setter
+    def loggers(self, loggers: list[Any] | None) -> None:  # as Lightning: None means no logger
+        self._loggers = list(loggers) if loggers else []
+
+    @property
     def logger(self) -> Any:
         return self.loggers[0] if self.loggers else None
+
+    @logger.setter
+    def logger(self, logger: Any) -> None:
+        self.loggers = [] if logger is None else [logger]
 
     @property
     def log_dir(self) -> str:
