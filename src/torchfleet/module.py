@@ -256,14 +256,14 @@ class Module(nn.Module, HyperparametersMixin):
         return self._trainer.current_epoch if self._trainer is not None else 0
 
     @property
-    def global_rank(self) -> int:
-        strategy = self._strategy()
-        return strategy.global_rank if strategy is not None else 0
+    def global_rank(self) -> int:  # read from the Trainer (or Fleet), as Lightning does
+        owner = self._trainer if self._trainer is not None else self._fleet
+        return owner.global_rank if owner is not None else 0
 
     @property
     def local_rank(self) -> int:
-        strategy = self._strategy()
-        return strategy.local_rank if strategy is not None else 0
+        owner = self._trainer if self._trainer is not None else self._fleet
+        return owner.local_rank if owner is not None else 0
 
     @property
     def logger(self) -> Any:
@@ -337,6 +337,10 @@ class Module(nn.Module, HyperparametersMixin):
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
         """``self.log`` each item of ``dictionary`` with the same options."""
+        if self._results is None and self._trainer is None and self._fleet is not None:
+            if kwargs.get("logger", True):  # in a Fleet loop: one call to the loggers for them all, as in Fabric
+                self._fleet.log_dict(dict(dictionary))
+            return
         for name, value in dictionary.items():
             self.log(name, value, **kwargs)
 
