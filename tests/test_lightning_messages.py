@@ -147,3 +147,10 @@ def test_tensorboard_graph_of_a_module_outside_a_trainer(tmp_path):
     assert list(tmp_path.rglob("events.out.tfevents.*"))
     with pytest.raises(RuntimeError, match="not attached to a `Trainer`"):
         model.trainer  # and outside the graph's trace it still says so
+
+
+@pytest.mark.parametrize("name", ["every_n_epochs", "every_n_train_steps"])
+def test_model_checkpoint_intervals_below_zero(name):
+    _raises(lambda: ModelCheckpoint(**{name: -3}), re.escape(f"ModelCheckpoint({name}=-3) is not valid"),
+            "Must be >= 0")
+    assert getattr(ModelCheckpoint(**{name: 0}), name) == 0
