@@ -90,6 +90,11 @@ class ProcessLauncher(Launcher):
         self.start_method = start_method
         self._supervisor: Supervisor | None = None
 
+    @property
+    def is_interactive_compatible(self) -> bool:
+        """Fork starts the ranks from the running interpreter; spawn re-imports ``__main__``, which a notebook lacks."""
+        return self.start_method == "fork"
+
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         env = self.cluster_environment
         if env.creates_processes_externally:
