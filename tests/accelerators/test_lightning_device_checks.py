@@ -69,3 +69,12 @@ def test_agreeing_device_types_are_accepted():
     assert single.root_device == torch.device("cpu")
     with pytest.raises(ConfigurationError, match="SingleDeviceStrategy was built for cpu devices"):
         resolve(strategy=SingleDeviceStrategy(device="cpu"), accelerator="cuda")
+
+
+@pytest.mark.parametrize("devices", ["0", 0, []])
+def test_no_device_on_a_machine_that_has_the_gpu_says_lightnings_phrase_too(cuda_count, devices):
+    cuda_count(2)
+    with pytest.raises(ConfigurationError) as info:
+        resolve(accelerator="cuda", devices=devices)
+    assert f"`Trainer(devices={devices!r})` value is not a valid input using cuda accelerator" in str(info.value)
+    assert f"devices={devices!r} is not valid for cuda" in str(info.value)

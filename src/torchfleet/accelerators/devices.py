@@ -98,9 +98,10 @@ def _parse_count(count: int, devices: Any, device_count: int, kind: str) -> list
         if device_count == 0:
             raise _none_visible(devices, kind)
         return list(range(device_count))
-    if count == 0:
+    if count == 0:  # Lightning's key phrase inside: "`Trainer(devices=0)` value is not a valid input using ..."
         raise _gpu_error(
-            devices, kind, "ask for at least one device (0 means none; use accelerator='cpu' to train without a GPU)"
+            devices, kind, "ask for at least one device (0 means none; use accelerator='cpu' to train without a GPU; "
+            f"the `Trainer(devices={devices!r})` value is not a valid input using {kind} accelerator)"
         )
     if count < 0:
         raise _gpu_error(devices, kind, f"negative counts other than -1 have no meaning ({count})")
@@ -144,7 +145,8 @@ def parse_gpu_ids(devices: Any, device_count: int, kind: str = "cuda") -> list[i
         return _parse_count(count, devices, device_count, kind)
     if isinstance(devices, (list, tuple)):
         if not devices:
-            raise _gpu_error(devices, kind, "the list is empty")
+            raise _gpu_error(devices, kind, f"the list is empty (the `Trainer(devices={devices!r})` value is not a "
+                                            f"valid input using {kind} accelerator)")
         ids = []
         for item in devices:
             as_int = _as_int(item)
