@@ -420,3 +420,15 @@ def test_model_checkpoint_writes_its_top_k_as_yaml(tmp_path):
     elsewhere = ckpt.to_yaml(tmp_path / "top.yaml")
     with open(elsewhere) as f:
         assert set(yaml.safe_load(f)) == set(ckpt.best_k_models)
+
+
+def test_lr_monitor_names_a_lone_named_param_group_as_lightning(tmp_path):
+    class OneNamedGroup(Regressor):
+        def configure_optimizers(self):
+            opt = torch.optim.SGD([{"params": list(self.parameters()), "name": "linear"}], lr=0.1)
+            return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)]
+
+    monitor = LearningRateMonitor()
+    Trainer(max_epochs=2, callbacks=[monitor], **quiet(logger=True, default_root_dir=tmp_path)).fit(
+        OneNamedGroup(), loader(16, 8))
+    assert monitor.lrs == {"lr-SGD/linear": [0.1, 0.05]}  # an unnamed lone group stays "lr-SGD" (tests above)

@@ -243,3 +243,49 @@ def test_checkpoint_hyperparameter_key_is_where_they_are_saved(tmp_path):
     saved = torch.load(tmp_path / "c.ckpt", weights_only=True)
     assert saved[tf.Module.CHECKPOINT_HYPER_PARAMS_KEY]["hidden"] == 7
     assert tf.DataModule.CHECKPOINT_HYPER_PARAMS_KEY == tf.Module.CHECKPOINT_HYPER_PARAMS_KEY
+
+
+class _Recorder(tf.loggers.Logger):
+    """A logger that keeps what it was given, called as Fabric calls one (log_metrics(metrics=..., step=...))."""
+
+    def __init__(self):
+        self.calls = []
+
+    @property
+    def name(self):
+        return "recorder"
+
+    @property
+    def version(self):
+        return 0
+
+    def log_metrics(self, metrics, step=None):
+        self.calls.append((dict(metrics), step))
+
+
+def test_a_module_logs_through_its_fleet_as_under_fabric():
+    recorder = _Recorder()
+    fleet = tf.Fleet(accelerator="cpu", loggers=[recorder])
+    model = fleet.setup(Regressor())
+    model.log("int", 3)
+    model.log("tensor", torch.tensor(0.5))
+    model.log_dict({"a": 1, "b": torch.tensor(2.0)})  # one call for the whole dict, as Fabric makes
+    model.log("hidden", 1.0, logger=False)
+    assert recorder.calls == [({"int": 3}, None), ({"tensor": 0.5}, None), ({"a": 1, "b": 2.0}, None)]
+    assert type(recorder.calls[0][0]["int"]) is int  # kept as given (Fabric converts tensors only)
+    with pytest.raises(ConfigurationError, match="`list` values cannot be logged"):
+        model.log("bad", [1, 2])
+    with pytest.raises(ConfigurationError, match="nested dictionaries cannot be logged"):
+        model.log_dict({"nested": {"x": 1}})
+    with pytest.raises(ConfigurationError, match="`str` values cannot be logged"):
+        fleet.log("text", "0.5")
+    assert len(recorder.calls) == 3
+
+
+def test_a_modules_ranks_are_read_from_its_trainer():
+    from unittest.mock import Mock
+
+    model = Regressor()
+    assert (model.global_rank, model.local_rank) == (0, 0)
+    model.trainer = Mock(global_rank=3, local_rank=1)  # a Trainer-like object, as Lightning's tests attach
+    assert (model.global_rank, model.local_rank) == (3, 1)

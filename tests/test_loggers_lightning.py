@@ -208,3 +208,20 @@ def test_wandb_logger_offline(tmp_path, monkeypatch):
     assert artifact.type == "model" and artifact.name == f"model-{run_id}"
     assert sorted(artifact.aliases) == ["best", "latest"]
     assert [e.path for e in artifact.manifest.contents] == ["epoch=1-step=16.ckpt"]
+
+
+def test_trainer_logger_and_loggers_can_be_set(tmp_path):
+    first, second = CSVLogger(tmp_path, name="a"), CSVLogger(tmp_path, name="b")
+    trainer = Trainer(**quiet(logger=True, default_root_dir=tmp_path))
+    assert trainer.loggers == [trainer.logger] and trainer.logger is not None
+    trainer.logger = first
+    assert trainer.logger is first and trainer.loggers == [first]
+    trainer.logger = None
+    assert trainer.logger is None and trainer.loggers == []
+    trainer.loggers = (first, second)  # any sequence, kept as a list
+    assert trainer.loggers == [first, second] and trainer.logger is first
+    trainer.loggers = None  # as Lightning: no logger
+    assert trainer.loggers == [] and trainer.logger is None and trainer.log_dir == str(tmp_path)
+    trainer.logger = second
+    trainer.fit(Regressor(), datamodule=RegressionData())  # the logger set after construction is the one written
+    assert os.path.isfile(os.path.join(second.log_dir, "metrics.csv")) and not os.path.exists(first.log_dir)

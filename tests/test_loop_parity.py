@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 import torchfleet as tf
 from tests.helpers import Regressor, loader, make_data, quiet
 from torchfleet.callbacks import Callback, EarlyStopping
+from torchfleet.errors import PossibleUserWarning
 from torchfleet.trainer import fit_loop as fit_loop_module
 from torchfleet.trainer.states import RunningStage, TrainerFn, TrainerStatus
 
@@ -305,7 +306,8 @@ def test_max_epochs_default_and_single_batch_notices(caplog):
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             trainer.should_stop = True
 
-    with pytest.warns(UserWarning, match="max_epochs was not set: fit stops after 1000 epochs"):
+    with pytest.warns(PossibleUserWarning, match="`max_epochs` was not set. Setting it to 1000 epochs: fit stops "
+                                                 "after 1000 epochs"):
         tf.Trainer(**quiet(callbacks=[StopAtOnce()])).fit(Regressor(), loader())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -313,6 +315,7 @@ def test_max_epochs_default_and_single_batch_notices(caplog):
     with caplog.at_level(logging.INFO, logger="torchfleet"):
         tf.Trainer(accelerator="cpu", limit_train_batches=1, val_check_interval=1, logger=False)
     text = caplog.text
-    assert "limit_train_batches=1): 1 batch per epoch" in text and "val_check_interval=1): validation runs" in text
+    assert "`Trainer(limit_train_batches=1)` was configured so 1 batch per epoch will be used" in text
+    assert "`Trainer(val_check_interval=1)` was configured so validation will run after every batch" in text
     assert "limit_val_batches" not in text  # 1.0 (the default) is not worth a notice
 

@@ -57,8 +57,31 @@ def test_missing_hparam_attribute_error_lists_saved():
 def test_log_outside_trainer_is_a_no_op_and_trainer_access_explains():
     model = Regressor()
     model.log("x", 1.0)  # e.g. in a unit test of the step: nothing to record, no error
-    with pytest.raises(RuntimeError, match="not attached to a Trainer"):
+    with pytest.raises(RuntimeError, match="Regressor is not attached to a `Trainer`: self.trainer exists inside"):
         model.trainer
+
+
+def test_the_trainer_reaches_the_modules_inside_a_module():
+    from tests.helpers import RegressionData
+
+    seen = []
+
+    class Ensemble(Regressor):
+        def __init__(self):
+            super().__init__()
+            self.inner = Regressor()
+
+        def training_step(self, batch, batch_idx):
+            seen.append(self.inner.trainer)
+            return super().training_step(batch, batch_idx)
+
+    ensemble = Ensemble()
+    trainer = Trainer(max_steps=1, **quiet())
+    trainer.fit(ensemble, datamodule=RegressionData())
+    assert seen == [trainer]  # the inner Module was given the Trainer with the outer one (as Lightning)
+    ensemble.trainer = None
+    with pytest.raises(RuntimeError, match="not attached to a `Trainer`"):
+        ensemble.inner.trainer
 
 
 def test_sync_dist_with_rank_zero_only_is_refused():

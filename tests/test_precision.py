@@ -442,3 +442,19 @@ def test_cuda_16_mixed_trains_with_a_cuda_scaler():
     p.backward(out.float().pow(2).mean(), model)
     p.optimizer_step(opt)
     assert model.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize(("plugin", "dtype"), [
+    (DoublePrecision(), torch.float64), (HalfPrecision("bf16-true"), torch.bfloat16), (Precision(), torch.float32),
+    (MixedPrecision("bf16-mixed", device_type="cpu"), torch.float32),
+])
+def test_module_init_context_creates_parameters_in_the_precisions_dtype(plugin, dtype):
+    before = torch.get_default_dtype()
+    with plugin.module_init_context():
+        layer = torch.nn.Linear(2, 2)
+        assert torch.get_default_dtype() == dtype
+    assert layer.weight.dtype == layer.bias.dtype == dtype
+    assert torch.get_default_dtype() == before  # restored, also after an error inside:
+    with pytest.raises(RuntimeError), plugin.tensor_init_context():
+        raise RuntimeError
+    assert torch.get_default_dtype() == before

@@ -287,8 +287,9 @@ def test_resume_after_keyboard_interrupt(tmp_path, source):
 
     callbacks = [Seen()] + ([InterruptAt(10)] if source == "callback" else [])
     first = Trainer(max_steps=20, callbacks=callbacks, **quiet(accelerator="cpu"))
-    with pytest.raises(KeyboardInterrupt):  # reaches the caller, after the callbacks' on_exception
+    with pytest.raises(SystemExit) as info:  # as Lightning: exit status 1, after the callbacks' on_exception
         first.fit(model, datamodule=RegressionData(shuffle=True))
+    assert isinstance(info.value.__cause__, KeyboardInterrupt) and info.value.code == 1
     assert seen == [KeyboardInterrupt] and first.global_step == 10
     first.save_checkpoint(tmp_path / "ctrl-c.ckpt")
     resumed, trainer = _fit_cpu(ckpt_path=tmp_path / "ctrl-c.ckpt", seed=123, max_steps=20)

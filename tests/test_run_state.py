@@ -84,3 +84,46 @@ def test_trainer_state_compares_status_fn_and_stage():
     trainer.fit(Tiny(), data)
     assert seen == [True, True]
     assert trainer.state == TrainerState(status=TrainerStatus.FINISHED) and TrainerState(TrainerStatus.FINISHED).finished
+
+
+def test_a_keyboard_interrupt_in_a_hook_shuts_down_and_exits_with_status_1(tmp_path, caplog):
+    import logging
+
+    import pytest
+
+    from tests.helpers import RegressionData, Regressor, quiet
+    from torchfleet.callbacks import Callback, ModelCheckpoint
+
+    seen = []
+
+    class Interrupt(Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if trainer.global_step == 3:
+                raise KeyboardInterrupt
+
+        def on_exception(self, trainer, module, exception):
+            seen.append(type(exception).__name__)
+
+    ck = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    trainer = tf.Trainer(max_epochs=3, callbacks=[Interrupt(), ck], **quiet(enable_checkpointing=True))
+    with caplog.at_level(logging.INFO, logger="torchfleet"), pytest.raises(SystemExit) as info:
+        trainer.fit(Regressor(), datamodule=RegressionData())
+    assert info.value.code == 1 and isinstance(info.value.__cause__, KeyboardInterrupt)  # as Lightning: sys.exit(1)
+    assert trainer.interrupted and trainer.state.status == "interrupted"
+    assert seen == ["KeyboardInterrupt"]  # the callbacks' on_exception ran first: the graceful part
+    assert "Detected KeyboardInterrupt, attempting graceful shutdown" in caplog.text
+    assert torch.load(tmp_path / "epoch=0-step=2.ckpt", weights_only=True)["global_step"] == 2  # the last good one
+    # an evaluation stage ends the same way; an ordinary error is still raised as itself
+    with pytest.raises(SystemExit):
+        tf.Trainer(callbacks=[_RaiseOnTest(KeyboardInterrupt)], **quiet()).test(Regressor(), RegressionData())
+    with pytest.raises(ValueError, match="not an interrupt"):
+        tf.Trainer(callbacks=[_RaiseOnTest(ValueError("not an interrupt"))], **quiet()).test(Regressor(),
+                                                                                            RegressionData())
+
+
+class _RaiseOnTest(tf.callbacks.Callback):
+    def __init__(self, exc):
+        self.exc = exc
+
+    def on_test_batch_start(self, *args):
+        raise self.exc

@@ -213,3 +213,23 @@ def test_the_worker_init_function_is_added_when_asked(draws):
     # same seed, same base seed for the workers: only the function makes the draws differ
     assert torch.equal(rows[:, 0], plain_rows[:, 0])
     assert not torch.equal(rows[:, 1:], plain_rows[:, 1:])
+
+
+def _stderr_of(code: str) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return done.stderr
+
+
+def test_seed_lines_reach_the_programs_handlers_as_lightnings_do():
+    # a program that configured logging (root at WARNING, as basicConfig leaves it) sees torchfleet's info lines
+    seeded = "import logging; logging.basicConfig(); import torchfleet; torchfleet.seed_everything(7)"
+    assert "Seed set to 7" in _stderr_of(seeded)
+    assert "Seed set to" not in _stderr_of(seeded.replace("seed_everything(7)", "seed_everything(7, verbose=False)"))
+    reseeded = seeded.replace("seed_everything(7)", "seed_everything(7, verbose=False); torchfleet.reset_seed()")
+    assert "Seed set to" not in _stderr_of(reseeded)  # reset_seed says nothing (as Lightning)
+    # one that set torchfleet's level itself keeps it
+    quiet_first = "import logging; logging.basicConfig(); logging.getLogger('torchfleet').setLevel(logging.WARNING); "
+    assert "Seed set to" not in _stderr_of(quiet_first + "import torchfleet; torchfleet.seed_everything(7)")

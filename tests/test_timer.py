@@ -27,11 +27,39 @@ def test_bad_budget_is_refused_before_anything_runs(given):
         Trainer(max_time=given, **quiet(accelerator="cpu"))
 
 
-def test_max_time_and_a_timer_callback_conflict():
-    with pytest.raises(ConfigurationError, match="Remove one"):
-        Trainer(max_time="00:00:01:00", callbacks=[Timer("00:00:02:00")], **quiet(accelerator="cpu"))
-    with pytest.raises(ConfigurationError, match="interval"):
+def test_max_time_beside_a_timer_callback_is_ignored_as_lightning_does(caplog):
+    import logging
+
+    given = Timer("00:00:02:00")
+    with caplog.at_level(logging.INFO, logger="torchfleet"):
+        trainer = Trainer(max_time="00:00:01:00", callbacks=[given], **quiet(accelerator="cpu"))
+    (timer,) = [c for c in trainer.callbacks if isinstance(c, Timer)]
+    assert timer is given and timer.duration == timer._duration == 120.0  # the Timer's own budget, not max_time's
+    assert "Ignoring `Trainer(max_time='00:00:01:00')`, callbacks list already contains a Timer" in caplog.text
+    with pytest.raises(ConfigurationError, match="DD:HH:MM:SS"):  # a bad max_time is refused all the same
+        Trainer(max_time="one minute", callbacks=[Timer()], **quiet(accelerator="cpu"))
+
+
+@pytest.mark.parametrize("duration", ["6:00:00", "60 minutes"])
+def test_bad_durations_and_intervals_name_lightnings_key_phrase(duration):
+    with pytest.raises(ConfigurationError, match=f"The time budget '{duration}'.*in the format DD:HH:MM:SS"):
+        Timer(duration=duration)
+    with pytest.raises(ConfigurationError, match=r"Unsupported parameter value `Timer\(interval='batch'\)`.*'step'"):
         Timer("00:00:01:00", interval="batch")
+
+
+def test_the_sanity_check_is_clocked_as_validation(monkeypatch):
+    import torchfleet.trainer.callbacks.timer as timer_module
+    from tests.helpers import Regressor, loader
+
+    clock = iter(float(t) for t in range(100, 10_000, 10))
+    monkeypatch.setattr(timer_module, "_now", lambda: next(clock))
+    timer = Timer()
+    # max_steps=1 of an 8-batch epoch: only the sanity check validates, as in Lightning's test of this
+    trainer = Trainer(max_steps=1, callbacks=[timer], **quiet(accelerator="cpu", num_sanity_val_steps=2))
+    trainer.fit(Regressor(), loader(), loader())
+    assert timer.time_elapsed("validate") == timer.end_time("validate") - timer.start_time("validate") > 0
+    assert timer.start_time("validate") < timer.start_time("train")
 
 
 def test_timer_clocks_each_stage(monkeypatch):

@@ -631,7 +631,7 @@ def test_check_val_every_n_epoch_none_counts_batches_across_epochs():
 
 @pytest.mark.parametrize("interval", [None, 0.5, 1.0])
 def test_check_val_every_n_epoch_none_refuses_a_fraction(interval):
-    with pytest.raises(ConfigurationError, match="must be an int number of batches.*val_check_interval=N"):
+    with pytest.raises(ConfigurationError, match="should be an integer or a time-based duration.*val_check_interval=N"):
         Trainer(**quiet(check_val_every_n_epoch=None, val_check_interval=interval))
 
 

@@ -7,9 +7,15 @@ imported on first use, so ``import torchfleet`` costs little more than ``import 
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# as Lightning's loggers: torchfleet's info lines ("Seed set to 42", the strategy chosen) pass on to the program's
+# logging handlers unless the program set this logger's level itself (the Trainer adds a handler where none exists)
+if logging.getLogger(__name__).level == logging.NOTSET:
+    logging.getLogger(__name__).setLevel(logging.INFO)
 
 _LAZY = {
     "Trainer": "torchfleet.trainer.trainer",

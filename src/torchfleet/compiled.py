@@ -11,7 +11,8 @@ Nothing here imports ``torch._dynamo``: a module is recognised by its class.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from torch import nn
@@ -23,6 +24,25 @@ COMPILED_PREFIX = "_orig_mod."
 #: the methods the Trainer runs that it compiles (as Lightning does), beside forward
 _STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
 _COMPILED_FLAG = "_torchfleet_compiled_with"
+_JIT_SCANNING = [False]
+
+
+@contextmanager
+def jit_scan() -> Iterator[None]:
+    """While TorchScript scripts or traces a module (``to_torchscript``, TensorBoard's ``add_graph``).
+
+    TorchScript reads every attribute of the module, and ``Module.trainer`` must not raise then."""
+    before = _JIT_SCANNING[0]
+    _JIT_SCANNING[0] = True
+    try:
+        yield
+    finally:
+        _JIT_SCANNING[0] = before
+
+
+def jit_scanning() -> bool:
+    """Whether a ``jit_scan`` is under way."""
+    return _JIT_SCANNING[0]
 
 
 def is_compiled(obj: Any) -> bool:

@@ -76,6 +76,38 @@ def _check_num_nodes(num_nodes: Any) -> int:
     return num_nodes
 
 
+def _asks_for_no_device(devices: Any) -> bool:
+    return not isinstance(devices, bool) and devices in ([], (), 0, "0")
+
+
+def _no_device(devices: Any, accelerator: Any) -> ConfigurationError:
+    from torchfleet.accelerators.base import Accelerator
+
+    name = type(accelerator).__qualname__ if isinstance(accelerator, Accelerator) else accelerator
+    # "`Trainer(devices=0)` value is not a valid input using ... accelerator" is Lightning's key phrase
+    return ConfigurationError(
+        f"devices={devices!r} asks for no device: the `Trainer(devices={devices!r})` value is not a valid input "
+        f"using {name} accelerator. Give a number of devices >= 1, a list of device ids, or 'auto'."
+    )
+
+
+def _check_device_type_agrees(strategy: Any, accelerator: Any) -> None:
+    """A strategy object built for one device type and an accelerator name for another: refuse, naming both."""
+    wanted = strategy.requested_device_type
+    if wanted is None or not isinstance(accelerator, str) or accelerator.lower() in ("auto", wanted):
+        return
+    if accelerator.lower() == "gpu" and wanted in ("cuda", "mps"):
+        return
+    kind = "CPU" if wanted == "cpu" else "GPU" if wanted in ("cuda", "mps") else wanted
+    # "<CPU|GPU> parallel_devices set through <Strategy> class" is Lightning's key phrase
+    raise ConfigurationError(
+        f"{type(strategy).__name__} was built for {wanted} devices, but accelerator={accelerator!r} asks for "
+        f"another device type: {kind} parallel_devices set through {type(strategy).__name__} class disagree with "
+        f"the accelerator. Choose one device type: accelerator='auto' (or {wanted!r}) with this strategy object, "
+        "or a strategy object without devices."
+    )
+
+
 _AUTO_CHOICES_LOGGED: set[str] = set()
 
 
@@ -184,7 +216,15 @@ def resolve(
         kind = built.requested_device_type
         acc = select_accelerator(kind if kind in AcceleratorRegistry else "cpu")
     else:
-        acc = select_accelerator(acc_arg if acc_arg is not None else "auto")
+        if built is not None:
+            _check_device_type_agrees(built, acc_arg)
+        try:
+            acc = select_accelerator(acc_arg if acc_arg is not None else "auto")
+        except ConfigurationError:
+            # as Lightning: a request for no device is named first, before an accelerator this machine lacks
+            if _asks_for_no_device(devices):
+                raise _no_device(devices, acc_arg) from None
+            raise
 
     parsed = acc.parse_devices(devices)
     device_list = acc.get_parallel_devices(parsed)
@@ -208,7 +248,10 @@ def resolve(
     if "precision" in parts:
         built.precision = parts["precision"]
     elif not built.has_part("precision"):
-        built.precision = precision_for(precision_name or DEFAULT_PRECISION, built.root_device.type)
+        # the device type, not root_device: this rank's device is known only once the launch is checked (a torchrun
+        # rank beyond `devices` has none, and launcher.launch says so)
+        device_type = built.requested_device_type or built.root_device.type
+        built.precision = precision_for(precision_name or DEFAULT_PRECISION, device_type)
     if max_restarts:
         _apply_max_restarts(built, max_restarts)
     return built

@@ -26,6 +26,11 @@ class MissingEnvironmentVariableError(ConfigurationError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class DevicesTypeError(ConfigurationError, TypeError):
+    """A ``devices`` value of a type that names no device (a float, a bool, a list holding a non-int); also a
+    TypeError, as Lightning raises for it."""
+
+
 class LauncherSettingsError(ConfigurationError, RuntimeError):
     """The scheduler was asked for a process layout torchfleet cannot run; also a RuntimeError, as in Lightning."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import builtins
 import contextlib
+import numbers
 import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -547,12 +548,20 @@ class Fleet:
         self.log_dict({name: value}, step=step)
 
     def log_dict(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        """Send metrics to the loggers (rank 0 only); tensors become floats."""
+        """Send metrics to the loggers (rank 0 only); one-element tensors become Python numbers, as in Fabric."""
+        for name, value in metrics.items():
+            if not isinstance(value, (Tensor, numbers.Number)):
+                # "`<type>` values cannot be logged", "nested dictionaries cannot be logged": Lightning's key phrases
+                what = "nested dictionaries" if isinstance(value, Mapping) else f"`{type(value).__name__}` values"
+                raise ConfigurationError(
+                    f"fleet.log({name!r}, {value!r}): {what} cannot be logged. Log a number or a one-element tensor "
+                    "(log_dict for several names)."
+                )
         if not self.is_global_zero or not self._loggers:
             return
-        plain = {k: v.item() if isinstance(v, Tensor) else float(v) for k, v in metrics.items()}
+        plain = {k: v.item() if isinstance(v, Tensor) else v for k, v in metrics.items()}
         for lg in self._loggers:
-            lg.log_metrics(plain, step=step)
+            lg.log_metrics(metrics=plain, step=step)  # by keyword, as Fabric calls a logger
 
     def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:
         """Call ``hook_name(*args, **kwargs)`` on every callback that defines it."""

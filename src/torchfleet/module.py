@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from torchfleet.compiled import jit_scan, jit_scanning
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.hparams import AttributeDict, HyperparametersMixin
 from torchfleet.watchdog import labelled
@@ -191,20 +192,17 @@ class Module(nn.Module, HyperparametersMixin):
         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # -------------------------------------------------------------- accessors
-    #: True while to_torchscript compiles: TorchScript reads every attribute, and ``trainer`` must not raise then
-    _jit_is_scripting = False
-
     @property
     def trainer(self) -> Trainer:
-        if self._trainer is None and not Module._jit_is_scripting:
-            raise RuntimeError(
-                f"{type(self).__name__} is not attached to a Trainer. self.trainer exists inside "
-                "Trainer.fit/validate/test/predict."
-            )
+        if self._trainer is None and not jit_scanning():  # TorchScript reads every attribute: no error then
+            raise RuntimeError(f"{type(self).__qualname__} is not attached to a `Trainer`: self.trainer exists inside "
+                               "Trainer.fit/validate/test/predict.")  # Lightning's words first
         return self._trainer
 
     @trainer.setter
     def trainer(self, trainer: Trainer | None) -> None:
+        for child in (c for c in self.children() if isinstance(c, Module)):  # as Lightning: inner Modules too
+            child.trainer = trainer
         object.__setattr__(self, "_trainer", trainer)
 
     def _strategy(self) -> Any:
@@ -258,14 +256,14 @@ class Module(nn.Module, HyperparametersMixin):
         return self._trainer.current_epoch if self._trainer is not None else 0
 
     @property
-    def global_rank(self) -> int:
-        strategy = self._strategy()
-        return strategy.global_rank if strategy is not None else 0
+    def global_rank(self) -> int:  # read from the Trainer (or Fleet), as Lightning does
+        owner = self._trainer if self._trainer is not None else self._fleet
+        return owner.global_rank if owner is not None else 0
 
     @property
     def local_rank(self) -> int:
-        strategy = self._strategy()
-        return strategy.local_rank if strategy is not None else 0
+        owner = self._trainer if self._trainer is not None else self._fleet
+        return owner.local_rank if owner is not None else 0
 
     @property
     def logger(self) -> Any:
@@ -339,6 +337,10 @@ class Module(nn.Module, HyperparametersMixin):
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
         """``self.log`` each item of ``dictionary`` with the same options."""
+        if self._results is None and self._trainer is None and self._fleet is not None:
+            if kwargs.get("logger", True):  # in a Fleet loop: one call to the loggers for them all, as in Fabric
+                self._fleet.log_dict(dict(dictionary))
+            return
         for name, value in dictionary.items():
             self.log(name, value, **kwargs)
 
@@ -489,15 +491,13 @@ class Module(nn.Module, HyperparametersMixin):
             )
         training = self.training
         try:
-            with torch.no_grad():
-                Module._jit_is_scripting = True
+            with torch.no_grad(), jit_scan():
                 if method == "script":
                     compiled = torch.jit.script(self.eval(), **kwargs)
                 else:
                     inputs = self.example_input_array if example_inputs is None else example_inputs
                     compiled = torch.jit.trace(self.eval(), example_inputs=inputs, **kwargs)
         finally:
-            Module._jit_is_scripting = False
             self.train(training)
         if file_path is not None:
             torch.jit.save(compiled, os.fspath(file_path))

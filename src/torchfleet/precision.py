@@ -120,6 +120,14 @@ class Precision:
         """The context forward passes run in (autocast for mixed precision)."""
         return _NULL
 
+    def tensor_init_context(self) -> contextlib.AbstractContextManager:
+        """Inside, torch's default dtype is the parameters' dtype, so new floating tensors are made in it."""
+        return _DefaultDtype(self.param_dtype)
+
+    def module_init_context(self) -> contextlib.AbstractContextManager:
+        """Inside, new modules get their parameters in this precision's dtype (Lightning's plugin method)."""
+        return self.tensor_init_context()
+
     def backward(self, tensor: Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
         """Backpropagate ``tensor``."""
         self._run_backward(tensor, *args, **kwargs)

@@ -290,19 +290,21 @@ def test_two_nodes_simulated_slurm(tmp_path):
 
 # ------------------------------------------------------------------------------- 4. pre-flight mismatch
 def _assert_preflight_failure(results: list[Ran], *needles: str) -> None:
-    """Every process exited non-zero on its own, fast, naming the numbers; none got past Trainer(...)."""
+    """Every process exited non-zero on its own, fast, naming the numbers; each built its Trainer (as in Lightning,
+    the check is made when fit launches) and none joined the process group."""
     report = _report(results)
     for r in results:
         assert r.returncode is not None, f"{r.name} hung instead of failing the pre-flight check:\n{report}"
         assert r.returncode != 0, f"{r.name} did not fail:\n{report}"
         assert r.seconds < PREFLIGHT_LIMIT_S, f"{r.name} took {r.seconds:.0f}s to fail:\n{report}"
-        assert "TRAINER_BUILT" not in r.stdout, f"{r.name} got past Trainer construction:\n{report}"
+        assert "TRAINER_BUILT" in r.stdout, f"{r.name} failed before fit:\n{report}"
+        assert "RANK_SETUP" not in r.stdout, f"{r.name} got past the pre-flight check:\n{report}"
         for needle in needles:
             assert needle in r.stderr, f"{r.name}: {needle!r} not in its error:\n{report}"
 
 
 def test_preflight_torchrun_nproc_disagrees(tmp_path):
-    """torchrun --nproc-per-node=2 with Trainer(devices=1, num_nodes=1): fails in Trainer(...), not in a hang.
+    """torchrun --nproc-per-node=2 with Trainer(devices=1, num_nodes=1): fails when fit launches, not in a hang.
 
     torchrun stops the other workers as soon as one fails, so which worker reports first is a race;
     the test below starts the workers itself to check every one of them.
@@ -317,7 +319,7 @@ def test_preflight_torchrun_nproc_disagrees(tmp_path):
     report = _report(results)
     assert run.returncode is not None and run.returncode != 0, report
     assert run.seconds < PREFLIGHT_LIMIT_S, report
-    assert "TRAINER_BUILT" not in run.stdout + run.stderr, report
+    assert "RANK_SETUP" not in run.stdout + run.stderr, report
     message = "torchrun started 2 processes (WORLD_SIZE=2), but the Trainer is configured for devices=1 x num_nodes=1"
     assert message in run.stdout + run.stderr, report
     assert not (tmp_path / "result.json").exists()
@@ -340,7 +342,7 @@ def test_preflight_every_torchrun_worker_fails(tmp_path, strategy):
 
 @pytest.mark.parametrize("ntasks_per_node", [2, None], ids=["srun--ntasks-per-node=2", "srun-n2"])
 def test_preflight_slurm_ntasks_disagrees(tmp_path, ntasks_per_node):
-    """SLURM_NTASKS=2 on one node with Trainer(devices=3): every task fails in Trainer(...) naming 2 and 3."""
+    """SLURM_NTASKS=2 on one node with Trainer(devices=3): every task fails when fit launches, naming 2 and 3."""
     port = _free_port_in(15000, 24999)
     job_id = f"52{port - 15000:04d}"
     cmd = _script_cmd(tmp_path, devices=3, num_nodes=1)

@@ -221,3 +221,12 @@ def test_the_fork_check_never_asks_is_available(monkeypatch):
     launcher = ProcessLauncher(LocalEnvironment(), 2, 1, start_method="fork")
     fn, args, kwargs = launcher._check_can_start(print, (1,), {})
     assert fn is print and args == (1,)
+
+
+@pytest.mark.parametrize(("strategy", "compatible"), [("ddp_fork", True), ("ddp_notebook", True), ("ddp_spawn", False),
+                                                      ("ddp", False)])
+def test_which_launchers_can_start_ranks_from_a_notebook(strategy, compatible):
+    import torchfleet as tf
+
+    trainer = tf.Trainer(strategy=strategy, accelerator="cpu", devices=2, logger=False)
+    assert trainer.strategy.launcher.is_interactive_compatible is compatible

@@ -22,7 +22,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from torchfleet.errors import ConfigurationError
+from torchfleet.errors import ConfigurationError, DevicesTypeError
 
 _ACCEPTED_GPU = (
     "an int k >= 1 (the first k devices), -1 or '-1' (all devices), 'auto' (all devices), a list of distinct "
@@ -37,6 +37,14 @@ def _plural(n: int, word: str) -> str:
 
 def _gpu_error(devices: Any, kind: str, why: str) -> ConfigurationError:
     return ConfigurationError(f"devices={devices!r} is not valid for {kind}: {why}. Accepted: {_ACCEPTED_GPU}.")
+
+
+def _gpu_type_error(devices: Any, kind: str, why: str) -> DevicesTypeError:
+    # "must be an int, a string, a sequence of ints, but you passed" is Lightning's key phrase (its TypeError)
+    return DevicesTypeError(
+        f"devices={devices!r} is not valid for {kind}: {why}. Device ids must be an int, a string, a sequence of "
+        f"ints, but you passed {devices!r}. Accepted: {_ACCEPTED_GPU}."
+    )
 
 
 def _as_int(value: Any) -> int | None:
@@ -90,9 +98,10 @@ def _parse_count(count: int, devices: Any, device_count: int, kind: str) -> list
         if device_count == 0:
             raise _none_visible(devices, kind)
         return list(range(device_count))
-    if count == 0:
+    if count == 0:  # Lightning's key phrase inside: "`Trainer(devices=0)` value is not a valid input using ..."
         raise _gpu_error(
-            devices, kind, "ask for at least one device (0 means none; use accelerator='cpu' to train without a GPU)"
+            devices, kind, "ask for at least one device (0 means none; use accelerator='cpu' to train without a GPU; "
+            f"the `Trainer(devices={devices!r})` value is not a valid input using {kind} accelerator)"
         )
     if count < 0:
         raise _gpu_error(devices, kind, f"negative counts other than -1 have no meaning ({count})")
@@ -113,7 +122,8 @@ def parse_gpu_ids(devices: Any, device_count: int, kind: str = "cuda") -> list[i
     ``k`` -> [0..k-1]; ``[1, 3]`` / ``"1, 3"`` -> [1, 3]; ``"2,"`` -> [2]; ``-1`` / ``"-1"`` /
     ``"auto"`` -> all. Zero, empty, negative (other than -1), duplicate, float, bool and
     non-numeric values, ids at or beyond ``device_count``, more devices than exist, and any
-    GPU request when ``device_count`` is 0 raise ConfigurationError saying what is accepted.
+    GPU request when ``device_count`` is 0 raise ConfigurationError saying what is accepted (a value of a type
+    that names no device, DevicesTypeError: also a TypeError).
     """
     if isinstance(devices, str):
         text = devices.strip()
@@ -129,21 +139,22 @@ def parse_gpu_ids(devices: Any, device_count: int, kind: str = "cuda") -> list[i
             return _check_ids(ids, devices, device_count, kind)
         return _parse_count(_parse_id(text, devices, kind), devices, device_count, kind)
     if isinstance(devices, (bool, float)):
-        raise _gpu_error(devices, kind, f"a {type(devices).__name__} is neither a device count nor a list of ids")
+        raise _gpu_type_error(devices, kind, f"a {type(devices).__name__} is neither a device count nor a list of ids")
     count = _as_int(devices)
     if count is not None:
         return _parse_count(count, devices, device_count, kind)
     if isinstance(devices, (list, tuple)):
         if not devices:
-            raise _gpu_error(devices, kind, "the list is empty")
+            raise _gpu_error(devices, kind, f"the list is empty (the `Trainer(devices={devices!r})` value is not a "
+                                            f"valid input using {kind} accelerator)")
         ids = []
         for item in devices:
             as_int = _as_int(item)
             if as_int is None:
-                raise _gpu_error(devices, kind, f"{item!r} is not an int device id")
+                raise _gpu_type_error(devices, kind, f"{item!r} is not an int device id")
             ids.append(as_int)
         return _check_ids(ids, devices, device_count, kind)
-    raise _gpu_error(devices, kind, f"a {type(devices).__name__} is not understood")
+    raise _gpu_type_error(devices, kind, f"a {type(devices).__name__} is not understood")
 
 
 def parse_cpu_processes(devices: Any) -> int:

@@ -136,6 +136,11 @@ class Launcher(ABC):
     #: how many times every rank is started again after a failure (``max_restarts``; 0: fail at once)
     max_restarts: int = 0
 
+    @property
+    def is_interactive_compatible(self) -> bool:
+        """Whether it can start its ranks from a notebook or the Python prompt (Lightning's launcher property)."""
+        return False
+
     @abstractmethod
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` in every rank; return rank 0's result."""

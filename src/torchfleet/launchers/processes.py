@@ -90,6 +90,11 @@ class ProcessLauncher(Launcher):
         self.start_method = start_method
         self._supervisor: Supervisor | None = None
 
+    @property
+    def is_interactive_compatible(self) -> bool:
+        """Fork starts the ranks from the running interpreter; spawn re-imports ``__main__``, which a notebook lacks."""
+        return self.start_method == "fork"
+
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         env = self.cluster_environment
         if env.creates_processes_externally:
@@ -98,6 +103,7 @@ class ProcessLauncher(Launcher):
                 f"as one rank by {type(env).__name__} (torchrun, srun or mpirun). Use strategy='ddp' there: it "
                 "joins the ranks the launcher started."
             )
+        env.validate_settings(self.num_processes, self.num_nodes)  # the pre-flight check, before a rank starts
         payload = self._check_can_start(fn, args, kwargs)
         check_port_free(env)
         restart = 0

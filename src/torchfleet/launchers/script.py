@@ -271,6 +271,9 @@ class ScriptLauncher(Launcher):
 
     def launch(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         env = self.cluster_environment
+        # the pre-flight check, as Lightning's launcher makes it: a launch that disagrees with devices x num_nodes
+        # fails here, before a rank starts or waits for ranks that will never come
+        env.validate_settings(self.num_processes, self.num_nodes)
         if not env.creates_processes_externally:
             if self.num_processes > 1:
                 self._start_children()

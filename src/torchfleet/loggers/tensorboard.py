@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from torchfleet.compiled import jit_scan
 from torchfleet.errors import ConfigurationError
 from torchfleet.loggers.base import (
     DummyExperiment,
@@ -151,7 +152,8 @@ class TensorBoardLogger(FolderLogger):
         device = next((p.device for p in model.parameters()), None)
         if device is not None:
             input_array = _to(input_array, device)
-        self.experiment.add_graph(model, input_array)
+        with jit_scan():  # torch.jit.trace reads every attribute: a Module outside a Trainer must not raise then
+            self.experiment.add_graph(model, input_array)
 
     def save(self) -> None:
         """Flush the event file; write hparams.yaml (the hyperparameters so far, maybe none) if the folder lacks it."""

@@ -128,9 +128,8 @@ class DDPStrategy(ParallelStrategy):
         super().configure(devices, num_nodes, cluster_environment)
         env = self.cluster_environment
         assert env is not None and self.parallel_devices is not None
-        # the pre-flight check: a launch that disagrees with devices x num_nodes fails here, before any
-        # process starts or waits in init_process_group for ranks that will never come
-        env.validate_settings(len(self.parallel_devices), num_nodes)
+        # the pre-flight check (a launch that disagrees with devices x num_nodes) runs where Lightning runs it: in
+        # launcher.launch, before any process starts or waits in init_process_group for ranks that never come
         self._record_ranks()
         if self.start_method == "popen":
             from torchfleet.launchers.script import ScriptLauncher
@@ -177,6 +176,10 @@ class DDPStrategy(ParallelStrategy):
 
     def setup_environment(self) -> None:
         """Record this process's ranks, select its device and join the process group (once per process)."""
+        env = self.cluster_environment
+        if env is not None and env.creates_processes_externally:
+            # torchrun/srun started this rank: Fleet may get here without launch(), whose pre-flight check it is
+            env.validate_settings(len(self.parallel_devices or ()), self.num_nodes)
         self._record_ranks()
         super().setup_environment()
         self._init_process_group()

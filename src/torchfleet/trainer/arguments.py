@@ -10,13 +10,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torchfleet.errors import ConfigurationError, check_flag, check_text, not_valid
 from torchfleet.precision import DEFAULT_PRECISION
-
-if TYPE_CHECKING:
-    from torchfleet.trainer.trainer import Trainer
 
 log = logging.getLogger("torchfleet")
 
@@ -76,22 +73,42 @@ def parse_val_check_time(value: Any) -> float:
     return seconds
 
 
-def note_single_batches(trainer: Trainer, val_check_interval: Any) -> None:
-    """Say what an int 1 means where a float 1.0 means the whole epoch (Lightning tells this too)."""
-    for name in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
-        value = getattr(trainer, name)
-        if value == 1 and isinstance(value, int) and not trainer.fast_dev_run:
-            log.info("Trainer(%s=1): 1 batch per epoch will be used (1.0 would use them all).", name)
-    if val_check_interval == 1 and isinstance(val_check_interval, int):
-        log.info("Trainer(val_check_interval=1): validation runs after every training batch (1.0 would run it "
-                 "once per epoch).")
+def note_single_batches(fast_dev_run: int, *given: Any) -> None:
+    """Say what an int 1 and a float 1.0 mean for the batch limits, overfit_batches and val_check_interval given.
+
+    An int 1 means one batch where a float 1.0 means the whole epoch (Lightning tells this too, in words its users
+    grep for: "`Trainer(limit_train_batches=1)` was configured so ..."); nothing under fast_dev_run, which sets
+    them itself."""
+    names = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
+             "overfit_batches", "val_check_interval")
+    for name, value in zip(names, given if not fast_dev_run else ()):
+        if isinstance(value, bool) or value != 1:
+            continue
+        per_epoch = " per epoch" if name == "limit_train_batches" else ""
+        if isinstance(value, int):
+            if name == "val_check_interval":
+                what = "validation will run after every batch (1.0 would run it at the end of each training epoch)"
+            else:
+                what = f"1 batch{per_epoch} will be used (1.0 would use them all)"
+        elif isinstance(value, float):
+            if name == "val_check_interval":
+                what = "validation will run at the end of the training epoch (an int 1 would run it after every batch)"
+            else:
+                what = f"100% of the batches{per_epoch} will be used (an int 1 would use one batch)"
+        else:
+            continue
+        log.info("`Trainer(%s=%r)` was configured so %s.", name, value, what)
 
 
 def check_loop_args(
     fast_dev_run: Any, max_epochs: Any, min_epochs: Any, max_steps: Any, min_steps: Any, val_check_interval: Any,
     check_val_every_n_epoch: Any, log_every_n_steps: Any, num_sanity_val_steps: Any, deterministic: Any,
+    val_check_seconds: float | None = None,
 ) -> None:
-    """The arguments that shape the loops: types, ranges, and minimums that do not exceed their maximums."""
+    """The arguments that shape the loops: types, ranges, and minimums that do not exceed their maximums.
+
+    ``val_check_seconds``: the period of a val_check_interval given as a duration (then ``val_check_interval`` is
+    None)."""
 
     def positive_int(name: str, value: Any, minimum: int = 1, allow_none: bool = True) -> None:
         if value is None and allow_none:
@@ -132,12 +149,15 @@ def check_loop_args(
                 f"val_check_interval={val_check_interval!r} is not valid: a float in (0.0, 1.0] validates after "
                 "that fraction of each training epoch, an int >= 1 after that many training batches."
             )
-    if check_val_every_n_epoch is None and not isinstance(val_check_interval, int):
+    if check_val_every_n_epoch is None and val_check_seconds is None and not isinstance(val_check_interval, int):
+        # the sentence in backquotes is Lightning's, kept for a ported pytest.raises(match=...)
         raise ConfigurationError(
             f"check_val_every_n_epoch=None validates every val_check_interval training batches counted across "
-            f"epochs, so val_check_interval must be an int number of batches, not {val_check_interval!r} (a "
-            "fraction of an epoch has no meaning there). Pass val_check_interval=N (an int >= 1), or keep "
-            "check_val_every_n_epoch=1 to validate at fractions of each epoch."
+            f"epochs (or every so much time), so val_check_interval={val_check_interval!r} has no meaning there "
+            "(a fraction of an epoch): `val_check_interval` should be an integer or a time-based duration (str "
+            "'DD:HH:MM:SS', datetime.timedelta, or dict kwargs for timedelta) when `check_val_every_n_epoch=None`. "
+            "Pass val_check_interval=N (an int >= 1) or a duration, or keep check_val_every_n_epoch=1 to validate "
+            "at fractions of each epoch."
         )
     if deterministic not in (None, True, False, "warn"):
         raise ConfigurationError(f"deterministic={deterministic!r} is not valid: give True, False or 'warn'.")

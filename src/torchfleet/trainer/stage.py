@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
+from torchfleet.errors import ConfigurationError, MisconfiguredModuleError, PossibleUserWarning
 from torchfleet.module import Module
 from torchfleet.samplers import shuffled_for_training, without_shuffle
 from torchfleet.seed import add_worker_init_fn, isolate_rng, reset_seed
@@ -166,6 +166,11 @@ def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl:
         strategy.on_exception(exc)  # before the stage's end, which then leaves sharded modules as they are
         for lg in trainer.loggers if trainer.is_global_zero else []:
             lg.finalize("failed")
+        if isinstance(exc, KeyboardInterrupt) and strategy.launcher is None:
+            # as Lightning: the hooks above were the graceful shutdown, then the program ends with status 1 (a
+            # launcher's ranks leave Ctrl-C to the launcher, which also interrupts rank 0 itself to stop it)
+            log.info("Detected KeyboardInterrupt, attempting graceful shutdown ... (exit status 1)")
+            raise SystemExit(1) from exc
         raise
     finally:
         if trainer.state.wrapped is not None:
@@ -334,9 +339,10 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
     _check_training_step_signature(model)
     train_loader, val_source = _fit_sources(trainer, model, train_dl, val_dl)
     if trainer._max_epochs_defaulted and trainer.is_global_zero:
-        warnings.warn(f"max_epochs was not set: fit stops after {trainer.max_epochs} epochs. Pass max_epochs=N, or "
-                      "max_epochs=-1 to train until max_steps, max_time or a callback stops it.", UserWarning,
-                      stacklevel=2)
+        # Lightning's words first, and its category (a UserWarning), for filters written against it
+        warnings.warn(f"`max_epochs` was not set. Setting it to {trainer.max_epochs} epochs: fit stops after "
+                      f"{trainer.max_epochs} epochs. Pass max_epochs=N, or max_epochs=-1 to train until max_steps, "
+                      "max_time or a callback stops it.", PossibleUserWarning, stacklevel=2)
     if trainer.overfit_batches:
         train_loader = _each_loader(train_loader, without_shuffle, "training")
         val_source = [_each_loader(v, without_shuffle, "validation") for v in val_source]

@@ -174,7 +174,7 @@ class Trainer:
             val_check_interval = None
         args.check_loop_args(
             fast_dev_run, max_epochs, min_epochs, max_steps, min_steps, val_check_interval, check_val_every_n_epoch,
-            log_every_n_steps, num_sanity_val_steps, deterministic,
+            log_every_n_steps, num_sanity_val_steps, deterministic, self.val_check_seconds,
         )
         args.check_switches(enable_checkpointing=enable_checkpointing, enable_progress_bar=enable_progress_bar,
                             enable_model_summary=enable_model_summary, use_distributed_sampler=use_distributed_sampler,
@@ -213,7 +213,8 @@ class Trainer:
         self.overfit_batches = args.check_limit("overfit_batches", overfit_batches)
         if self.overfit_batches:
             self.limit_train_batches = self.limit_val_batches = self.overfit_batches
-        args.note_single_batches(self, val_check_interval)
+        args.note_single_batches(dev_batches, limit_train_batches, limit_val_batches, limit_test_batches,
+                                 limit_predict_batches, overfit_batches, val_check_interval)
         self.val_check_interval = default("val_check_interval", val_check_interval)
         self.check_val_every_n_epoch = check_val_every_n_epoch
         self.num_sanity_val_steps = default("num_sanity_val_steps", num_sanity_val_steps)
@@ -312,11 +313,12 @@ class Trainer:
 
         cbs = args.check_callbacks(callbacks)
         if max_time is not None:
-            if any(isinstance(c, Timer) for c in cbs):
-                raise ConfigurationError(
-                    "Trainer(max_time=...) and a Timer in callbacks=[...] both set a time budget. Remove one of the two."
-                )
-            cbs.append(Timer(max_time, interval="step"))
+            budget = Timer(max_time, interval="step")  # a max_time that is no duration is refused either way
+            if any(isinstance(c, Timer) for c in cbs):  # as Lightning (its words first): the Timer given wins
+                log.warning("Ignoring `Trainer(max_time=%r)`, callbacks list already contains a Timer: its own "
+                            "duration is the time budget. Pass one of the two.", max_time)
+            else:
+                cbs.append(budget)
         if self.enable_progress_bar and not any(isinstance(c, ProgressBar) for c in cbs):
             cbs.append(ProgressBar())
         if not self.enable_progress_bar:
@@ -325,7 +327,8 @@ class Trainer:
             cbs.append(ModelCheckpoint())
         if not self.enable_checkpointing and any(isinstance(c, ModelCheckpoint) for c in cbs):
             raise ConfigurationError(
-                "enable_checkpointing=False but callbacks=[...] holds a ModelCheckpoint. Remove one of the two."
+                "Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in callbacks "
+                "list (callbacks=[...] holds one). Remove the ModelCheckpoint, or pass enable_checkpointing=True."
             )
         return cbs
 
@@ -404,8 +407,21 @@ class Trainer:
         return self.strategy.is_global_zero
 
     @property
+    def loggers(self) -> list[Any]:
+        """The loggers, first the one ``logger`` names (an empty list for none)."""
+        return self._loggers
+
+    @loggers.setter
+    def loggers(self, loggers: list[Any] | None) -> None:  # as Lightning: None means no logger
+        self._loggers = list(loggers) if loggers else []
+
+    @property
     def logger(self) -> Any:
         return self.loggers[0] if self.loggers else None
+
+    @logger.setter
+    def logger(self, logger: Any) -> None:
+        self.loggers = [] if logger is None else [logger]
 
     @property
     def log_dir(self) -> str:

@@ -12,8 +12,9 @@ The data are fixed (N_SAMPLES samples, no shuffling), the model is seeded, the l
 and the optimizer plain SGD, so W ranks with batch B take exactly the steps that one process with
 batch W*B takes: the tests compare the final weights of the two.
 
-The script prints ``TRAINER_BUILT`` once the Trainer is constructed: the pre-flight tests check that
-a launch that disagrees with devices x num_nodes fails before that line.
+The script prints ``TRAINER_BUILT`` once the Trainer is constructed and each rank prints ``RANK_SETUP`` from the
+Module's ``setup`` hook (after the process group is joined): the pre-flight tests check that a launch that disagrees
+with devices x num_nodes fails in ``fit`` (where Lightning's launcher checks it), before any rank gets that far.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class TinyNet(tf.Module):
         super().__init__()
         torch.manual_seed(0)
         self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    def setup(self, stage):
+        print("RANK_SETUP", flush=True)
 
     def training_step(self, batch, batch_idx):
         x, y = batch

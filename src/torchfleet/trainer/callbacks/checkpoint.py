@@ -48,9 +48,9 @@ def _check_arguments(given: dict[str, Any]) -> None:
     check_int("save_top_k", given["save_top_k"], -1, owner,
               meaning="-1 keeps every checkpoint, 0 none, k the best k. Must be >= -1")
     check_int("every_n_train_steps", given["every_n_train_steps"], 0, owner, allow_none=True,
-              meaning="optimizer steps between saves; 0 or None: not by steps")
+              meaning="optimizer steps between saves; 0 or None: not by steps. Must be >= 0")
     check_int("every_n_epochs", given["every_n_epochs"], 0, owner, allow_none=True,
-              meaning="epochs between saves; 0: not by epochs")
+              meaning="epochs between saves; 0: not by epochs. Must be >= 0")
     interval = given["train_time_interval"]
     seconds = interval.total_seconds() if isinstance(interval, timedelta) else interval
     if interval is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0):

@@ -14,7 +14,8 @@ class LearningRateMonitor(Callback):
 
     An optimizer is logged as "lr-<Optimizer class>" (its scheduler's ``name`` when the scheduler config gives
     one), further optimizers of the same class as "lr-<class>-1", "lr-<class>-2", ...; an optimizer with several
-    param groups as "<name>/<group's "name">" or "<name>/pg<i>". With ``log_momentum`` / ``log_weight_decay``,
+    param groups as "<name>/<group's "name">" or "<name>/pg<i>" (a single group: "<name>/<its "name">" where it has
+    one). With ``log_momentum`` / ``log_weight_decay``,
     "<name>-momentum" (``momentum``, or the first of Adam's ``betas``; 0 where the optimizer has neither) and
     "<name>-weight_decay" are logged too. ``lrs`` keeps every logged rate, ``last_momentum_values`` and
     ``last_weight_decay_values`` the latest of the others (None until logged).
@@ -44,8 +45,8 @@ class LearningRateMonitor(Callback):
             seen[base] = seen.get(base, 0) + 1
             name = base if seen[base] == 1 else f"{base}-{seen[base] - 1}"
             groups = opt.param_groups
-            if len(groups) == 1:
-                out.append((opt, [name]))
+            if len(groups) == 1:  # as Lightning: a lone group's own "name" still counts
+                out.append((opt, [f"{name}/{groups[0]['name']}" if groups[0].get("name") else name]))
                 continue
             labels = [str(g.get("name", f"pg{i + 1}")) for i, g in enumerate(groups)]
             repeated = sorted({label for label in labels if labels.count(label) > 1})

@@ -31,8 +31,8 @@ def parse_duration(duration: Any) -> float | None:
         parsed = None
     if not isinstance(parsed, timedelta) or parsed.total_seconds() < 0:
         raise ConfigurationError(
-            f"The time budget {duration!r} (max_time, or Timer's duration) is not a duration: give a string "
-            "\"DD:HH:MM:SS\" (e.g. \"00:12:00:00\" for 12 hours), a datetime.timedelta, or a dict of timedelta "
+            f"The time budget {duration!r} (max_time, or Timer's duration) is not a duration: give a string in the "
+            "format DD:HH:MM:SS (e.g. \"00:12:00:00\" for 12 hours), a datetime.timedelta, or a dict of timedelta "
             "arguments such as {\"hours\": 12}."
         )
     return parsed.total_seconds()
@@ -46,19 +46,29 @@ class Timer(Callback):
     """Stop training once ``duration`` has passed, checked after every step (``interval="step"``) or epoch.
 
     The time already spent training is saved in checkpoints, so a resumed run gets what is left of the budget.
-    Every rank stops at the same step: rank 0's clock decides. Validation, test and predict are clocked too
-    (``time_elapsed("validate")``), outside the budget.
+    Every rank stops at the same step: rank 0's clock decides. Validation (the sanity check's too, as Lightning),
+    test and predict are clocked too (``time_elapsed("validate")``), outside the budget.
     """
 
     def __init__(self, duration: Any = None, interval: str = "step", verbose: bool = True) -> None:
         if interval not in ("step", "epoch"):
-            raise ConfigurationError(f"Timer(interval={interval!r}) is not valid: use 'step' or 'epoch'.")
+            # "Unsupported parameter value" is Lightning's key phrase
+            raise ConfigurationError(
+                f"Unsupported parameter value `Timer(interval={interval!r})`: it is not valid; use 'step' (check the "
+                "budget after every training step) or 'epoch' (after every training epoch)."
+            )
         check_flag("verbose", verbose, "Timer")
-        self.duration = parse_duration(duration)
+        #: the budget in seconds (None: none); ``_duration`` is the name Lightning's Timer keeps it under
+        self._duration = parse_duration(duration)
         self.interval, self.verbose = interval, verbose
         self._start: dict[str, float | None] = dict.fromkeys(STAGES)
         self._end: dict[str, float | None] = dict.fromkeys(STAGES)
         self._offset = 0.0  # seconds spent training by the runs this one resumes
+
+    @property
+    def duration(self) -> float | None:
+        """The time budget in seconds, None without one."""
+        return self._duration
 
     @staticmethod
     def _stage(stage: str) -> str:
@@ -110,13 +120,12 @@ class Timer(Callback):
     def on_train_end(self, trainer: Any, module: Any) -> None:
         self._finish("train")
 
+    # as Lightning, the sanity check's validation is clocked as validation
     def on_validation_start(self, trainer: Any, module: Any) -> None:
-        if not trainer.sanity_checking:
-            self._begin("validate")
+        self._begin("validate")
 
     def on_validation_end(self, trainer: Any, module: Any) -> None:
-        if not trainer.sanity_checking:
-            self._finish("validate")
+        self._finish("validate")
 
     def on_test_start(self, trainer: Any, module: Any) -> None:
         self._begin("test")
