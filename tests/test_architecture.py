@@ -28,6 +28,9 @@ FORBIDDEN: dict[str, set[str]] = {
     "precision": _PARTS_MAY_NOT,
     "preemption": _PARTS_MAY_NOT | {"launchers", "environments", "accelerators", "checkpoint", "loggers"},
     "signals": _PARTS_MAY_NOT | {"launchers", "environments", "accelerators", "checkpoint", "loggers"},
+    # the collectives' record sits below every layer that issues collectives or reports them (launchers)
+    "watchdog": _PARTS_MAY_NOT | {"launchers", "environments", "accelerators", "checkpoint", "loggers", "preemption",
+                                  "signals", "profilers"},
     "strategies": {"connector", "module"} | _CLIENTS,
     "connector": {"module"} | _CLIENTS,
     "trainer": {"fleet", "fleet_wrappers", "cli"},
