@@ -1,5 +1,6 @@
-"""Which torchfleet package may import which: every import in the source (top level, in functions, under
-TYPE_CHECKING) is read with ast and checked against FORBIDDEN."""
+"""The shape of the source, read with ast: which torchfleet package may import which (every import: top level, in
+functions, under TYPE_CHECKING; checked against FORBIDDEN), no two files importing each other, no file over
+MAX_LINES, no strategy type check outside strategies/."""
 
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ FORBIDDEN: dict[str, set[str]] = {
     "precision": _PARTS_MAY_NOT,
     "preemption": _PARTS_MAY_NOT | {"launchers", "environments", "accelerators", "checkpoint", "loggers"},
     "signals": _PARTS_MAY_NOT | {"launchers", "environments", "accelerators", "checkpoint", "loggers"},
+    # the collectives' record sits below every layer that issues collectives or reports them (launchers)
+    "watchdog": _PARTS_MAY_NOT | {"launchers", "environments", "accelerators", "checkpoint", "loggers", "preemption",
+                                  "signals", "profilers"},
     "strategies": {"connector", "module"} | _CLIENTS,
     "connector": {"module"} | _CLIENTS,
     "trainer": {"fleet", "fleet_wrappers", "cli"},
@@ -47,8 +51,27 @@ FORBIDDEN: dict[str, set[str]] = {
 PENDING: set[tuple[str, str]] = set()
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+#: the longest a source file may be: a longer one holds two jobs (split it by job, so a reader finds the room by name)
+MAX_LINES = 550
+#: files (under src/torchfleet) still longer than MAX_LINES, being split (issue 21); each must still be too long, so
+#: the set only shrinks
+LONG_FILES_PENDING = {"trainer/trainer.py", "fleet.py", "module.py"}
+
+#: groups of modules that still import each other (issue 21: the Module <-> loop door; the strategies' checkpoint
+#: helpers); a cycle must lie inside one group, and every module listed must still be in a cycle, so they only shrink
+_TRAINER_CYCLE = {"data", "module", "trainer.arguments", "trainer.checkpointing", "trainer.eval_loop", "trainer.fit_loop",
+                  "trainer.hooks", "trainer.manual", "trainer.preemption", "trainer.profiling", "trainer.progress",
+                  "trainer.replica_logging", "trainer.spawned", "trainer.stage", "trainer.trainer"}
+CYCLES_PENDING: list[set[str]] = [
+    {f"torchfleet.{name}" for name in _TRAINER_CYCLE},
+    {"torchfleet.strategies.fsdp", "torchfleet.strategies._fsdp_checkpoint"},
+    {"torchfleet.strategies.deepspeed", "torchfleet.strategies._deepspeed_checkpoint",
+     "torchfleet.strategies._deepspeed_optimizer"},
+]
+
+
+def _module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -71,12 +94,15 @@ def _walk(tree: ast.AST, runtime_only: bool):
         todo.extend(ast.iter_child_nodes(node))
 
 
-def _imports(path: Path, runtime_only: bool = False) -> list[tuple[str, int]]:
+def _imports(path: Path, runtime_only: bool = False, root: Path = ROOT,
+             modules: set[str] | None = None) -> list[tuple[str, int]]:
     """Every torchfleet module ``path`` imports (absolute names), with the line, wherever the import stands.
 
-    ``runtime_only`` leaves out imports for type annotations (under ``if TYPE_CHECKING:``).
+    ``runtime_only`` leaves out imports for type annotations (under ``if TYPE_CHECKING:``). ``from X import y``
+    imports ``X.y`` where that is a module (of ``modules``, default: this source tree's), else ``X``.
     """
-    module = _module_name(path)
+    modules = MODULES if modules is None else modules
+    module = _module_name(path, root)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = []
     for node in _walk(ast.parse(path.read_text(), filename=str(path)), runtime_only):
@@ -89,10 +115,9 @@ def _imports(path: Path, runtime_only: bool = False) -> list[tuple[str, int]]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target == "torchfleet":  # `from torchfleet import strategies` imports the package it names
-                found += [(f"torchfleet.{alias.name}", node.lineno) for alias in node.names]
-            else:
-                found.append((target, node.lineno))
+            # `from torchfleet import strategies`, `from torchfleet.checkpoint import safe`: the module it names
+            found += [(f"{target}.{alias.name}" if f"{target}.{alias.name}" in modules else target, node.lineno)
+                      for alias in node.names]
     return [(name, line) for name, line in found if name == "torchfleet" or name.startswith("torchfleet.")]
 
 
@@ -103,6 +128,7 @@ def _package(name: str) -> str | None:
 
 
 SOURCES = sorted(ROOT.rglob("*.py"))
+MODULES = {_module_name(path) for path in SOURCES}
 
 
 def test_the_table_names_real_packages():
@@ -155,3 +181,150 @@ def test_no_package_import_cycle():
 
     for start in sorted(edges):
         visit(start, [])
+
+
+# --------------------------------------------------------------------------- files that import each other
+def _import_cycles(paths: list[Path], root: Path = ROOT) -> list[set[str]]:
+    """The groups of modules that import each other (strongly connected components of more than one module).
+
+    Every import counts: at module level, in functions and under TYPE_CHECKING. The top package's ``__init__`` is
+    left out: it is a lazy facade whose imports only name its public objects for type checkers.
+    """
+    modules = {_module_name(path, root) for path in paths}
+    graph = {_module_name(path, root): {name for name, _ in _imports(path, root=root, modules=modules) if name in modules}
+             for path in paths if path.parent != root or path.name != "__init__.py"}
+    # Tarjan's algorithm, iterative (the graph is small, but recursion depth should not depend on it)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[set[str]] = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.add(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    groups.append(group)
+    return groups
+
+
+def _cycles_not_pending(cycles: list[set[str]], pending: list[set[str]]) -> list[set[str]]:
+    return [group for group in cycles if not any(group <= allowed for allowed in pending)]
+
+
+def test_no_files_import_each_other():
+    """No module imports, at run time or for type checking, a module that imports it back (directly or not)."""
+    new = _cycles_not_pending(_import_cycles(SOURCES), CYCLES_PENDING)
+    assert not new, "modules that import each other (break the loop with a lower shared module or a protocol):\n" + \
+        "\n".join(" <-> ".join(sorted(group)) for group in new)
+
+
+def test_pending_cycles_still_exist():
+    """A module that no longer imports its way back leaves CYCLES_PENDING, so that the loop cannot come back."""
+    in_cycles = set().union(*_import_cycles(SOURCES))
+    stale = sorted(set().union(*CYCLES_PENDING) - in_cycles)
+    assert not stale, f"remove from CYCLES_PENDING (no longer in an import cycle): {stale}"
+
+
+def test_the_cycle_rule_sees_imports_in_functions_and_for_type_checking(tmp_path):
+    package = tmp_path / "torchfleet"
+    package.mkdir()
+    files = {
+        "__init__.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from torchfleet.a import A\n",
+        "a.py": "def f():\n    from torchfleet import b\n",
+        "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from torchfleet.a import f\n",
+        "c.py": "from torchfleet.d import x\n",
+        "d.py": "from . import c\n",
+        "e.py": "import torchfleet.a\n",
+    }
+    for name, text in files.items():
+        (package / name).write_text(text)
+    paths = sorted(package.glob("*.py"))
+    cycles = _import_cycles(paths, package)
+    assert sorted(map(sorted, cycles)) == [["torchfleet.a", "torchfleet.b"], ["torchfleet.c", "torchfleet.d"]]
+    assert _cycles_not_pending(cycles, [{"torchfleet.a", "torchfleet.b", "torchfleet.e"}]) == [
+        {"torchfleet.c", "torchfleet.d"}]
+
+
+# --------------------------------------------------------------------------- file length
+def _too_long(paths: list[Path], root: Path = ROOT) -> dict[str, int]:
+    """Source files longer than MAX_LINES (path under ``root`` -> lines)."""
+    lengths = {path.relative_to(root).as_posix(): len(path.read_text().splitlines()) for path in paths}
+    return {name: lines for name, lines in lengths.items() if lines > MAX_LINES}
+
+
+def test_no_source_file_is_too_long():
+    """One job per file: a file over MAX_LINES is split by job (watchdog/ is the pattern)."""
+    new = {name: lines for name, lines in _too_long(SOURCES).items() if name not in LONG_FILES_PENDING}
+    assert not new, f"files over {MAX_LINES} lines (split them by job): {new}"
+
+
+def test_pending_long_files_are_still_long():
+    """A file split below MAX_LINES leaves LONG_FILES_PENDING, so that it cannot grow back unnoticed."""
+    stale = sorted(LONG_FILES_PENDING - set(_too_long(SOURCES)))
+    assert not stale, f"remove from LONG_FILES_PENDING (now {MAX_LINES} lines or fewer): {stale}"
+
+
+def test_the_length_rule_counts_lines(tmp_path):
+    (tmp_path / "long.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    (tmp_path / "short.py").write_text("x = 1\n" * MAX_LINES)
+    assert _too_long(sorted(tmp_path.glob("*.py")), tmp_path) == {"long.py": MAX_LINES + 1}
+
+
+# --------------------------------------------------------------------------- strategy type checks
+def _strategy_type_checks(tree: ast.AST) -> list[int]:
+    """Lines of ``isinstance``/``issubclass`` calls against a strategy class (a name ending in ``Strategy``).
+
+    The base class itself is allowed: "is this a strategy at all" checks an argument, it does not ask which one.
+    """
+    def strategy_class(node: ast.AST) -> bool:
+        if isinstance(node, ast.Tuple):
+            return any(strategy_class(element) for element in node.elts)
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+        return name.endswith("Strategy") and name != "Strategy"
+
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in ("isinstance", "issubclass") and len(node.args) == 2 and strategy_class(node.args[1])]
+
+
+def test_no_strategy_type_checks_outside_strategies():
+    """A behaviour that differs per strategy is a Strategy method or attribute, asked, never an isinstance."""
+    found = [f"{path.relative_to(ROOT.parent)}:{line}" for path in SOURCES
+             if _package(_module_name(path)) != "strategies"
+             for line in _strategy_type_checks(ast.parse(path.read_text(), filename=str(path)))]
+    assert not found, "strategy type checks outside strategies/ (ask the strategy instead):\n" + "\n".join(found)
+
+
+def test_the_type_check_rule_finds_strategy_classes():
+    snippet = ("isinstance(s, DDPStrategy)\n"
+               "issubclass(cls, (int, strategies.DeepSpeedStrategy))\n"
+               "isinstance(s, Strategy)\n"
+               "isinstance(s, dict)\n")
+    assert _strategy_type_checks(ast.parse(snippet)) == [1, 2]

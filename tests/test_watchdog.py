@@ -115,7 +115,7 @@ def test_the_first_number_where_the_histories_differ_names_the_skipped_collectiv
 
 def test_black_box_round_trip(tmp_path, monkeypatch):
     rec = watchdog._Recorder()
-    monkeypatch.setattr(watchdog, "_REC", rec)
+    monkeypatch.setattr(watchdog.numbering, "_REC", rec)  # the recorder lives there
     import mmap
 
     path = watchdog.box_path(str(tmp_path), 3)

@@ -49,7 +49,7 @@ def test_positions_name_the_epoch_end():
 
 def test_without_user_code_the_site_is_torchfleets_own_caller_not_a_spawned_string():
     # a spawned rank's stack: the ``python -c`` of multiprocessing ("<string>"), then torchfleet's loops only
-    package = os.path.dirname(os.path.abspath(watchdog.__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(watchdog.__file__)))  # torchfleet/, above watchdog/
     loop_file = os.path.join(package, "trainer", "some_loop.py")
     plumbing_file = os.path.join(package, "strategies", "some_strategy.py")
     namespace = {"call_site": watchdog.call_site}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchfleet.cli_input import (
     add_trainer_arguments,
@@ -24,6 +24,9 @@ from torchfleet.cli_input import (
     print_error,
 )
 from torchfleet.errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from torchfleet.strategies.strategy import Strategy
 
 EXAMPLE_MODEL = "torchfleet.examples.addition.AdditionTransformer"
 EXAMPLE_DATA = "torchfleet.examples.addition.AdditionData"
@@ -63,16 +66,15 @@ def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     return "\n".join(line(r) for r in [header, *rows])
 
 
-def _strategy_unavailable(cls: type) -> str:
-    """Why a strategy class cannot run on this machine ("" when it can, or when we cannot tell)."""
+def _strategy_unavailable(cls: type[Strategy]) -> str:
+    """Whether a strategy class can run on this machine: "yes", or "no: " and why."""
     import torch
 
-    from torchfleet.checkpoint.deepspeed import deepspeed_available
-    from torchfleet.strategies.deepspeed import DeepSpeedStrategy
+    from torchfleet.utilities.imports import package_available
 
-    if issubclass(cls, DeepSpeedStrategy) and not deepspeed_available():
-        return "no: deepspeed is not installed (pip install deepspeed)"
-    why = cls.unusable_here(torch.cuda.is_available()) if hasattr(cls, "unusable_here") else None
+    if cls.requires_package is not None and not package_available(cls.requires_package):
+        return f"no: {cls.requires_package} is not installed (pip install {cls.requires_package})"
+    why = cls.unusable_here(torch.cuda.is_available())
     return "yes" if why is None else f"no: {why}"
 
 

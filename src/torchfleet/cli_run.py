@@ -157,8 +157,8 @@ def _start(script: str, script_args: list[str], settings: dict[str, Any], num_pr
            node_rank: int, address: str, port: int, restart: int = 0) -> int:
     """Start the processes and wait for them: 0, or 130 on Ctrl-C; the first failure is raised (the others stopped)."""
     from torchfleet.fleet import RUN_ENV
-    from torchfleet.launchers.base import rank_env
-    from torchfleet.launchers.supervise import ERROR_DIR_VAR, LAUNCHER_PID_VAR, Supervisor
+    from torchfleet.launchers.base import ERROR_DIR_VAR, LAUNCHER_PID_VAR, rank_env
+    from torchfleet.launchers.supervise import Supervisor
 
     error_dir = tempfile.mkdtemp(prefix="torchfleet-run-")
     base = dict(os.environ)

@@ -28,10 +28,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from torchfleet.signals import SignalFlag
+from typing import Any, Protocol
 
 #: the exit code of a run stopped by a preemption signal after saving its checkpoint (EX_TEMPFAIL)
 EXIT_CODE = 75
@@ -50,6 +47,18 @@ RESTART_COUNT_VAR = "TF_RESTART_COUNT"
 
 #: environment variables that say this process is a restart of an earlier run: ours, torchrun's, SLURM's
 RESTART_VARIABLES = (RESTART_COUNT_VAR, "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
+
+
+class SignalRecord(Protocol):
+    """What the agreement reads of a signal flag (``signals.SignalFlag``, which imports this module)."""
+
+    @property
+    def signum(self) -> int | None:
+        """The signal received, None before one."""
+
+    @property
+    def received_at(self) -> float:
+        """When it was received (``time.monotonic()``)."""
 
 
 class Preempted(SystemExit):
@@ -136,7 +145,7 @@ class StopAgreement:
 
     __slots__ = ("flag", "_group", "_work", "_buf", "_distributed", "last_poll", "_previous", "_before")
 
-    def __init__(self, flag: SignalFlag, world_size: int) -> None:
+    def __init__(self, flag: SignalRecord, world_size: int) -> None:
         self.flag = flag
         self._distributed = world_size > 1
         self._group: Any = None
@@ -197,7 +206,7 @@ class StopAgreement:
 _monotonic = time.monotonic
 
 
-def steps_overdue(flag: SignalFlag, agreement: StopAgreement | None, now: float, stepping: bool = True) -> float | None:
+def steps_overdue(flag: SignalRecord, agreement: StopAgreement | None, now: float, stepping: bool = True) -> float | None:
     """How long past its grace a rank with a signal is (None: not yet), judged by whether its steps still come.
 
     ``stepping``: the rank is in the training steps, where the agreed stop comes within two polls; it then

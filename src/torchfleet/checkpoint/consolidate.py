@@ -13,15 +13,15 @@ from typing import Any
 from torchfleet.checkpoint.dcp import read_dcp_checkpoint, read_full_dcp_checkpoint
 from torchfleet.checkpoint.deepspeed import consolidate_deepspeed
 from torchfleet.checkpoint.distributed import checkpoint_layout
-from torchfleet.checkpoint.format import (
+from torchfleet.checkpoint.hparams import to_plain
+from torchfleet.checkpoint.io import CheckpointIO, TorchCheckpointIO, load_through
+from torchfleet.checkpoint.schema import (
     FORMAT_KEY,
     FORMAT_VERSION,
     HPARAMS_KEY,
     check_checkpoint,
-    read_checkpoint,
+    read_checked_file,
 )
-from torchfleet.checkpoint.hparams import to_plain
-from torchfleet.checkpoint.io import CheckpointIO, TorchCheckpointIO, load_through
 from torchfleet.errors import CheckpointError
 
 
@@ -40,7 +40,7 @@ def read_full_checkpoint(path: str | os.PathLike, with_optimizer: bool = True, w
             return check_checkpoint(full, path)
         checkpoint = check_checkpoint(consolidate_deepspeed(path, with_optimizer, weights_only), path)
     else:
-        checkpoint = read_checkpoint(path, weights_only=weights_only)
+        checkpoint = read_checked_file(path, weights_only=weights_only)
     if not with_optimizer:
         checkpoint.pop("optimizer_states", None)
     return checkpoint

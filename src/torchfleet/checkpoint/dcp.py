@@ -34,7 +34,7 @@ from torchfleet.checkpoint.distributed import (
     sharded_marker,
     write_meta,
 )
-from torchfleet.checkpoint.format import FORMAT_KEY
+from torchfleet.checkpoint.schema import FORMAT_KEY
 from torchfleet.errors import CheckpointError
 
 #: key in the format marker listing the entries stored in the DCP files: {key: None (one dict) | n (a list of n)}

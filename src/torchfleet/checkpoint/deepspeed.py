@@ -35,7 +35,7 @@ from torchfleet.checkpoint.distributed import (
     sharded_marker,
     write_meta,
 )
-from torchfleet.checkpoint.format import FORMAT_KEY, FORMAT_VERSION
+from torchfleet.checkpoint.schema import FORMAT_KEY, FORMAT_VERSION
 from torchfleet.checkpoint.zero import (
     FullOptimizerState,
     check_engine_files,

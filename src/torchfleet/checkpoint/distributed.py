@@ -31,8 +31,8 @@ from typing import Any, Protocol
 import torch
 
 from torchfleet.checkpoint import safe
-from torchfleet.checkpoint.format import FORMAT_KEY
 from torchfleet.checkpoint.io import _fsync_dir
+from torchfleet.checkpoint.schema import FORMAT_KEY
 from torchfleet.errors import CheckpointError
 
 log = logging.getLogger(__name__)

@@ -1,47 +1,22 @@
-"""The layout of a torchfleet training checkpoint, and the check that a file is one."""
+"""A torchfleet training checkpoint: its keys and the check that a dict is one (schema.py), and ``read_checkpoint``,
+which reads one whole, a file or a sharded directory of any layout."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from typing import Any
 
-from torchfleet.checkpoint.hparams import from_plain
-from torchfleet.errors import CheckpointError
+from torchfleet.checkpoint.consolidate import read_full_checkpoint
+from torchfleet.checkpoint.schema import (
+    FORMAT_KEY,
+    FORMAT_VERSION,
+    HPARAMS_KEY,
+    REQUIRED_KEYS,
+    check_checkpoint,
+    read_checked_file,
+)
 
-#: key holding the format marker; its value is {"version": torchfleet version, "format": FORMAT_VERSION}
-FORMAT_KEY = "torchfleet"
-FORMAT_VERSION = 1
-
-#: keys every Trainer checkpoint has
-REQUIRED_KEYS = ("state_dict", "epoch", "global_step")
-#: the key of the module's hyperparameters, written in plain form (torchfleet.checkpoint.hparams)
-HPARAMS_KEY = "hyper_parameters"
-
-
-def check_checkpoint(checkpoint: Any, path: str | os.PathLike) -> dict[str, Any]:
-    """Return ``checkpoint`` if it is a torchfleet training checkpoint, else raise CheckpointError.
-
-    Its hyperparameters come back as the objects they were saved from (see torchfleet.checkpoint.hparams).
-    """
-    if not isinstance(checkpoint, Mapping):
-        raise CheckpointError(
-            f"{os.fspath(path)!r} holds a {type(checkpoint).__name__}, not a torchfleet checkpoint (a dict written "
-            "by Trainer.save_checkpoint or ModelCheckpoint). To start from plain weights, load them into the model "
-            "with model.load_state_dict(torch.load(path)) before calling fit, without ckpt_path."
-        )
-    missing = [k for k in REQUIRED_KEYS if k not in checkpoint]
-    if missing:
-        keys = ", ".join(map(repr, list(checkpoint)[:8])) or "none"
-        raise CheckpointError(
-            f"{os.fspath(path)!r} is not a torchfleet checkpoint: it lacks {', '.join(map(repr, missing))} (its keys: "
-            f"{keys}). Resume from a file written by Trainer.save_checkpoint or ModelCheckpoint; to start from "
-            "plain weights, load them into the model before calling fit, without ckpt_path."
-        )
-    checkpoint = dict(checkpoint)
-    if HPARAMS_KEY in checkpoint:
-        checkpoint[HPARAMS_KEY] = from_plain(checkpoint[HPARAMS_KEY])
-    return checkpoint
+__all__ = ["FORMAT_KEY", "FORMAT_VERSION", "HPARAMS_KEY", "REQUIRED_KEYS", "check_checkpoint", "read_checkpoint"]
 
 
 def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", weights_only: bool = True) -> dict[str, Any]:
@@ -50,10 +25,5 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", weights_
     ``weights_only=False`` unpickles anything the file holds: only for files you trust.
     """
     if os.path.isdir(path):
-        from torchfleet.checkpoint.consolidate import read_full_checkpoint
-
         return read_full_checkpoint(path, weights_only=weights_only)
-    from torchfleet.checkpoint.io import TorchCheckpointIO
-
-    io = TorchCheckpointIO(weights_only=weights_only)
-    return check_checkpoint(io.load_checkpoint(path, map_location=map_location), path)
+    return read_checked_file(path, map_location, weights_only)

@@ -43,6 +43,9 @@ def describe_exit(exitcode: int | None) -> str:
 
 #: set by ``torchfleet run`` in the processes it starts: it, not the script, owns their restarts
 RUN_RESTARTS_VAR = "TF_RUN_STARTED"
+#: environment variables through which a launched child learns where to report and whom to watch (supervise.py)
+ERROR_DIR_VAR = "TF_ERROR_DIR"
+LAUNCHER_PID_VAR = "TF_LAUNCHER_PID"
 
 
 def check_max_restarts(value: Any) -> int:
@@ -99,7 +102,6 @@ def check_restarts_apply(max_restarts: int, env: Any, num_processes: int, num_no
 
     if not max_restarts:
         return
-    from torchfleet.launchers.supervise import ERROR_DIR_VAR  # supervise imports this module
     from torchfleet.utilities import rank_zero_only
 
     log = logging.getLogger("torchfleet")

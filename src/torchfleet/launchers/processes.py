@@ -22,6 +22,8 @@ import torch
 
 from torchfleet.errors import ConfigurationError
 from torchfleet.launchers.base import (
+    ERROR_DIR_VAR,
+    LAUNCHER_PID_VAR,
     Launcher,
     ProcessFailedError,
     check_port_free,
@@ -30,8 +32,6 @@ from torchfleet.launchers.base import (
 )
 from torchfleet.launchers.pickling import find_unpicklable
 from torchfleet.launchers.supervise import (
-    ERROR_DIR_VAR,
-    LAUNCHER_PID_VAR,
     Supervisor,
     exit_if_peer_stopped_on_signal,
     mark_launched_child,

@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from torchfleet import watchdog
 from torchfleet.errors import ConfigurationError
 from torchfleet.launchers.base import (
+    ERROR_DIR_VAR,
+    LAUNCHER_PID_VAR,
     Launcher,
     ProcessFailedError,
     check_port_free,
@@ -41,8 +43,6 @@ from torchfleet.launchers.base import (
     say_restart,
 )
 from torchfleet.launchers.supervise import (
-    ERROR_DIR_VAR,
-    LAUNCHER_PID_VAR,
     POLL_S,
     Supervisor,
     exit_if_peer_stopped_on_signal,

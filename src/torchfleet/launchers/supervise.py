@@ -27,16 +27,12 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from torchfleet.launchers.base import STOP_GRACE_S, ProcessFailedError, describe_exit
+from torchfleet.launchers.base import ERROR_DIR_VAR, STOP_GRACE_S, ProcessFailedError, describe_exit
 from torchfleet.preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
 from torchfleet.preemption import SIGNALS, Preempted
 from torchfleet.signals import set_stop_marker, set_unagreed_stop
 from torchfleet.watchdog import DUMP_REQUEST, HANG_EXIT_CODE, HANG_MARKER, stacks_path
 from torchfleet.watchdog import report as collectives_report
-
-#: environment variables through which a launched child learns where to report and whom to watch
-ERROR_DIR_VAR = "TF_ERROR_DIR"
-LAUNCHER_PID_VAR = "TF_LAUNCHER_PID"
 
 POLL_S = 0.05
 #: how long the launching process waits for the live ranks' stacks when it reports a hang or a desync

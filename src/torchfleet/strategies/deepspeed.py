@@ -86,6 +86,7 @@ class DeepSpeedStrategy(DDPStrategy):
     """
 
     reseeds_for = frozenset({"trainer", "fleet"})  # as Lightning's and Fabric's
+    requires_package = "deepspeed"
 
     def __init__(
         self,

@@ -68,6 +68,8 @@ class Strategy(ABC):
     #: Lightning's strategy of the same kind does (Trainer: ddp, fsdp, deepspeed; Fabric: fsdp, deepspeed), so that
     #: random numbers drawn between ``seed_everything`` and the run do not shift the run
     reseeds_for: frozenset[str] = frozenset()
+    #: the optional package this strategy runs on (``torchfleet strategies`` says when it is not installed)
+    requires_package: str | None = None
 
     @classmethod
     def unusable_here(cls, cuda: bool) -> str | None:
