@@ -420,3 +420,28 @@ def test_model_checkpoint_writes_its_top_k_as_yaml(tmp_path):
     elsewhere = ckpt.to_yaml(tmp_path / "top.yaml")
     with open(elsewhere) as f:
         assert set(yaml.safe_load(f)) == set(ckpt.best_k_models)
+
+
+def test_model_checkpoint_annotations_are_objects_a_parser_can_call():
+    import argparse
+    import inspect
+    import typing
+
+    params = inspect.signature(ModelCheckpoint).parameters
+    save_last = params["save_last"].annotation
+    assert not isinstance(save_last, str) and typing.get_args(save_last) == (bool, typing.Literal["link"], type(None))
+    assert params["every_n_epochs"].annotation == (int | None)
+    jsonargparse = pytest.importorskip("jsonargparse", reason="the CLI parser that reads the annotations")
+    parser = jsonargparse.ArgumentParser()
+    parser.add_argument("--save_last", type=save_last)
+    assert [parser.parse_args(["--save_last", v]).save_last for v in ("yes", "false", "link")] == [True, False, "link"]
+    plain = argparse.ArgumentParser()
+    plain.add_argument("--every", type=typing.get_args(params["every_n_epochs"].annotation)[0])
+    assert plain.parse_args(["--every", "3"]).every == 3
+
+
+@pytest.mark.parametrize("name", ["every_n_epochs", "every_n_train_steps"])
+def test_model_checkpoint_refuses_negative_intervals_in_lightnings_words(name, tmp_path):
+    with pytest.raises(ConfigurationError, match=f"{name}=-3.*Must be >= 0"):
+        ModelCheckpoint(dirpath=tmp_path, **{name: -3})
+    ModelCheckpoint(dirpath=tmp_path, **{name: 0})  # 0 turns the interval off and is accepted

@@ -9,9 +9,10 @@ import os
 import re
 import shutil
 import time
+import typing
 import warnings
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -48,9 +49,9 @@ def _check_arguments(given: dict[str, Any]) -> None:
     check_int("save_top_k", given["save_top_k"], -1, owner,
               meaning="-1 keeps every checkpoint, 0 none, k the best k. Must be >= -1")
     check_int("every_n_train_steps", given["every_n_train_steps"], 0, owner, allow_none=True,
-              meaning="optimizer steps between saves; 0 or None: not by steps")
+              meaning="optimizer steps between saves; 0 or None: not by steps. Must be >= 0")
     check_int("every_n_epochs", given["every_n_epochs"], 0, owner, allow_none=True,
-              meaning="epochs between saves; 0: not by epochs")
+              meaning="epochs between saves; 0: not by epochs. Must be >= 0")
     interval = given["train_time_interval"]
     seconds = interval.total_seconds() if isinstance(interval, timedelta) else interval
     if interval is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0):
@@ -78,7 +79,7 @@ class ModelCheckpoint(Callback):
         filename: str | None = None,
         monitor: str | None = None,
         verbose: bool = False,
-        save_last: bool | str | None = None,
+        save_last: bool | Literal["link"] | None = None,
         save_top_k: int = 1,
         save_weights_only: bool = False,
         mode: str = "min",
@@ -474,3 +475,8 @@ class ModelCheckpoint(Callback):
         with open(filepath, "w", encoding="utf-8") as f:
             yaml.safe_dump({path: float(score) for path, score in self.best_k_models.items()}, f)
         return filepath
+
+
+# a parser that reads inspect.signature(ModelCheckpoint) itself (argparse with type=annotation, as Lightning's
+# tests and some CLIs do) needs the annotations as objects, not the strings the future import leaves
+ModelCheckpoint.__init__.__annotations__.update(typing.get_type_hints(ModelCheckpoint.__init__))
