@@ -48,6 +48,8 @@ def _source(trainer: Trainer, model: Any, kind: str, given: Any) -> Any:
             try:
                 return fn()
             except NotImplementedError:
+                if kind == "val" and owner is trainer.datamodule:
+                    return None  # as Lightning: a datamodule without val_dataloader means no validation
                 continue
     return None
 
