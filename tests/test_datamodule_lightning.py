@@ -80,3 +80,12 @@ def test_from_datasets_builds_lightnings_loaders():
     assert [len(v) for v in dm.val_dataloader()] == [2, 2]
     with pytest.raises(ConfigurationError, match="`predict_dataloader` must be implemented"):
         dm.predict_dataloader()
+
+
+def test_validation_step_set_to_none_on_the_instance_turns_validation_off():
+    model = Regressor()
+    model.validation_step = None  # Lightning's way to skip validation for one run
+    trainer = Trainer(**quiet(max_epochs=1))
+    trainer.fit(model, loader(n=16), loader(n=8))
+    assert trainer.num_val_batches == [] and "val_loss" not in trainer.callback_metrics
+    assert trainer.global_step == 2
