@@ -353,18 +353,22 @@ def test_fast_dev_run_keeps_model_checkpoint_but_saves_nothing(tmp_path):
         Trainer(accelerator="cpu", fast_dev_run=1, enable_checkpointing=False, callbacks=[ModelCheckpoint()])
 
 
+class ManualSteps(Regressor):
+    """Manual optimisation stepping every optimizer it has once a batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        for opt in self.optimizers():
+            opt.zero_grad()
+            self.manual_backward(nn.functional.mse_loss(self(batch[0]), batch[1]))
+            opt.step()
+
+
 def test_lr_monitor_names_and_momentum_follow_lightning(recwarn):
-    class TwoOptimizers(Regressor):
-        def __init__(self):
-            super().__init__()
-            self.automatic_optimization = False
-
-        def training_step(self, batch, batch_idx):
-            for opt in self.optimizers():
-                opt.zero_grad()
-                self.manual_backward(nn.functional.mse_loss(self(batch[0]), batch[1]))
-                opt.step()
-
+    class TwoOptimizers(ManualSteps):
         def on_train_epoch_end(self):
             self.lr_schedulers().step()  # manual optimisation steps its schedulers itself
 
@@ -445,3 +449,18 @@ def test_model_checkpoint_refuses_negative_intervals_in_lightnings_words(name, t
     with pytest.raises(ConfigurationError, match=f"{name}=-3.*Must be >= 0"):
         ModelCheckpoint(dirpath=tmp_path, **{name: -3})
     ModelCheckpoint(dirpath=tmp_path, **{name: 0})  # 0 turns the interval off and is accepted
+
+
+def test_learning_rate_monitor_logs_every_n_batches_that_stepped(tmp_path):
+    from torchfleet.loggers import CSVLogger
+
+    class TwoOptimizers(ManualSteps):  # two optimizer steps per batch: global_step grows by 2
+        def configure_optimizers(self):
+            return [torch.optim.SGD(self.parameters(), lr=0.1), torch.optim.Adam(self.parameters(), lr=0.01)]
+
+    monitor = LearningRateMonitor(logging_interval="step")
+    trainer = Trainer(**quiet(max_epochs=2, log_every_n_steps=2, logger=CSVLogger(tmp_path), callbacks=[monitor]))
+    trainer.fit(TwoOptimizers(), loader(n=56))  # 7 batches an epoch
+    assert trainer.global_step == 28
+    # as Lightning: the cadence counts batches after which an optimizer stepped (14), not optimizer steps (28)
+    assert {k: len(v) for k, v in monitor.lrs.items()} == {"lr-SGD": 7, "lr-Adam": 7}
