@@ -13,6 +13,7 @@ import torch
 
 from tests.helpers import RegressionData, Regressor, loader, quiet
 from torchfleet import Callback, Module, Trainer
+from torchfleet.errors import ConfigurationError
 from torchfleet.utilities import AttributeDict, GradClipAlgorithmType, is_picklable
 from torchfleet.utilities.parsing import (
     clean_namespace,
@@ -123,3 +124,40 @@ def test_save_hyperparameters_of_an_argparse_namespace(tmp_path):
     saved = torch.load(tmp_path / "m.ckpt", weights_only=True)["hyper_parameters"]
     assert type(saved) is dict and saved == {"lr": 0.01, "layers": 2, "scheduler": None}
 
+
+
+def test_clip_gradients_in_a_hook_uses_the_trainers_settings_and_refuses_others():
+    class ClipsItself(Regressor):
+        clip_with: float | None = None
+
+        def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+            self.clip_gradients(optimizer, gradient_clip_val=self.clip_with)  # None: the Trainer's, as Lightning
+
+    weights = []
+    for model in (ClipsItself(), Regressor()):
+        torch.manual_seed(0)
+        model.net.load_state_dict(Regressor().net.state_dict())
+        Trainer(**quiet(max_steps=3, gradient_clip_val=1e-4, gradient_clip_algorithm="value")).fit(model, loader(n=24))
+        weights.append(model.net[0].weight.detach().clone())
+    assert torch.equal(weights[0], weights[1])  # clipped by the Trainer's value, as the Trainer itself clips
+    model = ClipsItself()
+    model.clip_with = 1e-2
+    with pytest.raises(ConfigurationError, match=r"Trainer\(gradient_clip_val=0.0001\)` and have passed "
+                                                 r"`clip_gradients\(gradient_clip_val=0.01\)"):
+        Trainer(**quiet(max_steps=1, gradient_clip_val=1e-4)).fit(model, loader(n=8))
+
+
+def test_clip_gradients_of_a_fleet_module_goes_through_the_fleet():
+    from torchfleet import Fleet
+
+    fleet = Fleet(accelerator="cpu", devices=1)
+    calls = []
+    real = fleet.clip_gradients
+    fleet.clip_gradients = lambda *a, **kw: calls.append(kw) or real(*a, **kw)
+    model = Regressor()
+    module, optimizer = fleet.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = next(iter(loader(n=8)))
+    fleet.backward(torch.nn.functional.mse_loss(module(x), y) * 1e4)
+    model.clip_gradients(optimizer, 1e-3, GradClipAlgorithmType.VALUE)
+    assert calls == [{"clip_val": 1e-3, "max_norm": None}]
+    assert max(p.grad.abs().max().item() for p in model.parameters()) == pytest.approx(1e-3)  # clamped there

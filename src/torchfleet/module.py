@@ -20,6 +20,7 @@ from torch.optim import Optimizer
 
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.hparams import AttributeDict, HyperparametersMixin
+from torchfleet.settings import clip_arguments
 from torchfleet.watchdog import labelled
 
 if TYPE_CHECKING:
@@ -452,7 +453,16 @@ class Module(nn.Module, HyperparametersMixin):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Clip the gradients of ``optimizer``'s parameters by norm (default) or by value."""
+        """Clip the gradients of ``optimizer``'s parameters by norm (default) or by value (in a Trainer, by default
+        with its ``gradient_clip_val``/``gradient_clip_algorithm``; in a Fleet loop, through ``fleet.clip_gradients``)."""
+        if self._trainer is None and self._fleet is not None:
+            by_value = str(gradient_clip_algorithm).lower() == "value"
+            return self._fleet.clip_gradients(self, optimizer, clip_val=gradient_clip_val if by_value else None,
+                                              max_norm=None if by_value else gradient_clip_val)
+        if self._trainer is not None:
+            gradient_clip_val, gradient_clip_algorithm = clip_arguments(
+                gradient_clip_val, gradient_clip_algorithm, self._trainer.gradient_clip_val,
+                self._trainer._gradient_clip_algorithm_given)
         if gradient_clip_val is None or gradient_clip_val <= 0:
             return
         algorithm = gradient_clip_algorithm or "norm"

@@ -242,6 +242,7 @@ class Trainer:
         self.accumulate_grad_batches = settings.accumulate_grad_batches
         self.gradient_clip_val = settings.gradient_clip_val
         self.gradient_clip_algorithm = settings.gradient_clip_algorithm
+        self._gradient_clip_algorithm_given = gradient_clip_algorithm  # None: Module.clip_gradients may choose
         self.deterministic = deterministic
         if benchmark and deterministic:
             warnings.warn("Trainer(deterministic=True, benchmark=True): cuDNN's benchmark mode picks kernels by "

@@ -26,6 +26,9 @@ class LightningEnum(str, Enum):
         other = other.value if isinstance(other, Enum) else other
         return isinstance(other, str) and self.value.lower() == other.lower()
 
+    def __str__(self) -> str:
+        return self.value  # as Lightning's (a StrEnum): "value", not "GradClipAlgorithmType.VALUE"
+
     def __hash__(self) -> int:
         # equal members and strings hash alike, as in a dict keyed by either
         return hash(self.value.lower())
