@@ -129,3 +129,21 @@ def test_reload_order_equals_lightnings(reload_calls, tmp_path):
 def test_reload_dataloaders_every_n_epochs_is_checked():
     with pytest.raises(ConfigurationError, match="reload_dataloaders_every_n_epochs=-1"):
         Trainer(accelerator="cpu", reload_dataloaders_every_n_epochs=-1)
+
+
+def test_logger_and_loggers_can_be_replaced(tmp_path):
+    from torchfleet.loggers import CSVLogger
+
+    first, second = CSVLogger(tmp_path, name="a"), CSVLogger(tmp_path, name="b")
+    trainer = Trainer(**quiet(max_epochs=1))
+    trainer.logger = first
+    assert trainer.loggers == [first] and trainer.logger is first
+    trainer.loggers = [second, first]
+    assert trainer.logger is second
+    trainer.loggers = None
+    assert trainer.loggers == [] and trainer.logger is None
+    trainer.logger = second  # a logger set after construction is the one a run writes to
+    trainer.fit(Regressor(), loader(n=8))
+    assert os.path.isfile(os.path.join(second.log_dir, "metrics.csv"))
+    trainer.logger = None
+    assert trainer.loggers == []

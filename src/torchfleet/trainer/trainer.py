@@ -429,6 +429,18 @@ class Trainer:
     def logger(self) -> Any:
         return self.loggers[0] if self.loggers else None
 
+    @logger.setter
+    def logger(self, logger: Any) -> None:
+        self.loggers = [] if logger is None else [logger]
+
+    @property
+    def loggers(self) -> list[Any]:
+        return self._loggers
+
+    @loggers.setter
+    def loggers(self, loggers: Any) -> None:
+        self._loggers = list(loggers or [])  # None or [] for no logger, as Lightning
+
     @property
     def log_dir(self) -> str:
         if self.loggers and getattr(self.loggers[0], "log_dir", None):
