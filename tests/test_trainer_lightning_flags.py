@@ -135,7 +135,7 @@ def test_logger_and_loggers_can_be_replaced(tmp_path):
     from torchfleet.loggers import CSVLogger
 
     first, second = CSVLogger(tmp_path, name="a"), CSVLogger(tmp_path, name="b")
-    trainer = Trainer(**quiet(max_epochs=1))
+    trainer = Trainer(**quiet(max_epochs=1, log_every_n_steps=1))
     trainer.logger = first
     assert trainer.loggers == [first] and trainer.logger is first
     trainer.loggers = [second, first]
