@@ -161,3 +161,23 @@ def test_clip_gradients_of_a_fleet_module_goes_through_the_fleet():
     model.clip_gradients(optimizer, 1e-3, GradClipAlgorithmType.VALUE)
     assert calls == [{"clip_val": 1e-3, "max_norm": None}]
     assert max(p.grad.abs().max().item() for p in model.parameters()) == pytest.approx(1e-3)  # clamped there
+
+
+def test_save_hyperparameters_of_an_omegaconf_config_keeps_the_config(tmp_path):
+    omegaconf = pytest.importorskip("omegaconf", reason="Hydra programs pass OmegaConf configs")
+
+    class FromConfig(Regressor):
+        def __init__(self, cfg):
+            Module.__init__(self)
+            self.save_hyperparameters(cfg)
+            self.net = torch.nn.Linear(8, 1)
+
+    cfg = omegaconf.OmegaConf.create({"lr": 0.01, "scheduler": None, "optim": {"momentum": 0.5}})
+    model = FromConfig(cfg)
+    assert isinstance(model.hparams, omegaconf.DictConfig) and model.hparams.optim.momentum == 0.5
+    assert model.hparams_initial == cfg and model.hparams_initial is not cfg
+    trainer = Trainer(**quiet(max_steps=1, default_root_dir=tmp_path))
+    trainer.fit(model, loader(n=8))
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    loaded = torch.load(tmp_path / "m.ckpt", weights_only=True)  # a safe load reads it back
+    assert loaded["hyper_parameters"]["lr"] == 0.01

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import sys
 from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
@@ -44,6 +45,13 @@ class HyperparametersMixin:
         With names as ``args``, store only those (or one dict of values); ``ignore`` lists names to leave out;
         ``logger=False`` keeps them out of the loggers (they are still saved in checkpoints).
         """
+        omegaconf = sys.modules.get("omegaconf")
+        if len(args) == 1 and omegaconf is not None and isinstance(args[0], omegaconf.DictConfig):
+            # a Hydra/OmegaConf config stays one, as Lightning keeps it: self.hparams is that config
+            object.__setattr__(self, "_hparams", args[0])
+            object.__setattr__(self, "_hparams_initial", copy.deepcopy(args[0]))
+            object.__setattr__(self, "_log_hyperparams", logger)
+            return
         frame = frame or inspect.currentframe().f_back  # type: ignore[union-attr]
         # every __init__ of this object on the stack contributes (a subclass's arguments override its
         # parent's), so a parent that calls save_hyperparameters() also records the subclass's arguments
