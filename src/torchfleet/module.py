@@ -320,12 +320,12 @@ class Module(nn.Module, HyperparametersMixin):
         with callbacks that must decide alike on every rank).
         """
         results = self._results
-        if results is None or (self._trainer is not None and self._trainer.barebones):
+        if results is None or getattr(self._trainer, "barebones", False) is True:
             if self._trainer is None:
                 if self._fleet is not None and logger:  # in a Fleet loop: straight to the Fleet's loggers
                     self._fleet.log(name, value)
                 return  # outside a Trainer and a Fleet (a unit test): nothing records it
-            if self._trainer.barebones:  # "`Trainer(barebones=True)` is configured": Lightning's words
+            if self._trainer.barebones is True:  # "`Trainer(barebones=True)` is configured": Lightning's words
                 return warnings.warn("self.log() does nothing: `Trainer(barebones=True)` is configured.", stacklevel=2)
             raise ConfigurationError(
                 f"self.log({name!r}, ...) was called from {self._current_fx or 'a hook'} where the Trainer records "
