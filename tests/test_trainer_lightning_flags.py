@@ -147,3 +147,24 @@ def test_logger_and_loggers_can_be_replaced(tmp_path):
     assert os.path.isfile(os.path.join(second.log_dir, "metrics.csv"))
     trainer.logger = None
     assert trainer.loggers == []
+
+
+def test_fast_dev_run_keeps_code_that_uses_the_logger_running(tmp_path):
+    from torchfleet.callbacks import EarlyStopping
+    from torchfleet.loggers import DummyLogger, TensorBoardLogger
+
+    class UsesTheLogger(Regressor):
+        def training_step(self, batch, batch_idx):
+            # TensorBoard's API, and another logger's method: both do nothing under fast_dev_run, as in Lightning
+            self.logger.experiment.add_histogram("w", self.net[0].weight, self.global_step)
+            self.logger.log_image(key="samples", images=[])
+            return super().training_step(batch, batch_idx)
+
+    given = TensorBoardLogger(tmp_path)
+    trainer = Trainer(accelerator="cpu", fast_dev_run=2, logger=given, default_root_dir=tmp_path,
+                      enable_progress_bar=False, callbacks=[EarlyStopping(monitor="never_logged")])
+    trainer.fit(UsesTheLogger(), loader(n=32), loader(n=16))
+    assert isinstance(trainer.logger, DummyLogger) and trainer.logger[0] is trainer.logger
+    assert trainer.global_step == 2
+    assert not os.path.exists(given.log_dir)  # nothing written; EarlyStopping skipped its (failing) check
+    assert Trainer(accelerator="cpu", fast_dev_run=True, logger=False).loggers == []
