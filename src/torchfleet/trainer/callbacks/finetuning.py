@@ -14,7 +14,9 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
 
@@ -44,6 +46,8 @@ class BaseFinetuning(Callback):
         self._internal_optimizer_metadata: dict[int, list[dict[str, Any]]] = {}
         self._restarting = False
         self._groups_rebuilt = False
+        #: the parameters this callback added to the optimizers (after the strategy wrapped the model)
+        self._unfrozen: list[nn.Parameter] = []
 
     def state_dict(self) -> dict[str, Any]:
         return {"internal_optimizer_metadata": self._internal_optimizer_metadata}
@@ -157,9 +161,22 @@ class BaseFinetuning(Callback):
             before = len(optimizer.param_groups)
             self.finetune_function(pl_module, trainer.current_epoch, optimizer)
             groups = optimizer.param_groups
+            self._unfrozen.extend(p for g in groups[before:] for p in g["params"])
             known = self._internal_optimizer_metadata.setdefault(index, [])
             # the first epoch records every group; later ones the groups finetune_function added
             known.extend(_named_groups(groups if not known else groups[before:], names))
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Optimizer) -> None:
+        # DistributedDataParallel synchronises only the parameters that trained when it wrapped the model: those
+        # unfrozen since would drift apart between the ranks (as they do under Lightning), so their gradients are
+        # averaged here, in one collective (sharded DTensor gradients are the sharding strategy's own)
+        params = [p for p in self._unfrozen if not isinstance(p, DTensor)] if trainer.world_size > 1 else []
+        if not params:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        mean = trainer.strategy.reduce(torch.cat([g.reshape(-1) for g in grads]), "mean", name="unfrozen gradients")
+        for p, piece in zip(params, torch.split(mean, [g.numel() for g in grads])):
+            p.grad = piece.view_as(p).to(p.dtype)
 
     def _rebuild_groups(self, trainer: Any, pl_module: Any, metadata: dict[int, list[dict[str, Any]]]) -> None:
         params = dict(pl_module.named_parameters())
@@ -178,6 +195,7 @@ class BaseFinetuning(Callback):
                 self.make_trainable([m for m in pl_module.modules()
                                      if any(id(p) in ids for p in m.parameters(recurse=False))])
                 optimizer.add_param_group({**group, "params": members})
+                self._unfrozen.extend(members)
 
 
 def _named_groups(groups: list[dict[str, Any]], names: dict[Any, str]) -> list[dict[str, Any]]:
