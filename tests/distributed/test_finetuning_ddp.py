@@ -6,29 +6,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 import torchfleet as tf
+from tests.test_finetuning import MODEL, TORCHFLEET
 from torchfleet.callbacks import BackboneFinetuning, Callback
-from torchfleet.demos.boring_classes import BoringModel, RandomDataset
 
 pytestmark = [pytest.mark.distributed, pytest.mark.forks]
 
 
-class WithBackbone(BoringModel):
-    def __init__(self):
-        super().__init__()
-        self.backbone = nn.Sequential(nn.Linear(32, 16), nn.ReLU())
-        self.layer = nn.Linear(16, 2)
-
-    def forward(self, x):
-        return self.layer(self.backbone(x))
-
-    def train_dataloader(self):
-        return torch.utils.data.DataLoader(RandomDataset(32, 64), batch_size=4)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(filter(lambda p: p.requires_grad, self.parameters()), lr=0.1)
+def _classifier() -> type:
+    """tests/test_finetuning.py's model (a BatchNorm backbone and a linear head, SGD with a StepLR)."""
+    namespace: dict = {}
+    exec(compile(TORCHFLEET + MODEL, "finetuning_model", "exec"), namespace)
+    return namespace["Classifier"]
 
 
 class Spread(Callback):
@@ -42,7 +32,7 @@ class Spread(Callback):
 
 def test_unfrozen_backbone_stays_in_sync_across_ranks():
     tf.seed_everything(0)
-    model = WithBackbone()
+    model = _classifier()()
     model.register_buffer("backbone_spread", torch.tensor(-1.0))
     model.register_buffer("head_spread", torch.tensor(-1.0))
     before = model.backbone[0].weight.detach().clone()
