@@ -1,6 +1,6 @@
 """BackboneFinetuning under ddp on 2 real processes: the backbone, frozen when DistributedDataParallel wrapped the
 model, stays identical on every rank once unfrozen (its gradients are averaged by the callback; Lightning 2.6.6
-lets the copies drift apart, by 1e-2 in this run)."""
+lets the copies drift apart)."""
 
 from __future__ import annotations
 
