@@ -261,13 +261,13 @@ class Module(nn.Module, HyperparametersMixin):
 
     @property
     def global_rank(self) -> int:
-        strategy = self._strategy()
-        return strategy.global_rank if strategy is not None else 0
+        owner = self._trainer or self._strategy()  # the Trainer's own answer where there is one, as Lightning
+        return owner.global_rank if owner is not None else 0
 
     @property
     def local_rank(self) -> int:
-        strategy = self._strategy()
-        return strategy.local_rank if strategy is not None else 0
+        owner = self._trainer or self._strategy()
+        return owner.local_rank if owner is not None else 0
 
     @property
     def logger(self) -> Any:
