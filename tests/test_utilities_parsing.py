@@ -181,3 +181,30 @@ def test_save_hyperparameters_of_an_omegaconf_config_keeps_the_config(tmp_path):
     trainer.save_checkpoint(tmp_path / "m.ckpt")
     loaded = torch.load(tmp_path / "m.ckpt", weights_only=True)  # a safe load reads it back
     assert loaded["hyper_parameters"]["lr"] == 0.01
+
+
+def test_a_fleet_modules_log_reaches_the_fleets_loggers_and_refuses_what_cannot_be_logged(tmp_path):
+    from torchfleet import Fleet
+    from torchfleet.loggers import Logger
+
+    class Recorder(Logger):
+        name, version = "rec", 0
+
+        def __init__(self):
+            self.calls = []
+
+        def log_metrics(self, metrics, step=None):  # Lightning calls loggers by keyword: metrics=...
+            self.calls.append(dict(metrics))
+
+    recorder = Recorder()
+    fleet = Fleet(accelerator="cpu", devices=1, loggers=[recorder])
+    model = Regressor()
+    fleet.setup(model)
+    model.log_dict({"a": 1, "b": torch.tensor(0.5)})  # one call with both, as Lightning's Fabric
+    model.log("c", 2.0, logger=False)
+    assert recorder.calls == [{"a": 1.0, "b": 0.5}]
+    with pytest.raises(ConfigurationError, match="`list` values cannot be logged"):
+        model.log("bad", [1, 2])
+    with pytest.raises(ConfigurationError, match="nested dictionaries cannot be logged"):
+        fleet.log_dict({"group": {"x": 1}})
+    assert len(recorder.calls) == 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import builtins
 import contextlib
+import numbers
 import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -547,12 +548,20 @@ class Fleet:
         self.log_dict({name: value}, step=step)
 
     def log_dict(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        """Send metrics to the loggers (rank 0 only); tensors become floats."""
+        """Send metrics to the loggers (rank 0 only); tensors become floats. A value that is not a number or a
+        one-element tensor is refused on every rank ("`list` values cannot be logged": Lightning's words)."""
+        for name, value in metrics.items():
+            if isinstance(value, Mapping):
+                raise ConfigurationError(f"fleet.log_dict({{{name!r}: {{...}}}}): nested dictionaries cannot be logged; "
+                                         "flatten them into names such as 'group/metric'.")
+            if isinstance(value, bool) or not isinstance(value, (numbers.Number, Tensor)):
+                raise ConfigurationError(f"fleet.log({name!r}, {value!r}): `{type(value).__name__}` values cannot be "
+                                         "logged; log a number or a one-element tensor.")
         if not self.is_global_zero or not self._loggers:
             return
         plain = {k: v.item() if isinstance(v, Tensor) else float(v) for k, v in metrics.items()}
         for lg in self._loggers:
-            lg.log_metrics(plain, step=step)
+            lg.log_metrics(metrics=plain, step=step)  # by keyword, as Lightning calls loggers
 
     def call(self, hook_name: str, *args: Any, **kwargs: Any) -> None:
         """Call ``hook_name(*args, **kwargs)`` on every callback that defines it."""

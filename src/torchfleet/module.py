@@ -342,7 +342,9 @@ class Module(nn.Module, HyperparametersMixin):
         results.log(self._current_fx, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size)
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
-        """``self.log`` each item of ``dictionary`` with the same options."""
+        """``self.log`` each item of ``dictionary`` with the same options (in a Fleet loop: one ``fleet.log_dict``)."""
+        if self._trainer is None and self._fleet is not None:
+            return self._fleet.log_dict(dictionary) if kwargs.get("logger", True) else None
         for name, value in dictionary.items():
             self.log(name, value, **kwargs)
 
