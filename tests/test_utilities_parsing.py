@@ -1,6 +1,7 @@
 """``torchfleet.utilities.parsing`` and ``.enums`` (Lightning's module paths): attribute lookup across model, hparams
-and datamodule during a run, picklability, ``__init__`` arguments from frames, GradClipAlgorithmType, and
-``save_hyperparameters`` of an argparse Namespace."""
+and datamodule during a run, picklability, ``__init__`` arguments from frames, GradClipAlgorithmType; and the Module
+behaviours Lightning's tests of those names exercise: ``save_hyperparameters`` of an argparse Namespace or an
+OmegaConf config, ``clip_gradients`` with the Trainer's settings or through a Fleet, ``self.log`` in a Fleet loop."""
 
 from __future__ import annotations
 
