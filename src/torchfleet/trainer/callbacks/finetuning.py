@@ -140,6 +140,7 @@ class BaseFinetuning(Callback):
 
     # -- hooks -----------------------------------------------------------------------------------
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self._unfrozen = []  # a new run wraps the model again: only what this run unfreezes needs averaging
         self.freeze_before_training(pl_module)
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
