@@ -353,18 +353,22 @@ def test_fast_dev_run_keeps_model_checkpoint_but_saves_nothing(tmp_path):
         Trainer(accelerator="cpu", fast_dev_run=1, enable_checkpointing=False, callbacks=[ModelCheckpoint()])
 
 
+class ManualSteps(Regressor):
+    """Manual optimisation stepping every optimizer it has once a batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        for opt in self.optimizers():
+            opt.zero_grad()
+            self.manual_backward(nn.functional.mse_loss(self(batch[0]), batch[1]))
+            opt.step()
+
+
 def test_lr_monitor_names_and_momentum_follow_lightning(recwarn):
-    class TwoOptimizers(Regressor):
-        def __init__(self):
-            super().__init__()
-            self.automatic_optimization = False
-
-        def training_step(self, batch, batch_idx):
-            for opt in self.optimizers():
-                opt.zero_grad()
-                self.manual_backward(nn.functional.mse_loss(self(batch[0]), batch[1]))
-                opt.step()
-
+    class TwoOptimizers(ManualSteps):
         def on_train_epoch_end(self):
             self.lr_schedulers().step()  # manual optimisation steps its schedulers itself
 
@@ -432,3 +436,41 @@ def test_lr_monitor_names_a_lone_named_param_group_as_lightning(tmp_path):
     Trainer(max_epochs=2, callbacks=[monitor], **quiet(logger=True, default_root_dir=tmp_path)).fit(
         OneNamedGroup(), loader(16, 8))
     assert monitor.lrs == {"lr-SGD/linear": [0.1, 0.05]}  # an unnamed lone group stays "lr-SGD" (tests above)
+def test_model_checkpoint_annotations_are_objects_a_parser_can_call():
+    import argparse
+    import inspect
+    import typing
+
+    params = inspect.signature(ModelCheckpoint).parameters
+    save_last = params["save_last"].annotation
+    assert not isinstance(save_last, str) and typing.get_args(save_last) == (bool, typing.Literal["link"], type(None))
+    assert params["every_n_epochs"].annotation == (int | None)
+    jsonargparse = pytest.importorskip("jsonargparse", reason="the CLI parser that reads the annotations")
+    parser = jsonargparse.ArgumentParser()
+    parser.add_argument("--save_last", type=save_last)
+    assert [parser.parse_args(["--save_last", v]).save_last for v in ("yes", "false", "link")] == [True, False, "link"]
+    plain = argparse.ArgumentParser()
+    plain.add_argument("--every", type=typing.get_args(params["every_n_epochs"].annotation)[0])
+    assert plain.parse_args(["--every", "3"]).every == 3
+
+
+@pytest.mark.parametrize("name", ["every_n_epochs", "every_n_train_steps"])
+def test_model_checkpoint_refuses_negative_intervals_in_lightnings_words(name, tmp_path):
+    with pytest.raises(ConfigurationError, match=f"{name}=-3.*Must be >= 0"):
+        ModelCheckpoint(dirpath=tmp_path, **{name: -3})
+    ModelCheckpoint(dirpath=tmp_path, **{name: 0})  # 0 turns the interval off and is accepted
+
+
+def test_learning_rate_monitor_logs_every_n_batches_that_stepped(tmp_path):
+    from torchfleet.loggers import CSVLogger
+
+    class TwoOptimizers(ManualSteps):  # two optimizer steps per batch: global_step grows by 2
+        def configure_optimizers(self):
+            return [torch.optim.SGD(self.parameters(), lr=0.1), torch.optim.Adam(self.parameters(), lr=0.01)]
+
+    monitor = LearningRateMonitor(logging_interval="step")
+    trainer = Trainer(**quiet(max_epochs=2, log_every_n_steps=2, logger=CSVLogger(tmp_path), callbacks=[monitor]))
+    trainer.fit(TwoOptimizers(), loader(n=56))  # 7 batches an epoch
+    assert trainer.global_step == 28
+    # as Lightning: the cadence counts batches after which an optimizer stepped (14), not optimizer steps (28)
+    assert {k: len(v) for k, v in monitor.lrs.items()} == {"lr-SGD": 7, "lr-Adam": 7}

@@ -226,3 +226,13 @@ def test_lightning_module_ports_by_changing_imports(tmp_path):
     reloaded = namespace["LitClassifier"].load_from_checkpoint(trainer.checkpoint_callback.best_model_path)
     assert reloaded.hparams.hidden == 32
     assert (tmp_path / "logs").exists()
+
+
+def test_ranks_are_the_trainers_own():
+    # a stand-in trainer (Lightning's tests use Mock(global_rank=...)) answers for the module, as in Lightning
+    import types
+
+    model = Regressor()
+    assert (model.global_rank, model.local_rank) == (0, 0)
+    model.trainer = types.SimpleNamespace(global_rank=3, local_rank=1, strategy=None)
+    assert (model.global_rank, model.local_rank) == (3, 1)

@@ -1,6 +1,8 @@
 """Public callbacks: ``from torchfleet.callbacks import ModelCheckpoint, EarlyStopping, ...``."""
 
 from torchfleet.trainer.callbacks import (
+    BackboneFinetuning,
+    BaseFinetuning,
     Callback,
     EarlyStopping,
     EarlyStoppingReason,
@@ -18,4 +20,4 @@ from torchfleet.trainer.callbacks import (
 
 __all__ = ["Callback", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason", "ProgressBar", "TQDMProgressBar",
            "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor", "ThroughputMonitor", "Timer",
-           "LambdaCallback"]
+           "LambdaCallback", "BaseFinetuning", "BackboneFinetuning"]

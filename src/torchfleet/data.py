@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping, Sized
 from typing import Any
+
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from torchfleet.errors import ConfigurationError
 from torchfleet.module import HyperparametersMixin
@@ -11,6 +15,15 @@ from torchfleet.module import HyperparametersMixin
 from torchfleet.samplers import ExactDistributedSampler, inject_distributed_sampler
 
 __all__ = ["DataModule", "ExactDistributedSampler", "inject_distributed_sampler"]
+
+
+class NoDataloader(ConfigurationError, NotImplementedError):
+    """A DataModule asked for a stage's dataloader it does not define; the Trainer then uses the model's."""
+
+    def __init__(self, datamodule: Any, method: str) -> None:
+        # "must be implemented" is Lightning's phrase, which ported tests match
+        super().__init__(f"`{method}` must be implemented to be used with the Trainer: {type(datamodule).__name__} "
+                         f"defines no {method}() (nor was it given that stage's dataset in from_datasets).")
 
 
 class DataModule(HyperparametersMixin):
@@ -40,11 +53,12 @@ class DataModule(HyperparametersMixin):
         import inspect
 
         from torch.utils._pytree import tree_map
-        from torch.utils.data import DataLoader, Dataset, IterableDataset
 
         def loaders(datasets: Any, shuffle: bool = False) -> Any:
-            return tree_map(lambda ds: DataLoader(ds, batch_size=batch_size, num_workers=num_workers,
-                                                  shuffle=shuffle and not isinstance(ds, IterableDataset))
+            # pin_memory as Lightning's from_datasets (on a machine without an accelerator torch warns and ignores it)
+            return tree_map(lambda ds: DataLoader(ds, batch_size=batch_size,
+                                                  shuffle=shuffle and not isinstance(ds, IterableDataset),
+                                                  num_workers=num_workers, pin_memory=True)
                             if isinstance(ds, Dataset) else ds, datasets)
 
         params = inspect.signature(cls.__init__).parameters
@@ -58,6 +72,15 @@ class DataModule(HyperparametersMixin):
                 setattr(datamodule, f"{name}_dataloader", lambda d=datasets, s=shuffle: loaders(d, s))
         return datamodule
 
+    def __str__(self) -> str:
+        """The dataloaders each stage gets now, one line a stage (``{Train dataloader: size=64}``): "None" where the
+        method is not defined or fails (its stage not set up yet), "NA" for data without a length."""
+        lines = []
+        for label, method in (("Train", "train_dataloader"), ("Validation", "val_dataloader"),
+                              ("Test", "test_dataloader"), ("Predict", "predict_dataloader")):
+            lines.append(f"{{{label} dataloader: {_describe_loaders(self, method)}}}")
+        return os.linesep.join(lines)
+
     def prepare_data(self) -> None:
         """Download or write files; runs on one process a machine, or on global rank 0 only with
         ``prepare_data_per_node = False`` (before the others' ``setup``)."""
@@ -69,16 +92,16 @@ class DataModule(HyperparametersMixin):
         """Release what ``setup`` built."""
 
     def train_dataloader(self) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} defines no train_dataloader()")
+        raise NoDataloader(self, "train_dataloader")
 
     def val_dataloader(self) -> Any:
-        return []
+        raise NoDataloader(self, "val_dataloader")
 
     def test_dataloader(self) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} defines no test_dataloader()")
+        raise NoDataloader(self, "test_dataloader")
 
     def predict_dataloader(self) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} defines no predict_dataloader()")
+        raise NoDataloader(self, "predict_dataloader")
 
     def state_dict(self) -> dict[str, Any]:
         """State to keep in checkpoints (e.g. a curriculum position)."""
@@ -101,6 +124,23 @@ class DataModule(HyperparametersMixin):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         return batch
+
+
+def _describe_loaders(datamodule: DataModule, method: str) -> str:
+    """``size=N`` for one DataLoader, ``1. size=N ; 2. size=NA`` for several, "None" where there are none."""
+    try:
+        loaders = getattr(datamodule, method)()
+    except Exception:  # str() must not fail because a stage's data were not set up: that is what it reports
+        return "None"
+
+    def size(loader: Any) -> str:
+        dataset = getattr(loader, "dataset", None)
+        return f"size={len(dataset)}" if isinstance(dataset, Sized) else "size=NA"
+
+    if isinstance(loaders, DataLoader):
+        return size(loaders)
+    many = list(loaders.values()) if isinstance(loaders, Mapping) else list(loaders)
+    return " ; ".join(f"{i}. {size(loader)}" for i, loader in enumerate(many, start=1)) or "None"
 
 
 def loaders_or_datamodule(loaders: Any, datamodule: Any, call: str) -> tuple[Any, Any]:

@@ -548,15 +548,15 @@ class Fleet:
         self.log_dict({name: value}, step=step)
 
     def log_dict(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        """Send metrics to the loggers (rank 0 only); one-element tensors become Python numbers, as in Fabric."""
+        """Send metrics to the loggers (rank 0 only); tensors become floats. A value that is not a number or a
+        one-element tensor is refused on every rank ("`list` values cannot be logged": Lightning's words)."""
         for name, value in metrics.items():
-            if not isinstance(value, (Tensor, numbers.Number)):
-                # "`<type>` values cannot be logged", "nested dictionaries cannot be logged": Lightning's key phrases
-                what = "nested dictionaries" if isinstance(value, Mapping) else f"`{type(value).__name__}` values"
-                raise ConfigurationError(
-                    f"fleet.log({name!r}, {value!r}): {what} cannot be logged. Log a number or a one-element tensor "
-                    "(log_dict for several names)."
-                )
+            if isinstance(value, Mapping):
+                raise ConfigurationError(f"fleet.log_dict({{{name!r}: {{...}}}}): nested dictionaries cannot be logged; "
+                                         "flatten them into names such as 'group/metric'.")
+            if isinstance(value, bool) or not isinstance(value, (numbers.Number, Tensor)):
+                raise ConfigurationError(f"fleet.log({name!r}, {value!r}): `{type(value).__name__}` values cannot be "
+                                         "logged; log a number or a one-element tensor.")
         if not self.is_global_zero or not self._loggers:
             return
         plain = {k: v.item() if isinstance(v, Tensor) else v for k, v in metrics.items()}

@@ -4,25 +4,16 @@ from __future__ import annotations
 
 import copy
 import inspect
+import sys
+from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
 
 from torchfleet.errors import ConfigurationError
-
-
-class AttributeDict(dict):
-    """A dict whose keys are also attributes (``self.hparams.lr``)."""
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return self[key]
-        except KeyError as exc:
-            raise AttributeError(f"No hyperparameter {key!r}; saved ones are: {', '.join(self) or 'none'}.") from exc
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        self[key] = value
+from torchfleet.utilities.parsing import AttributeDict
+from torchfleet.utilities.parsing import frame_args as _init_args
 
 
 class HyperparametersMixin:
@@ -54,6 +45,13 @@ class HyperparametersMixin:
         With names as ``args``, store only those (or one dict of values); ``ignore`` lists names to leave out;
         ``logger=False`` keeps them out of the loggers (they are still saved in checkpoints).
         """
+        omegaconf = sys.modules.get("omegaconf")
+        if len(args) == 1 and omegaconf is not None and isinstance(args[0], omegaconf.DictConfig):
+            # a Hydra/OmegaConf config stays one, as Lightning keeps it: self.hparams is that config
+            object.__setattr__(self, "_hparams", args[0])
+            object.__setattr__(self, "_hparams_initial", copy.deepcopy(args[0]))
+            object.__setattr__(self, "_log_hyperparams", logger)
+            return
         frame = frame or inspect.currentframe().f_back  # type: ignore[union-attr]
         # every __init__ of this object on the stack contributes (a subclass's arguments override its
         # parent's), so a parent that calls save_hyperparameters() also records the subclass's arguments
@@ -66,8 +64,9 @@ class HyperparametersMixin:
         if not values:
             values = _init_args(frame)
         if args:
-            if len(args) == 1 and isinstance(args[0], Mapping):
-                values = dict(args[0])
+            if len(args) == 1 and isinstance(args[0], (Mapping, Namespace)):
+                # one dict, Namespace (an argparse program's args) or config: its entries are the hyperparameters
+                values = dict(vars(args[0]) if isinstance(args[0], Namespace) else args[0])
             else:
                 missing = [a for a in args if a not in values]
                 if missing:
@@ -86,15 +85,3 @@ class HyperparametersMixin:
         object.__setattr__(self, "_hparams_initial", copy.deepcopy(AttributeDict(self.hparams)))
         object.__setattr__(self, "_log_hyperparams", logger)
 
-
-def _init_args(frame: Any) -> dict[str, Any]:
-    """The named arguments (and expanded ``**kwargs``) of the function running in ``frame``."""
-    code = frame.f_code
-    local = frame.f_locals
-    n_named = code.co_argcount + code.co_kwonlyargcount
-    names = code.co_varnames[1:n_named]
-    values = {n: local[n] for n in names if n in local}
-    if code.co_flags & inspect.CO_VARKEYWORDS:
-        kw_name = code.co_varnames[n_named + bool(code.co_flags & inspect.CO_VARARGS)]
-        values.update(local.get(kw_name, {}))
-    return values

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from torch.optim import Optimizer
 from torchfleet.compiled import jit_scan, jit_scanning
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.hparams import AttributeDict, HyperparametersMixin
+from torchfleet.settings import clip_arguments
 from torchfleet.watchdog import labelled
 
 if TYPE_CHECKING:
@@ -316,11 +318,13 @@ class Module(nn.Module, HyperparametersMixin):
         with callbacks that must decide alike on every rank).
         """
         results = self._results
-        if results is None:
+        if results is None or getattr(self._trainer, "barebones", False) is True:
             if self._trainer is None:
                 if self._fleet is not None and logger:  # in a Fleet loop: straight to the Fleet's loggers
                     self._fleet.log(name, value)
                 return  # outside a Trainer and a Fleet (a unit test): nothing records it
+            if self._trainer.barebones is True:  # "`Trainer(barebones=True)` is configured": Lightning's words
+                return warnings.warn("self.log() does nothing: `Trainer(barebones=True)` is configured.", stacklevel=2)
             raise ConfigurationError(
                 f"self.log({name!r}, ...) was called from {self._current_fx or 'a hook'} where the Trainer records "
                 "nothing. Log from training_step, validation_step, test_step or the batch/epoch hooks."
@@ -451,7 +455,16 @@ class Module(nn.Module, HyperparametersMixin):
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """Clip the gradients of ``optimizer``'s parameters by norm (default) or by value."""
+        """Clip the gradients of ``optimizer``'s parameters by norm (default) or by value (in a Trainer, by default
+        with its ``gradient_clip_val``/``gradient_clip_algorithm``; in a Fleet loop, through ``fleet.clip_gradients``)."""
+        if self._trainer is None and self._fleet is not None:
+            by_value = str(gradient_clip_algorithm).lower() == "value"
+            return self._fleet.clip_gradients(self, optimizer, clip_val=gradient_clip_val if by_value else None,
+                                              max_norm=None if by_value else gradient_clip_val)
+        if self._trainer is not None:
+            gradient_clip_val, gradient_clip_algorithm = clip_arguments(
+                gradient_clip_val, gradient_clip_algorithm, self._trainer.gradient_clip_val,
+                self._trainer._gradient_clip_algorithm_given)
         if gradient_clip_val is None or gradient_clip_val <= 0:
             return
         algorithm = gradient_clip_algorithm or "norm"

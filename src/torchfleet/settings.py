@@ -18,6 +18,21 @@ if TYPE_CHECKING:
 CLIP_ALGORITHMS = ("norm", "value")
 
 
+def clip_arguments(given_val: float | None, given_algorithm: str | None, trainer_val: float | None,
+                   trainer_algorithm: str | None) -> tuple[float | None, str]:
+    """What ``Module.clip_gradients`` clips with inside a Trainer: the Trainer's settings where none are given; a
+    value that differs from one the Trainer was given is refused (they would fight over every step), as Lightning."""
+    for name, given, trainers in (("gradient_clip_val", given_val, trainer_val),
+                                  ("gradient_clip_algorithm", given_algorithm, trainer_algorithm)):
+        if given is not None and trainers is not None and given != trainers:
+            # "You have set `Trainer(x=...)` and have passed `clip_gradients(x=...)`": Lightning's words
+            raise ConfigurationError(
+                f"You have set `Trainer({name}={trainers!r})` and have passed `clip_gradients({name}={given!r})`: "
+                "use only one of them (or call clip_gradients without it to use the Trainer's).")
+    algorithm = str(given_algorithm if given_algorithm is not None else trainer_algorithm or "norm").lower()
+    return (given_val if given_val is not None else trainer_val), algorithm
+
+
 @dataclass(frozen=True)
 class TrainingSettings:
     """How the caller trains, for strategies that must know it ahead of the loop (DeepSpeed's config).

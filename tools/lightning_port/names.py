@@ -57,7 +57,7 @@ MODULES = {
     "lightning.pytorch.plugins.io": "torchfleet.checkpoint",
     "lightning.pytorch.plugins.environments": "torchfleet.environments",
     "lightning.pytorch.demos": "torchfleet.demos",
-    "lightning.pytorch.demos.boring_classes": "torchfleet.demos",
+    "lightning.pytorch.demos.boring_classes": "torchfleet.demos.boring_classes",
     "lightning.pytorch.profilers": "torchfleet.profilers",
     "lightning.pytorch.profilers.profiler": "torchfleet.profilers.base",
     "lightning.pytorch.utilities": "torchfleet.utilities",

@@ -273,6 +273,37 @@ class DummyExperiment:
         pass
 
 
+class DummyLogger(Logger):
+    """What ``fast_dev_run`` puts in the loggers' place: it records nothing, and code that uses the logger
+    (``self.logger.experiment.add_image(...)``, a method of one logger's API) runs unchanged, as in Lightning."""
+
+    def __init__(self) -> None:
+        self._experiment = DummyExperiment()
+
+    @property
+    def experiment(self) -> DummyExperiment:
+        return self._experiment
+
+    @property
+    def name(self) -> str:
+        return ""
+
+    @property
+    def version(self) -> str:
+        return ""
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Records nothing."""
+
+    def __getitem__(self, index: int) -> DummyLogger:
+        return self  # self.logger[0].experiment..., as Lightning's
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # copy and pickle look for protocol methods: those are absent
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None  # another logger's method (log_image, watch, ...): does nothing
+
+
 def on_rank_zero() -> bool:
     from torchfleet.utilities import rank_zero_only
 

@@ -32,19 +32,23 @@ StrategyRegistry.register(
 def _register_ddp() -> None:
     from torchfleet.strategies.ddp import DDPStrategy
 
-    StrategyRegistry.register(
-        "ddp", DDPStrategy, description="DistributedDataParallel; re-runs the script for each local rank.")
-    StrategyRegistry.register(
-        "ddp_spawn", DDPStrategy, start_method="spawn",
-        description="DistributedDataParallel in processes started with spawn (everything is pickled).")
-    StrategyRegistry.register(
-        "ddp_fork", DDPStrategy, start_method="fork",
-        description="DistributedDataParallel in forked processes: works from notebooks and the Python prompt.")
-    StrategyRegistry.register(
-        "ddp_notebook", DDPStrategy, start_method="fork", description="Same as ddp_fork.")
-    StrategyRegistry.register(
-        "ddp_find_unused_parameters_true", DDPStrategy, find_unused_parameters=True,
-        description="ddp for models whose forward leaves some parameters without gradients.")
+    launches = (
+        ("ddp", "popen", "DistributedDataParallel; re-runs the script for each local rank."),
+        ("ddp_spawn", "spawn", "DistributedDataParallel in processes started with spawn (everything is pickled)."),
+        ("ddp_fork", "fork",
+         "DistributedDataParallel in forked processes: works from notebooks and the Python prompt."),
+        ("ddp_notebook", "fork", "Same as ddp_fork."),
+    )
+    for name, start_method, description in launches:
+        StrategyRegistry.register(name, DDPStrategy, start_method=start_method, description=description)
+        # Lightning registers every launch combined with both find_unused_parameters values; a ported
+        # program's string must keep working, and False is an explicit choice (manual optimisation would
+        # otherwise turn the search on)
+        for value, what in ((True, "for models whose forward leaves some parameters without gradients"),
+                            (False, "with the search for unused parameters off, even under manual optimisation")):
+            StrategyRegistry.register(
+                f"{name}_find_unused_parameters_{str(value).lower()}", DDPStrategy, start_method=start_method,
+                find_unused_parameters=value, description=f"{name} {what}.")
 
 
 _register_ddp()

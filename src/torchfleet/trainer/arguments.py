@@ -137,7 +137,7 @@ def check_loop_args(
             "run earlier)."
         )
     positive_int("check_val_every_n_epoch", check_val_every_n_epoch)
-    positive_int("log_every_n_steps", log_every_n_steps)
+    positive_int("log_every_n_steps", log_every_n_steps, 0)  # 0: never by steps (as Lightning, and barebones)
     if num_sanity_val_steps is not None and num_sanity_val_steps != -1:
         positive_int("num_sanity_val_steps", num_sanity_val_steps, 0)
     if val_check_interval is not None:
@@ -161,6 +161,39 @@ def check_loop_args(
         )
     if deterministic not in (None, True, False, "warn"):
         raise ConfigurationError(f"deterministic={deterministic!r} is not valid: give True, False or 'warn'.")
+
+
+#: what barebones=True switches off: the argument, a value that would switch it on, and why it costs speed
+_BAREBONES = (
+    ("enable_checkpointing", "checkpointing writes files"),
+    ("logger", "logging writes files"),
+    ("enable_progress_bar", "the progress bar redraws every step"),
+    ("enable_model_summary", "the model summary walks the model"),
+    ("log_every_n_steps", "logging writes files"),
+    ("num_sanity_val_steps", "the sanity check runs validation batches"),
+    ("fast_dev_run", "a development run is not a measurement of speed"),
+    ("detect_anomaly", "anomaly detection checks every backward"),
+    ("profiler", "profiling times every hook"),
+)
+
+
+def barebones_overrides(given: dict[str, Any]) -> dict[str, Any]:
+    """The arguments ``barebones=True`` sets, after refusing any of them given a value that switches it on.
+
+    As Lightning's barebones mode: no checkpoints, loggers, progress bar, model summary, sanity check, self.log or
+    profiler, so that what remains is the loop's own cost (``bench/overhead.py`` measures it the same way).
+    """
+    for name, why in _BAREBONES:
+        value = given[name]
+        if not (value is None or value is False or value == [] or (type(value) is int and value == 0)):
+            # "`Trainer(barebones=True, x=v)` was passed" is Lightning's phrase, which ported tests match
+            raise ConfigurationError(f"`Trainer(barebones=True, {name}={value!r})` was passed, but barebones mode "
+                                     f"switches {name} off: {why}, which the mode leaves out. Remove the argument, "
+                                     "or drop barebones=True.")
+    log.info("You are running in `Trainer(barebones=True)` mode: checkpointing, loggers, the progress bar, the model "
+             "summary, the sanity check, self.log, anomaly detection and profiling are off.")
+    return {"enable_checkpointing": False, "logger": False, "enable_progress_bar": False,
+            "enable_model_summary": False, "log_every_n_steps": 0, "num_sanity_val_steps": 0}
 
 
 def check_switches(**switches: Any) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 import time
 import warnings
 from collections.abc import Mapping
@@ -21,7 +22,13 @@ from torchfleet.seed import capture_rng, restore_rng
 from torchfleet.trainer.eval_loop import EvalLoop, publish_epoch
 from torchfleet.trainer.hooks import batch_transfer_fn, trim_step_arguments
 from torchfleet.trainer.logging import Results, logger_step, open_train_results, train_epoch_results
-from torchfleet.trainer.loop_shape import NEVER_LAST, LookAhead, has_length, no_training_warning
+from torchfleet.trainer.loop_shape import (
+    NEVER_LAST,
+    LookAhead,
+    has_length,
+    no_training_warning,
+    val_every_fraction,
+)
 from torchfleet.watchdog import set_position
 
 if TYPE_CHECKING:
@@ -60,8 +67,10 @@ class FitLoop:
     """Epochs of training batches, with validation, logging, checkpoint callbacks and exact resume."""
 
     def __init__(self, trainer: Trainer, model: Any, train_loader: Any, val_loaders: list[Any],
-                 lockstep: bool = False) -> None:
+                 lockstep: bool = False, reload: Any = None) -> None:
         self.trainer = trainer
+        #: reload_dataloaders_every_n_epochs: ``reload(loop, kind)`` asks for the loaders again when due (stage.py)
+        self._reload = reload or (lambda loop, kind: None)
         self.model = model
         self.loader = train_loader
         self.val_loaders = val_loaders
@@ -77,7 +86,7 @@ class FitLoop:
         if self._val_seconds is not None:
             self.val_every = 0  # unused: time decides
         elif isinstance(interval, float):
-            self.val_every = n if math.isinf(n) or interval == 1.0 else max(1, int(n * interval))
+            self.val_every = val_every_fraction(n, interval)
         else:
             # with check_val_every_n_epoch=None the interval counts batches across epochs: it may exceed one
             if trainer.check_val_every_n_epoch is not None and not math.isinf(n) and interval > n:
@@ -156,12 +165,14 @@ class FitLoop:
         open_train_results(trainer.state, self.model, self.strategy.root_device)  # on_train_start may self.log
         trainer._hooks.call("on_train_start", trainer)
         ran = False
+        self._reload(self, None)  # the loaders fit started with count as asked for at this (restored) epoch
         while not self._done():
             ran = True
             if mid_epoch is not None:
                 empty = self.run_epoch(start_batch, mid_epoch, resume_rng)
                 mid_epoch = None
             else:
+                self._reload(self, "train")
                 empty = self.run_epoch(0, None, None)
             self._batches_before += trainer.state.progress["batches_done"]
             stop = trainer.state.should_stop and self._may_stop(trainer.state.current_epoch + 1)
@@ -220,7 +231,7 @@ class FitLoop:
         if not math.isinf(limit):  # as Lightning: the batch after the limit is never read (nor its random draws)
             iterator = itertools.islice(iterator, max(0, limit - start_batch))
         accumulate = trainer.accumulate_grad_batches
-        log_every = trainer.log_every_n_steps
+        log_every = trainer.log_every_n_steps or sys.maxsize  # 0: never by steps (barebones)
         automatic = model.automatic_optimization
         opt = trainer.optimizers[0] if trainer.optimizers else None
         step_fn = trim_step_arguments(strategy.step_function(state.wrapped, "training_step"), model, "training_step", 2)
@@ -467,6 +478,7 @@ class FitLoop:
 
     def _validate(self) -> None:
         trainer = self.trainer
+        self._reload(self, "val")
         trainer.state.in_train = False
         EvalLoop(trainer, self.model, "validate", self.val_loaders, trainer.num_val_batches,
                  on_metrics=lambda: self._set_progress(val_pending=False)).run()

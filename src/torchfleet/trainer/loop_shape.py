@@ -75,6 +75,11 @@ def agree_fit(strategy: Any, train_batches: int | float, train_sized: bool, val_
     return FitShape(_as_count(agreed), lockstep, vals)
 
 
+def val_every_fraction(n: int | float, interval: float) -> int | float:
+    """Training batches between validations for a val_check_interval that is a fraction of ``n`` batches."""
+    return n if math.isinf(n) or interval == 1.0 else max(1, int(n * interval))
+
+
 def agree_eval(strategy: Any, batches: list[Any]) -> list[int | float]:
     """Per dataloader, the largest number of batches any rank evaluates: the count every rank's loop runs to."""
     table = gather_counts(strategy, list(batches))

@@ -25,7 +25,7 @@ from torchfleet.settings import loader_batch_size
 from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore
 from torchfleet.trainer.eval_loop import EvalLoop
 from torchfleet.trainer.fit_loop import FitLoop
-from torchfleet.trainer.loop_shape import agree_eval, agree_fit, has_length
+from torchfleet.trainer.loop_shape import agree_eval, agree_fit, has_length, val_every_fraction
 from torchfleet.trainer.optim import parse_optimizers, validate_schedulers
 from torchfleet.trainer.preemption import FitPreemption
 from torchfleet.trainer.profiling import attach as attach_profiler
@@ -48,6 +48,8 @@ def _source(trainer: Trainer, model: Any, kind: str, given: Any) -> Any:
             try:
                 return fn()
             except NotImplementedError:
+                if kind == "val" and owner is trainer.datamodule:
+                    return None  # as Lightning: a datamodule without val_dataloader means no validation
                 continue
     return None
 
@@ -106,10 +108,12 @@ def set_torch_flags(deterministic: bool | str | None, benchmark: bool | None) ->
 
 def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any, kw: dict) -> Any:
     """Run one of fit/validate/test/predict in this process (called directly or by the launcher in each rank)."""
-    if stage == "fit":  # SIGTERM/SIGUSR1 save a checkpoint and stop (trainer/preemption.py)
-        with FitPreemption(trainer):
-            return _run_stage(trainer, stage, model, train_dl, eval_dl, ckpt_path, kw)
-    return _run_stage(trainer, stage, model, train_dl, eval_dl, ckpt_path, kw)
+    # in each rank's process: anomaly mode is per thread, and spawned ranks start without it
+    with torch.autograd.set_detect_anomaly(True) if trainer._detect_anomaly else contextlib.nullcontext():
+        if stage == "fit":  # SIGTERM/SIGUSR1 save a checkpoint and stop (trainer/preemption.py)
+            with FitPreemption(trainer):
+                return _run_stage(trainer, stage, model, train_dl, eval_dl, ckpt_path, kw)
+        return _run_stage(trainer, stage, model, train_dl, eval_dl, ckpt_path, kw)
 
 
 def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any, kw: dict) -> Any:
@@ -300,6 +304,8 @@ def _check_training_step_signature(model: Any) -> None:
 
 def _defines_step(model: Any, name: str) -> bool:
     """Whether the model's class defines ``name`` (set to None, as Lightning allows, it disables that loop)."""
+    if name in vars(model):  # set on the instance: `model.validation_step = None` turns validation off too
+        return vars(model)[name] is not None
     impl = getattr(type(model), name, None)
     return impl is not None and impl is not getattr(Module, name)
 
@@ -312,6 +318,17 @@ def _fit_sources(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any) -> tu
     checked = _defines_step(model, "validation_step") and trainer.num_sanity_val_steps and trainer.limit_val_batches
     with isolate_rng() if checked else contextlib.nullcontext():
         val_source = _as_list(_source(trainer, model, "val", val_dl)) if trainer.limit_val_batches else []
+    train_loader = _train_source(trainer, model, train_dl)
+    if val_source and not _defines_step(model, "validation_step"):
+        if getattr(type(model), "validation_step", None) is not None and trainer.is_global_zero:
+            warnings.warn(f"fit got validation data but {type(model).__name__} defines no validation_step: "
+                          "validation is skipped.", UserWarning, stacklevel=2)
+        val_source = []  # validation_step = None: validation is switched off, as in Lightning
+    return train_loader, val_source
+
+
+def _train_source(trainer: Trainer, model: Any, train_dl: Any) -> Any:
+    """The training data, several loaders combined; refused where there are none or they cannot train."""
     train_loader = _source(trainer, model, "train", train_dl)
     if train_loader is None:
         raise ConfigurationError(
@@ -326,12 +343,45 @@ def _fit_sources(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any) -> tu
             'every loader. Use mode "max_size_cycle" (the default for a list or dict of loaders), "max_size" or '
             '"min_size".'
         )
-    if val_source and not _defines_step(model, "validation_step"):
-        if getattr(type(model), "validation_step", None) is not None and trainer.is_global_zero:
-            warnings.warn(f"fit got validation data but {type(model).__name__} defines no validation_step: "
-                          "validation is skipped.", UserWarning, stacklevel=2)
-        val_source = []  # validation_step = None: validation is switched off, as in Lightning
-    return train_loader, val_source
+    return train_loader
+
+
+def _prepared(trainer: Trainer, loader: Any, stage: str) -> Any:
+    """A fit loader as the loops read it: unshuffled under overfit_batches, then the strategy's (its sampler)."""
+    if trainer.overfit_batches:
+        loader = _each_loader(loader, without_shuffle, "training" if stage == "fit" else "validation")
+    return _for_strategy(trainer, loader, stage)
+
+
+def _reloader(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any) -> Any:
+    """For ``reload_dataloaders_every_n_epochs``: ``reload(loop, kind)`` gives the fit loop the training loader (at an
+    epoch's start) or the validation loaders (before validating) anew when that many epochs passed since they were
+    last asked for, as Lightning, their batch counts agreed again; ``kind=None`` marks the loaders fit started with."""
+    every, strategy, asked_at = trainer.reload_dataloaders_every_n_epochs, trainer.strategy, {}
+
+    def reload(loop: FitLoop, kind: str | None) -> None:
+        epoch = trainer.state.current_epoch
+        if kind is None:
+            asked_at.update(train=epoch, val=epoch)
+            return
+        if epoch - asked_at[kind] < every:
+            return
+        asked_at[kind] = epoch
+        if kind == "val":
+            loop.val_loaders = [_prepared(trainer, v, "validate") for v in _as_list(_source(trainer, model, "val", val_dl))]
+            trainer.num_val_batches = agree_eval(
+                strategy, [_num_batches(v, trainer.limit_val_batches) for v in loop.val_loaders])
+            trainer.val_dataloaders = _one_or_list(loop.val_loaders)
+            return
+        loop.loader = loader = _prepared(trainer, _train_source(trainer, model, train_dl), "fit")
+        shape = agree_fit(strategy, _num_batches(loader, trainer.limit_train_batches), has_length(loader), [])
+        trainer.num_training_batches, loop._lockstep = shape.train_batches, shape.lockstep
+        loop._look_ahead = shape.lockstep or not has_length(loader)
+        trainer.train_dataloader = loader.combined.iterables if isinstance(loader, BatchView) else loader
+        if loop._val_seconds is None and isinstance(trainer.val_check_interval, float):  # the epoch's length changed
+            loop.val_every = val_every_fraction(shape.train_batches, trainer.val_check_interval)
+
+    return reload if every else None
 
 
 def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: Any, weights_only: bool | None) -> None:
@@ -343,12 +393,9 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
         warnings.warn(f"`max_epochs` was not set. Setting it to {trainer.max_epochs} epochs: fit stops after "
                       f"{trainer.max_epochs} epochs. Pass max_epochs=N, or max_epochs=-1 to train until max_steps, "
                       "max_time or a callback stops it.", PossibleUserWarning, stacklevel=2)
-    if trainer.overfit_batches:
-        train_loader = _each_loader(train_loader, without_shuffle, "training")
-        val_source = [_each_loader(v, without_shuffle, "validation") for v in val_source]
     micro_batch_size = loader_batch_size(train_loader)
-    train_loader = _for_strategy(trainer, train_loader, "fit")
-    val_loaders = [_for_strategy(trainer, v, "validate") for v in val_source]
+    train_loader = _prepared(trainer, train_loader, "fit")
+    val_loaders = [_prepared(trainer, v, "validate") for v in val_source]
     # every rank runs the same number of training and validation batches (loop_shape.py): one collective
     shape = agree_fit(strategy, _num_batches(train_loader, trainer.limit_train_batches), has_length(train_loader),
                       [_num_batches(v, trainer.limit_val_batches) for v in val_loaders])
@@ -375,7 +422,8 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
     if trainer.num_sanity_val_steps and val_loaders and trainer.limit_val_batches:
         with isolate_rng():  # as in Lightning: training draws the same numbers with and without the check
             _sanity_check(trainer, model, val_loaders)
-    FitLoop(trainer, model, train_loader, val_loaders, lockstep=shape.lockstep).run()
+    FitLoop(trainer, model, train_loader, val_loaders, lockstep=shape.lockstep,
+            reload=_reloader(trainer, model, train_dl, val_dl)).run()
     trainer._hooks.call("on_fit_end", trainer)
     if trainer.is_global_zero:
         for lg in trainer.loggers:

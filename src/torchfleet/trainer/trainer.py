@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from torchfleet.errors import ConfigurationError
+from torchfleet.errors import ConfigurationError, check_int
 from torchfleet.settings import TrainingSettings
 from torchfleet.trainer import arguments as args
 from torchfleet.trainer.arguments import default
@@ -110,6 +110,11 @@ class Trainer:
             many times (default 0: the run fails at once). ddp re-runs the whole script.
         hang_timeout: seconds (or a timedelta) a rank may wait in one collective before every rank is stopped with a
             report of what each was doing (hang or desync, with call sites and stacks); default 300, None or 0: off.
+        barebones: switch off everything that costs speed (checkpointing, loggers, progress bar, model summary,
+            sanity check, self.log, profiler) to measure the loop itself; giving one of them too is refused.
+        detect_anomaly: run the stages under torch.autograd.set_detect_anomaly (slow; finds the op that made a NaN).
+        reload_dataloaders_every_n_epochs: ask for the training and validation dataloaders again every n epochs
+            (0: once per fit).
     """
 
     def __init__(
@@ -154,8 +159,24 @@ class Trainer:
         auto_resume: bool = True,
         max_restarts: int = 0,
         hang_timeout: float | timedelta | None = DEFAULT_HANG_TIMEOUT_S,
+        barebones: bool = False,
+        detect_anomaly: bool = False,
+        reload_dataloaders_every_n_epochs: int = 0,
     ) -> None:
         from torchfleet.connector import resolve
+
+        args.check_switches(barebones=barebones, detect_anomaly=detect_anomaly)
+        #: every feature that costs speed switched off (arguments.barebones_overrides lists them)
+        self.barebones = barebones
+        if barebones:
+            (enable_checkpointing, logger, enable_progress_bar, enable_model_summary, log_every_n_steps,
+             num_sanity_val_steps) = args.barebones_overrides(locals()).values()
+        #: the stages run under torch.autograd.set_detect_anomaly (Lightning's private name)
+        self._detect_anomaly = detect_anomaly
+        #: the training and validation dataloaders are asked for again every n epochs (0: once per fit)
+        self.reload_dataloaders_every_n_epochs = check_int(
+            "reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs, 0, "Trainer",
+            meaning="epochs between requests of the dataloaders; 0: once per fit")
 
         # Every argument error is raised here, before anything runs.
         self.strategy = resolve(
@@ -195,7 +216,10 @@ class Trainer:
             num_sanity_val_steps, val_check_interval, check_val_every_n_epoch = 0, 1.0, 1
             self.val_check_seconds = None  # a duration means nothing for a run of a few batches
             # as Lightning, checkpointing is not switched off: ModelCheckpoint saves nothing under fast_dev_run
-            loggers = []
+            from torchfleet.loggers import DummyLogger
+
+            # as Lightning: the loggers record nothing, but code that uses self.logger still runs
+            loggers = [DummyLogger()] if loggers is None or loggers else []
         # a time budget alone runs until it is spent, as Lightning
         self._max_epochs_defaulted = max_epochs is None and max_steps == -1 and max_time is None
         self.max_epochs = max_epochs if max_epochs is not None else (
@@ -222,6 +246,7 @@ class Trainer:
         self.accumulate_grad_batches = settings.accumulate_grad_batches
         self.gradient_clip_val = settings.gradient_clip_val
         self.gradient_clip_algorithm = settings.gradient_clip_algorithm
+        self._gradient_clip_algorithm_given = gradient_clip_algorithm  # None: Module.clip_gradients may choose
         self.deterministic = deterministic
         if benchmark and deterministic:
             warnings.warn("Trainer(deterministic=True, benchmark=True): cuDNN's benchmark mode picks kernels by "

@@ -2,7 +2,8 @@
 
 ``torchfleet.utilities`` (rank-zero functions, ``CombinedLoader``, ``grad_norm``), ``.rank_zero``, ``.imports``
 (``_TORCHVISION_AVAILABLE`` and the other ``_X_AVAILABLE`` flags), ``.seed``, ``.types``, ``.model_summary``,
-``.combined_loader``, ``.model_helpers``, ``.grads`` and ``.exceptions``. The rank-zero helpers themselves live in
+``.combined_loader``, ``.model_helpers``, ``.grads``, ``.exceptions``, ``.parsing`` (``AttributeDict``,
+``lightning_getattr``/``lightning_setattr``, ``is_picklable``) and ``.enums`` (``GradClipAlgorithmType``). The rank-zero helpers themselves live in
 the leaf module ``torchfleet.rank_zero`` (every layer uses them); this package sits above ``seed`` and imports
 nothing else of torchfleet, so any layer may import it.
 """
@@ -12,6 +13,9 @@ from __future__ import annotations
 from torchfleet import rank_zero as _rank_zero
 from torchfleet.rank_zero import *  # noqa: F403  (rank_zero_only, rank_zero_info/warn/debug/deprecation, cli_logo, ...)
 from torchfleet.utilities.combined_loader import CombinedLoader
+from torchfleet.utilities.enums import GradClipAlgorithmType, LightningEnum
 from torchfleet.utilities.grads import grad_norm
+from torchfleet.utilities.parsing import AttributeDict, is_picklable
 
-__all__ = [*_rank_zero.__all__, "CombinedLoader", "grad_norm"]
+__all__ = [*_rank_zero.__all__, "AttributeDict", "CombinedLoader", "GradClipAlgorithmType", "LightningEnum", "grad_norm",
+           "is_picklable"]

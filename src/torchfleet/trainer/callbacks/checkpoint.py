@@ -9,9 +9,10 @@ import os
 import re
 import shutil
 import time
+import typing
 import warnings
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -78,7 +79,7 @@ class ModelCheckpoint(Callback):
         filename: str | None = None,
         monitor: str | None = None,
         verbose: bool = False,
-        save_last: bool | str | None = None,
+        save_last: bool | Literal["link"] | None = None,
         save_top_k: int = 1,
         save_weights_only: bool = False,
         mode: str = "min",
@@ -474,3 +475,8 @@ class ModelCheckpoint(Callback):
         with open(filepath, "w", encoding="utf-8") as f:
             yaml.safe_dump({path: float(score) for path, score in self.best_k_models.items()}, f)
         return filepath
+
+
+# a parser that reads inspect.signature(ModelCheckpoint) itself (argparse with type=annotation, as Lightning's
+# tests and some CLIs do) needs the annotations as objects, not the strings the future import leaves
+ModelCheckpoint.__init__.__annotations__.update(typing.get_type_hints(ModelCheckpoint.__init__))
