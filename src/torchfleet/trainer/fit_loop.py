@@ -69,8 +69,7 @@ class FitLoop:
     def __init__(self, trainer: Trainer, model: Any, train_loader: Any, val_loaders: list[Any],
                  lockstep: bool = False, reload: Any = None) -> None:
         self.trainer = trainer
-        #: reload_dataloaders_every_n_epochs: ``reload(loop, kind)`` asks for the loaders again when due (stage.py)
-        self._reload = reload or (lambda loop, kind: None)
+        self._reload = reload or (lambda loop, kind: None)  # reload_dataloaders_every_n_epochs, when due (stage.py)
         self.model = model
         self.loader = train_loader
         self.val_loaders = val_loaders
