@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchfleet.errors import MisconfiguredModuleError
+from torchfleet.samplers import set_sampler_epoch
 from torchfleet.trainer.hooks import batch_transfer_fn, step_capacity, trim_step_arguments
 from torchfleet.trainer.logging import Results, logger_step
+from torchfleet.trainer.progress import evaluation_loop
 from torchfleet.watchdog import set_position
 
 if TYPE_CHECKING:
@@ -88,6 +90,9 @@ class EvalLoop:
         start_cbs, end_cbs = hooks.cb(f"on_{hook}_batch_start"), hooks.cb(f"on_{hook}_batch_end")
         start_mod, end_mod = hooks.mod(f"on_{hook}_batch_start"), hooks.mod(f"on_{hook}_batch_end")
         results_by_loader = []
+        # Lightning's counters, read by callbacks (trainer.fit_loop.epoch_loop.val_loop.batch_progress, ...)
+        progress = evaluation_loop(trainer, self.stage).batch_progress
+        progress.reset_on_run()
         # named in hang/desync reports (watchdog.py); inside fit, with the training epoch
         epoch = trainer.state.current_epoch if trainer.state.fn == "fit" else None
         for dl_idx, (loader, limit) in enumerate(zip(self.loaders, self.limits)):
@@ -98,6 +103,8 @@ class EvalLoop:
             preds: list[Any] = []
             transfer = batch_transfer_fn(trainer, dl_idx)
             extra = (dl_idx,) if multi else ()
+            # as Lightning: a sampler with set_epoch hears of the training epoch (some users shuffle evaluation by it)
+            set_sampler_epoch(loader, trainer.state.current_epoch)
             if not limit:
                 self.predictions.append(preds)
                 continue
@@ -106,18 +113,22 @@ class EvalLoop:
                 set_position((self.stage, epoch, batch_idx))
                 batch = transfer(batch)
                 res.new_batch(batch)
+                progress.increment_ready()
                 for fn in start_cbs:
                     fn(trainer, model, batch, batch_idx, dl_idx)
                 if start_mod is not None:
                     hooks.call_module(trainer, f"on_{hook}_batch_start", start_mod, batch, batch_idx, *extra)
+                progress.increment_started()
                 with strategy.forward_context():
                     out = step_fn(batch, batch_idx, *extra)
+                progress.increment_processed()
                 if self.collect:
                     preds.append(strategy.outputs_to_cpu(out))
                 for fn in end_cbs:
                     fn(trainer, model, out, batch, batch_idx, dl_idx)
                 if end_mod is not None:
                     hooks.call_module(trainer, f"on_{hook}_batch_end", end_mod, out, batch, batch_idx, *extra)
+                progress.increment_completed()
             self.predictions.append(preds)
         # every rank's epoch end, however many batches it ran (loop_shape.py): its reductions are matched
         set_position((self.stage, epoch, "end"))
@@ -135,6 +146,8 @@ class EvalLoop:
             hooks.call(f"on_{hook}_epoch_end", trainer)
         model._results = None
         hooks.call(f"on_{hook}_end", trainer)
+        if self.stage == "sanity_check":  # as Lightning: the sanity check's batches are not counted
+            progress.reset()
         set_position(None)
         if was_training:
             _switch_mode(trainer, model, f"on_{hook}_model_train", model.train)

@@ -27,8 +27,11 @@ from torchfleet.watchdog import set_position
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
 
-#: the clock a duration val_check_interval is read from (monotonic: a change of the wall clock does not matter)
-_now = time.monotonic
+def _now() -> float:
+    """The clock a duration val_check_interval is read from (monotonic: a change of the wall clock does not matter).
+
+    Looked up at each call, as Lightning does, so that a test replacing ``time.monotonic`` drives it."""
+    return time.monotonic()
 
 
 def _needs_closure(optimizer: Any) -> bool:
@@ -73,7 +76,7 @@ class FitLoop:
         n = trainer.num_training_batches
         interval = trainer.val_check_interval
         self._val_seconds = trainer.val_check_seconds
-        self._last_val_time = _now()
+        self._last_val_time = _now() if self._val_seconds is not None else 0.0
         if self._val_seconds is not None:
             self.val_every = 0  # unused: time decides
         elif isinstance(interval, float):
@@ -150,6 +153,16 @@ class FitLoop:
         if trainer.num_training_batches == 0:  # as Lightning: no training hooks, fit ends after the sanity check
             no_training_warning(trainer)
             return
+        # validations go through trainer.fit_loop.epoch_loop.val_loop.run(), which a callback or test may replace
+        self._val_loop = trainer.fit_loop.epoch_loop.val_loop
+        self._val_loop._runner = self._run_validation
+        try:
+            self._train(start_batch, mid_epoch, resume_rng)
+        finally:
+            self._val_loop._runner = None
+
+    def _train(self, start_batch: int, mid_epoch: dict | None, resume_rng: dict | None) -> None:
+        trainer = self.trainer
         trainer.state.in_train = True
         open_train_results(trainer.state, self.model, self.strategy.root_device)  # on_train_start may self.log
         trainer._hooks.call("on_train_start", trainer)
@@ -199,7 +212,10 @@ class FitLoop:
         self._set_progress(epoch=state.current_epoch, batches_done=start_batch, epoch_done=False,
                            val_pending=False, epoch_start_rng=epoch_start_rng, stopped_mid_epoch=False,
                            resume_rng=None, batches_before=self._batches_before,
-                           epoch_stepped=bool(resume_at and resume_at.get("epoch_stepped")))
+                           epoch_stepped=bool(resume_at and resume_at.get("epoch_stepped")),
+                           steps_before=resume_at.get("steps_before", state.global_step) if resume_at else state.global_step)
+        if resume_at is None:  # as Lightning: val_loop's total counts the validation batches of this epoch
+            self._val_loop.batch_progress.total.reset()
         results = train_epoch_results(state, strategy.root_device)
         state.train_results = results
         model._results = results
@@ -449,30 +465,35 @@ class FitLoop:
         if not self.val_loaders or not any(trainer.num_val_batches):
             return False
         every_n_epochs = trainer.check_val_every_n_epoch
+        if every_n_epochs is not None and (trainer.state.current_epoch + 1) % every_n_epochs:
+            return False
+        if trainer.state.should_stop and self._may_stop(trainer.state.current_epoch):
+            return True  # as Lightning: a stop that min_epochs/min_steps allow validates before it ends the epoch
         if self._val_seconds is not None:
-            if every_n_epochs is not None and (trainer.state.current_epoch + 1) % every_n_epochs:
-                return False
             due = _now() - self._last_val_time >= self._val_seconds
             # every rank's clock differs: validate when any rank's time is up, all ranks together
             return self.strategy.reduce_boolean_decision(due, all=False) if self.strategy.world_size > 1 else due
         if every_n_epochs is None:  # as Lightning: every val_check_interval batches, counted across epochs
             return (self._batches_before + batch_idx + 1) % self.val_every == 0
-        if (trainer.state.current_epoch + 1) % every_n_epochs:
-            return False
         if isinstance(trainer.val_check_interval, float) and trainer.val_check_interval == 1.0:
             return is_last
         return (batch_idx + 1) % self.val_every == 0
 
     def _validate(self) -> None:
+        self._val_loop.run()  # looked up at each call: a replaced run() replaces the validation
+
+    def _run_validation(self) -> list[dict[str, float]]:
+        """The validation inside fit (``trainer.fit_loop.epoch_loop.val_loop.run()`` while fit runs)."""
         trainer = self.trainer
         trainer.state.in_train = False
-        EvalLoop(trainer, self.model, "validate", self.val_loaders, trainer.num_val_batches,
-                 on_metrics=lambda: self._set_progress(val_pending=False)).run()
+        metrics = EvalLoop(trainer, self.model, "validate", self.val_loaders, trainer.num_val_batches,
+                           on_metrics=lambda: self._set_progress(val_pending=False)).run()
         trainer._current_fx("training_step")
         trainer.state.in_train = True
         self._last_val_time = _now()  # a duration interval counts from the end of a validation
         self.model._results = trainer.state.train_results
         self.model.train()
+        return metrics
 
     def _log_step(self, results: Results) -> None:
         trainer = self.trainer

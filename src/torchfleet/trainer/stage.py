@@ -294,7 +294,10 @@ def _check_training_step_signature(model: Any) -> None:
 
 
 def _defines_step(model: Any, name: str) -> bool:
-    """Whether the model's class defines ``name`` (set to None, as Lightning allows, it disables that loop)."""
+    """Whether the model defines ``name`` (set to None, as Lightning allows, on its class or on the instance:
+    ``model.validation_step = None``, it disables that loop)."""
+    if name in vars(model):
+        return vars(model)[name] is not None
     impl = getattr(type(model), name, None)
     return impl is not None and impl is not getattr(Module, name)
 
@@ -322,7 +325,7 @@ def _fit_sources(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any) -> tu
             '"min_size".'
         )
     if val_source and not _defines_step(model, "validation_step"):
-        if getattr(type(model), "validation_step", None) is not None and trainer.is_global_zero:
+        if getattr(model, "validation_step", None) is not None and trainer.is_global_zero:
             warnings.warn(f"fit got validation data but {type(model).__name__} defines no validation_step: "
                           "validation is skipped.", UserWarning, stacklevel=2)
         val_source = []  # validation_step = None: validation is switched off, as in Lightning
@@ -338,8 +341,8 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
                       "max_epochs=-1 to train until max_steps, max_time or a callback stops it.", UserWarning,
                       stacklevel=2)
     if trainer.overfit_batches:
-        train_loader = _each_loader(train_loader, without_shuffle, "training")
-        val_source = [_each_loader(v, without_shuffle, "validation") for v in val_source]
+        train_loader = _each_loader(train_loader, without_shuffle, "train")
+        val_source = [_each_loader(v, without_shuffle, "val") for v in val_source]
     micro_batch_size = loader_batch_size(train_loader)
     train_loader = _for_strategy(trainer, train_loader, "fit")
     val_loaders = [_for_strategy(trainer, v, "validate") for v in val_source]
@@ -414,7 +417,7 @@ def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path
                     weights_only: bool | None) -> list[dict[str, float]]:
     kind = "val" if stage == "validate" else "test"
     step = "validation_step" if stage == "validate" else "test_step"
-    if getattr(type(model), step, None) is None:
+    if getattr(model, step, None) is None:
         raise MisconfiguredModuleError(
             f"trainer.{stage}() needs {type(model).__name__}.{step}, which is set to None. Define "
             f"{step}(self, batch, batch_idx) to {stage} the model."

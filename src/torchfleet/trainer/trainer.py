@@ -19,7 +19,7 @@ from torchfleet.settings import TrainingSettings
 from torchfleet.trainer import arguments as args
 from torchfleet.trainer.arguments import default
 from torchfleet.trainer.hooks import HookDispatcher
-from torchfleet.trainer.progress import FitProgress
+from torchfleet.trainer.progress import FitProgress, trainer_loops
 from torchfleet.trainer.state import RunState, TrainerStatus
 from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, labelled, parse_hang_timeout
 
@@ -172,8 +172,9 @@ class Trainer:
         if isinstance(val_check_interval, (str, timedelta, dict)):
             self.val_check_seconds = args.parse_val_check_time(val_check_interval)
             val_check_interval = None
-        args.check_loop_args(
-            fast_dev_run, max_epochs, min_epochs, max_steps, min_steps, val_check_interval, check_val_every_n_epoch,
+        args.check_loop_args(  # a duration (checked above) is valid with any check_val_every_n_epoch, as an int is
+            fast_dev_run, max_epochs, min_epochs, max_steps, min_steps,
+            1 if self.val_check_seconds is not None else val_check_interval, check_val_every_n_epoch,
             log_every_n_steps, num_sanity_val_steps, deterministic,
         )
         args.check_switches(enable_checkpointing=enable_checkpointing, enable_progress_bar=enable_progress_bar,
@@ -526,8 +527,13 @@ class Trainer:
     @property
     def fit_loop(self) -> FitProgress:
         """The fit loop's counters as Lightning's ``trainer.fit_loop`` shows them to callbacks (epoch and batch
-        progress); ``max_epochs``/``max_steps``/``min_epochs``/``min_steps`` can be changed through it."""
-        return FitProgress(self)
+        progress, ``epoch_loop.val_loop``); ``max_epochs``/``max_steps``/``min_epochs``/``min_steps`` can be changed
+        through it."""
+        return trainer_loops(self)["fit"]
+
+    validate_loop = property(lambda self: trainer_loops(self)["validate"], doc="trainer.validate()'s batch counters.")
+    test_loop = property(lambda self: trainer_loops(self)["test"], doc="trainer.test()'s batch counters.")
+    predict_loop = property(lambda self: trainer_loops(self)["predict"], doc="trainer.predict()'s batch counters.")
 
     @property
     def estimated_stepping_batches(self) -> int | float:
