@@ -273,6 +273,37 @@ class DummyExperiment:
         pass
 
 
+class DummyLogger(Logger):
+    """The logger ``fast_dev_run`` puts in place of the Trainer's (as Lightning): records nothing.
+
+    ``self.logger.experiment.<anything>(...)`` and any other method call do nothing, so a Module written for a
+    real logger runs unchanged.
+    """
+
+    @property
+    def name(self) -> str:
+        return ""
+
+    @property
+    def version(self) -> str:
+        return ""
+
+    @property
+    def experiment(self) -> DummyExperiment:
+        return DummyExperiment()
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """Records nothing."""
+
+    def __getitem__(self, _: Any) -> DummyLogger:
+        return self
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and friends look for dunder methods: those stay absent
+            raise AttributeError(name)
+        return DummyExperiment.nop
+
+
 def on_rank_zero() -> bool:
     from torchfleet.utilities import rank_zero_only
 

@@ -195,8 +195,11 @@ class Trainer:
             limit_train_batches = limit_val_batches = limit_test_batches = limit_predict_batches = dev_batches
             num_sanity_val_steps, val_check_interval, check_val_every_n_epoch = 0, 1.0, 1
             self.val_check_seconds = None  # a duration means nothing for a run of a few batches
-            # as Lightning, checkpointing is not switched off: ModelCheckpoint saves nothing under fast_dev_run
-            loggers = []
+            # as Lightning, checkpointing is not switched off: ModelCheckpoint saves nothing under fast_dev_run;
+            # a DummyLogger stands in for the loggers (self.logger.experiment.add_image(...) does nothing)
+            from torchfleet.loggers.base import DummyLogger
+
+            loggers = [DummyLogger()] if loggers is None or loggers else []
         # a time budget alone runs until it is spent, as Lightning
         self._max_epochs_defaulted = max_epochs is None and max_steps == -1 and max_time is None
         self.max_epochs = max_epochs if max_epochs is not None else (

@@ -103,6 +103,8 @@ class EarlyStopping(Callback):
         return bool(current > self.best_score.to(current.device) + self.min_delta)
 
     def _check(self, trainer: Any) -> None:
+        if trainer.fast_dev_run:  # as Lightning: a run of a few batches to find bugs never stops early
+            return
         metrics = trainer.callback_metrics
         # rank 0's value decides for everyone, so every rank stops at the same step
         local = metrics.get(self.monitor)

@@ -141,7 +141,8 @@ class ProgressBar(Callback):
         if not self._active(trainer) or trainer.sanity_checking:
             return
         total = sum(t for t in totals if t != float("inf")) if totals else None
-        self._eval_bar = self._new_bar(desc, total, leave=self._bar is None, position=1 if self._bar else 0)
+        # "is not None": a tqdm bar without a total (data without a length) refuses bool()
+        self._eval_bar = self._new_bar(desc, total, leave=self._bar is None, position=1 if self._bar is not None else 0)
 
     def _eval_batch(self) -> None:
         if self._eval_bar is not None:

@@ -1,0 +1,105 @@
+"""Loop flags as Lightning programs use them: ``fast_dev_run``'s stand-in logger and its callbacks, a stage set
+by hand on ``trainer.state``, and validation beside training data without a length under the progress bar."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+import torchfleet as tf
+from tests.helpers import Regressor, loader, make_data, quiet
+from torchfleet.callbacks import EarlyStopping
+from torchfleet.loggers import CSVLogger, DummyLogger
+from torchfleet.trainer.states import RunningStage, TrainerFn
+
+
+# ---------------------------------------------------------------------------- fast_dev_run
+class WritesToItsLogger(Regressor):
+    def training_step(self, batch, batch_idx):
+        # a Module written for TensorBoard: under fast_dev_run the call must do nothing
+        self.logger.experiment.add_histogram("weights", self.net[0].weight, self.global_step)
+        self.logger.log_text("note", "written for a real logger")
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("fast_dev_run", [1, 3])
+def test_fast_dev_run_puts_a_dummy_logger_in_place_and_never_stops_early(tmp_path, fast_dev_run):
+    stopper = EarlyStopping(monitor="never_logged")  # strict: it would raise if it checked
+    trainer = tf.Trainer(accelerator="cpu", enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path, fast_dev_run=fast_dev_run, logger=CSVLogger(tmp_path),
+                         callbacks=[stopper])
+    assert len(trainer.loggers) == 1 and isinstance(trainer.logger, DummyLogger)
+    trainer.fit(WritesToItsLogger(), loader(), loader())
+    assert trainer.global_step == fast_dev_run and trainer.state.finished
+    assert not list(tmp_path.iterdir())  # no log folder, no checkpoint
+    assert trainer.log_dir == str(tmp_path)
+
+
+def test_fast_dev_run_without_a_logger_keeps_none():
+    trainer = tf.Trainer(accelerator="cpu", fast_dev_run=True, logger=False)
+    assert trainer.loggers == [] and trainer.logger is None
+
+
+def test_dummy_logger_records_nothing_and_copies():
+    lg = DummyLogger()
+    assert lg.name == "" and lg.version == "" and lg.save_dir is None and lg[0] is lg
+    assert lg.anything_at_all(1, key=2) is None and lg.experiment.add_scalar("x", 1.0) is not None
+    lg.log_metrics({"a": 1.0}, step=0)
+    assert isinstance(copy.deepcopy(lg), DummyLogger) and isinstance(pickle.loads(pickle.dumps(lg)), DummyLogger)
+
+
+# ---------------------------------------------------------------------------- trainer.state.stage set by hand
+@pytest.mark.parametrize(
+    ("stage", "fn", "training", "sanity"),
+    [
+        (RunningStage.TRAINING, TrainerFn.FITTING, True, False),
+        (RunningStage.SANITY_CHECKING, TrainerFn.FITTING, False, True),
+        (RunningStage.TESTING, TrainerFn.TESTING, False, False),
+        ("predict", TrainerFn.PREDICTING, False, False),
+        (RunningStage.VALIDATING, TrainerFn.VALIDATING, False, False),
+    ],
+)
+def test_trainer_state_stage_can_be_set_by_hand(stage, fn, training, sanity):
+    trainer = tf.Trainer(accelerator="cpu", logger=False)
+    trainer.state.stage = stage
+    assert trainer.state.stage == stage and trainer.state.fn == fn
+    assert trainer.training is training and trainer.sanity_checking is sanity
+
+
+def test_setting_validating_inside_fit_keeps_fit_and_none_clears_the_stage():
+    trainer = tf.Trainer(accelerator="cpu", logger=False)
+    trainer.state.stage = RunningStage.TRAINING
+    trainer.state.stage = RunningStage.VALIDATING  # fit's validation
+    assert trainer.state.fn == "fit" and trainer.validating and not trainer.training
+    trainer.state.stage = None
+    assert trainer.state.stage == "validate" and not trainer.training  # fn stays: fit outside its loops
+    with pytest.raises(ValueError):
+        trainer.state.stage = "warmup"
+
+
+# ---------------------------------------------------------------------------- data without a length, bar on
+class Endless(IterableDataset):
+    def __iter__(self):
+        data = make_data(64)
+        while True:
+            yield from data
+
+
+def test_validation_every_n_batches_beside_training_data_without_a_length_under_the_progress_bar():
+    # the bar of an epoch of unknown length has no total; validation's bar must not ask its truth value
+    seen = []
+
+    class Records(Regressor):
+        def validation_step(self, batch, batch_idx):
+            seen.append(self.trainer.fit_loop.total_batch_idx + 1)
+            return super().validation_step(batch, batch_idx)
+
+    trainer = tf.Trainer(**quiet(enable_progress_bar=True, max_steps=6, val_check_interval=3,
+                                 check_val_every_n_epoch=None, limit_val_batches=1))
+    trainer.fit(Records(), DataLoader(Endless(), batch_size=8), loader())
+    assert seen == [3, 6] and trainer.global_step == 6
+    assert torch.isfinite(trainer.callback_metrics["val_loss"])
