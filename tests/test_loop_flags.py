@@ -103,3 +103,35 @@ def test_validation_every_n_batches_beside_training_data_without_a_length_under_
     trainer.fit(Records(), DataLoader(Endless(), batch_size=8), loader())
     assert seen == [3, 6] and trainer.global_step == 6
     assert torch.isfinite(trainer.callback_metrics["val_loss"])
+
+
+# ---------------------------------------------------------------------------- dataloader_idx and the loader count
+class RequiresIdx(Regressor):
+    def validation_step(self, batch, batch_idx, dataloader_idx):
+        return super().validation_step(batch, batch_idx)
+
+
+class HookWithoutIdx(Regressor):
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        return super().validation_step(batch, batch_idx)
+
+    def on_validation_batch_end(self, outputs, batch, batch_idx):
+        pass
+
+
+def test_a_required_dataloader_idx_with_one_loader_is_refused_before_the_first_batch():
+    trainer = tf.Trainer(**quiet())
+    with pytest.raises(tf.errors.DataloaderIdxError, match="single `val_dataloader`, but have included "
+                       "`dataloader_idx` in `RequiresIdx.validation_step") as err:
+        trainer.validate(RequiresIdx(), loader())
+    assert isinstance(err.value, RuntimeError) and isinstance(err.value, tf.ConfigurationError)
+    assert trainer.validate_loop.batch_progress.current.ready == 0  # refused before any batch
+    out = trainer.validate(RequiresIdx(), [loader(16), loader(16)])  # two loaders: it gets its index
+    assert len(out) == 2
+
+
+def test_a_batch_hook_without_dataloader_idx_with_two_loaders_is_refused():
+    with pytest.raises(tf.errors.DataloaderIdxError, match="no `dataloader_idx` argument in "
+                       "`HookWithoutIdx.on_validation_batch_end"):
+        tf.Trainer(**quiet()).validate(HookWithoutIdx(), [loader(16), loader(16)])
+    assert tf.Trainer(**quiet()).validate(HookWithoutIdx(), loader(16))  # one loader: nothing to refuse

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchfleet.errors import MisconfiguredModuleError
+from torchfleet.errors import DataloaderIdxError
 from torchfleet.samplers import set_sampler_epoch
 from torchfleet.trainer.hooks import batch_transfer_fn, step_capacity, trim_step_arguments
 from torchfleet.trainer.logging import Results, logger_step
@@ -80,9 +81,10 @@ class EvalLoop:
         step_fn = strategy.step_function(trainer.state.wrapped, step_name)
         trainer._current_fx(step_name)
         multi = len(self.loaders) > 1
-        if multi:
-            _check_takes_dataloader_idx(model, step_name, len(self.loaders))
-        else:  # as Lightning, a step may leave out batch_idx: validation_step(self, batch)
+        # each with the number of arguments it gets beside dataloader_idx
+        _check_dataloader_idx(model, ((step_name, 2), (f"on_{hook}_batch_start", 2), (f"on_{hook}_batch_end", 3)),
+                              len(self.loaders), "val" if hook == "validation" else hook)
+        if not multi:  # as Lightning, a step may leave out batch_idx: validation_step(self, batch)
             step_fn = trim_step_arguments(step_fn, model, step_name, 2)
         per_loader: list[dict[str, float]] = []
         results = Results(self.stage)
@@ -154,11 +156,29 @@ class EvalLoop:
         return per_loader
 
 
-def _check_takes_dataloader_idx(model: Any, name: str, count: int) -> None:
-    takes = step_capacity(model, name)
-    if takes is None or takes >= 3:
-        return
-    raise MisconfiguredModuleError(
-        f"{count} dataloaders were given, so {name} is called as {name}(batch, batch_idx, dataloader_idx), but it "
-        f"takes only (batch, batch_idx). Add a dataloader_idx=0 argument to {name}."
-    )
+def _check_dataloader_idx(model: Any, hooks: tuple[tuple[str, int], ...], count: int, kind: str) -> None:
+    """The Module's step and batch hooks (each: its name, the arguments it gets before ``dataloader_idx``) take
+    ``dataloader_idx`` when they will get it (several loaders), or give it a default; checked before the first
+    batch, as Lightning does."""
+    for name, before in hooks:
+        fn = getattr(type(model), name, None)  # the class's: fsdp wraps the instance's step
+        if fn is None:
+            continue
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            continue
+        takes = step_capacity(model, name)
+        idx = params.get("dataloader_idx")
+        if count > 1 and takes is not None and takes <= before:
+            raise DataloaderIdxError(
+                f"You provided multiple `{kind}_dataloader` ({count}), but no `dataloader_idx` argument in "
+                f"`{type(model).__name__}.{name}()`: it is called with {before + 1} arguments, the last the "
+                f"dataloader's index, and takes {takes}. Add a dataloader_idx=0 argument to {name}."
+            )
+        if count == 1 and idx is not None and idx.default is inspect.Parameter.empty:
+            raise DataloaderIdxError(
+                f"You provided only a single `{kind}_dataloader`, but have included `dataloader_idx` in "
+                f"`{type(model).__name__}.{name}()`, which is then called as {name}(batch, batch_idx) without it. "
+                "Either remove the argument or give it a default value, i.e. `dataloader_idx=0`."
+            )
