@@ -135,3 +135,17 @@ def test_a_batch_hook_without_dataloader_idx_with_two_loaders_is_refused():
                        "`HookWithoutIdx.on_validation_batch_end"):
         tf.Trainer(**quiet()).validate(HookWithoutIdx(), [loader(16), loader(16)])
     assert tf.Trainer(**quiet()).validate(HookWithoutIdx(), loader(16))  # one loader: nothing to refuse
+
+
+# ---------------------------------------------------------------------------- val_check_interval refusals
+def test_a_fraction_without_epoch_gating_is_refused_naming_the_duration_alternative():
+    with pytest.raises(tf.ConfigurationError, match=r"integer or a time-based duration .* not 0\.5"):
+        tf.Trainer(accelerator="cpu", val_check_interval=0.5, check_val_every_n_epoch=None)
+    assert tf.Trainer(accelerator="cpu", val_check_interval="00:00:01:00", check_val_every_n_epoch=None)
+
+
+def test_an_interval_longer_than_the_epoch_is_refused_with_the_ways_out():
+    trainer = tf.Trainer(**quiet(limit_train_batches=4, val_check_interval=10))
+    with pytest.raises(ValueError, match="must be less than or equal to the number of the training batches.*"
+                       "check_val_every_n_epoch=None"):
+        trainer.fit(Regressor(), loader(), loader())

@@ -134,10 +134,12 @@ def check_loop_args(
             )
     if check_val_every_n_epoch is None and not isinstance(val_check_interval, int):
         raise ConfigurationError(
-            f"check_val_every_n_epoch=None validates every val_check_interval training batches counted across "
-            f"epochs, so val_check_interval must be an int number of batches, not {val_check_interval!r} (a "
-            "fraction of an epoch has no meaning there). Pass val_check_interval=N (an int >= 1), or keep "
-            "check_val_every_n_epoch=1 to validate at fractions of each epoch."
+            f"`val_check_interval` should be an integer or a time-based duration (str 'DD:HH:MM:SS', "
+            f"datetime.timedelta, or dict kwargs for timedelta) when `check_val_every_n_epoch=None`. That setting "
+            f"validates every val_check_interval training batches counted across epochs (or every so much time), so "
+            f"val_check_interval must be an int number of batches or a duration, not {val_check_interval!r} (a "
+            "fraction of an epoch has no meaning there). Pass val_check_interval=N (an int >= 1) or a duration, or "
+            "keep check_val_every_n_epoch=1 to validate at fractions of each epoch."
         )
     if deterministic not in (None, True, False, "warn"):
         raise ConfigurationError(f"deterministic={deterministic!r} is not valid: give True, False or 'warn'.")

@@ -85,8 +85,10 @@ class FitLoop:
             # with check_val_every_n_epoch=None the interval counts batches across epochs: it may exceed one
             if trainer.check_val_every_n_epoch is not None and not math.isinf(n) and interval > n:
                 raise ConfigurationError(
-                    f"val_check_interval={interval} is larger than the number of training batches per epoch ({n}). "
-                    "Use a value <= the epoch length, or a float fraction."
+                    f"val_check_interval={interval} is larger than the number of training batches per epoch ({n}): it "
+                    "must be less than or equal to the number of the training batches, or validation would never "
+                    "run. Use a value <= the epoch length or a float fraction; pass check_val_every_n_epoch=None to "
+                    "count the interval across epochs, or limit_val_batches=0 to switch validation off."
                 )
             self.val_every = interval
         # which optional hooks exist, decided once: the per-step path then costs nothing for the rest
