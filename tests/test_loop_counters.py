@@ -13,7 +13,7 @@ import pytest
 from torch.utils.data import DataLoader, Sampler, SequentialSampler
 
 import torchfleet as tf
-from tests.helpers import Regressor, loader, quiet
+from tests.helpers import LogRecords, Regressor, loader, quiet
 from torchfleet.callbacks import Callback, EarlyStopping
 from torchfleet.trainer.progress import (
     BatchProgress,
@@ -143,6 +143,19 @@ def test_a_stop_validates_once_when_min_epochs_and_min_steps_allow_it(min_epochs
     assert len(calls) == validations
     if min_steps is not None:
         assert calls == [2, 3] and trainer.global_step == 3  # epoch 0's end, then at the allowed stop
+
+
+def test_a_stop_held_by_min_epochs_is_said_once():
+    class StopAlways(Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            trainer.should_stop = True
+
+    trainer = tf.Trainer(**quiet(max_epochs=5, min_epochs=2, limit_train_batches=3, callbacks=[StopAlways()]))
+    with LogRecords() as messages:
+        trainer.fit(Regressor(), loader())
+    held = [m for m in messages if "signaled to stop but the required `min_epochs=2`" in m]
+    assert len(held) == 1 and "Training will continue" in held[0]
+    assert trainer.current_epoch == 2  # held through two whole epochs, then stopped
 
 
 def test_epoch_loop_done_follows_should_stop_and_min_steps():

@@ -6,6 +6,7 @@ Strategy-agnostic: everything device- or process-specific goes through ``trainer
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import time
 import warnings
@@ -26,6 +27,9 @@ from torchfleet.watchdog import set_position
 
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
+
+_log = logging.getLogger("torchfleet")
+
 
 def _now() -> float:
     """The clock a duration val_check_interval is read from (monotonic: a change of the wall clock does not matter).
@@ -119,6 +123,7 @@ class FitLoop:
             self._hook_optimizers = {id(o): HookOptimizer(o, self._hooked_step) for o in trainer.optimizers}
             self._optimizer_step = self._optimizer_step_overridden  # type: ignore[method-assign]
         self._batches_before = 0  # training batches of the earlier epochs (check_val_every_n_epoch=None)
+        self._held_stop_noted = False  # the "min_epochs/min_steps not met" line was logged
         # SIGTERM/SIGUSR1: polled after every optimizer step (trainer/preemption.py); None outside run_stage
         self._preemption = getattr(trainer, "_preemption", None)
 
@@ -198,8 +203,16 @@ class FitLoop:
         return t.max_epochs != -1 and t.state.current_epoch >= t.max_epochs
 
     def _may_stop(self, epochs_done: int) -> bool:
+        """Whether a requested stop (``should_stop``, the only case this is asked in) may end fit after
+        ``epochs_done`` epochs; when min_epochs/min_steps hold it, rank 0 says so once per fit, as Lightning."""
         t = self.trainer
-        return epochs_done >= t.min_epochs and t.state.global_step >= t.min_steps
+        if epochs_done >= t.min_epochs and t.state.global_step >= t.min_steps:
+            return True
+        if not self._held_stop_noted and t.is_global_zero:
+            self._held_stop_noted = True
+            _log.info("Trainer was signaled to stop but the required `min_epochs=%r` or `min_steps=%r` has not been "
+                      "met. Training will continue...", t.min_epochs, t.min_steps)
+        return False
 
     def run_epoch(self, start_batch: int, resume_at: dict | None, rng: dict | None) -> bool:
         """One epoch from ``start_batch``; True when the data gave no batch at all (an iterable that is empty)."""

@@ -249,8 +249,9 @@ class EvaluationLoopProgress:
 
     ``batch_progress`` counts evaluation batches: ``current`` those of the running (or last) evaluation across its
     dataloaders; ``total`` inside fit those of this training epoch (the sanity check's are not kept), otherwise
-    those of every run of the stage. ``run()`` runs the evaluation while its stage runs (the fit loop validates
-    through it, so replacing it replaces the fit's validations); outside it does nothing and returns [].
+    those of every run of the stage. The fit loop validates through ``val_loop.run()``, so replacing it replaces
+    the fit's validations; outside a fit (and for the other loops, which Trainer.validate/test/predict run
+    themselves) ``run()`` does nothing and returns [].
     """
 
     def __init__(self, trainer: Trainer, stage: str) -> None:
@@ -261,7 +262,7 @@ class EvaluationLoopProgress:
         self._runner: Any = None
 
     def run(self) -> list[dict[str, float]]:
-        """Run this evaluation now (inside its stage); returns one dict of epoch metrics per dataloader."""
+        """Validate now (inside a fit); returns one dict of epoch metrics per dataloader."""
         return self._runner() if self._runner is not None else []
 
     @property
