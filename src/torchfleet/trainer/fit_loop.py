@@ -6,7 +6,6 @@ Strategy-agnostic: everything device- or process-specific goes through ``trainer
 from __future__ import annotations
 
 import itertools
-import logging
 import math
 import time
 import warnings
@@ -23,18 +22,13 @@ from torchfleet.trainer.eval_loop import EvalLoop, publish_epoch
 from torchfleet.trainer.hooks import batch_transfer_fn, trim_step_arguments
 from torchfleet.trainer.logging import Results, logger_step, open_train_results, train_epoch_results
 from torchfleet.trainer.loop_shape import NEVER_LAST, LookAhead, has_length, no_training_warning
+from torchfleet.trainer.progress import note_held_stop
 from torchfleet.watchdog import set_position
 
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
 
-_log = logging.getLogger("torchfleet")
-
-
-def _now() -> float:
-    """The clock a duration val_check_interval is read from (monotonic: a change of the wall clock does not matter).
-
-    Looked up at each call, as Lightning does, so that a test replacing ``time.monotonic`` drives it."""
+def _now() -> float:  # a duration val_check_interval's clock, looked up at each call (as Lightning: a patch drives it)
     return time.monotonic()
 
 
@@ -89,10 +83,9 @@ class FitLoop:
             # with check_val_every_n_epoch=None the interval counts batches across epochs: it may exceed one
             if trainer.check_val_every_n_epoch is not None and not math.isinf(n) and interval > n:
                 raise ConfigurationError(
-                    f"val_check_interval={interval} is larger than the number of training batches per epoch ({n}): it "
-                    "must be less than or equal to the number of the training batches, or validation would never "
-                    "run. Use a value <= the epoch length or a float fraction; pass check_val_every_n_epoch=None to "
-                    "count the interval across epochs, or limit_val_batches=0 to switch validation off."
+                    f"val_check_interval={interval} must be less than or equal to the number of the training batches "
+                    f"({n} per epoch): use a value <= {n}, a float fraction, or check_val_every_n_epoch=None (counted "
+                    "across epochs)."
                 )
             self.val_every = interval
         # which optional hooks exist, decided once: the per-step path then costs nothing for the rest
@@ -123,7 +116,7 @@ class FitLoop:
             self._hook_optimizers = {id(o): HookOptimizer(o, self._hooked_step) for o in trainer.optimizers}
             self._optimizer_step = self._optimizer_step_overridden  # type: ignore[method-assign]
         self._batches_before = 0  # training batches of the earlier epochs (check_val_every_n_epoch=None)
-        self._held_stop_noted = False  # the "min_epochs/min_steps not met" line was logged
+        self._val_loop = trainer.fit_loop.epoch_loop.val_loop  # fit validates through its run() (replaceable)
         # SIGTERM/SIGUSR1: polled after every optimizer step (trainer/preemption.py); None outside run_stage
         self._preemption = getattr(trainer, "_preemption", None)
 
@@ -160,16 +153,6 @@ class FitLoop:
         if trainer.num_training_batches == 0:  # as Lightning: no training hooks, fit ends after the sanity check
             no_training_warning(trainer)
             return
-        # validations go through trainer.fit_loop.epoch_loop.val_loop.run(), which a callback or test may replace
-        self._val_loop = trainer.fit_loop.epoch_loop.val_loop
-        self._val_loop._runner = self._run_validation
-        try:
-            self._train(start_batch, mid_epoch, resume_rng)
-        finally:
-            self._val_loop._runner = None
-
-    def _train(self, start_batch: int, mid_epoch: dict | None, resume_rng: dict | None) -> None:
-        trainer = self.trainer
         trainer.state.in_train = True
         open_train_results(trainer.state, self.model, self.strategy.root_device)  # on_train_start may self.log
         trainer._hooks.call("on_train_start", trainer)
@@ -203,16 +186,12 @@ class FitLoop:
         return t.max_epochs != -1 and t.state.current_epoch >= t.max_epochs
 
     def _may_stop(self, epochs_done: int) -> bool:
-        """Whether a requested stop (``should_stop``, the only case this is asked in) may end fit after
-        ``epochs_done`` epochs; when min_epochs/min_steps hold it, rank 0 says so once per fit, as Lightning."""
+        """Whether a requested stop may end fit after ``epochs_done`` epochs (rank 0 says once if it may not)."""
         t = self.trainer
-        if epochs_done >= t.min_epochs and t.state.global_step >= t.min_steps:
-            return True
-        if not self._held_stop_noted and t.is_global_zero:
-            self._held_stop_noted = True
-            _log.info("Trainer was signaled to stop but the required `min_epochs=%r` or `min_steps=%r` has not been "
-                      "met. Training will continue...", t.min_epochs, t.min_steps)
-        return False
+        may = epochs_done >= t.min_epochs and t.state.global_step >= t.min_steps
+        if not may:
+            note_held_stop(t)
+        return may
 
     def run_epoch(self, start_batch: int, resume_at: dict | None, rng: dict | None) -> bool:
         """One epoch from ``start_batch``; True when the data gave no batch at all (an iterable that is empty)."""
@@ -497,18 +476,16 @@ class FitLoop:
     def _validate(self) -> None:
         self._val_loop.run()  # looked up at each call: a replaced run() replaces the validation
 
-    def _run_validation(self) -> list[dict[str, float]]:
-        """The validation inside fit (``trainer.fit_loop.epoch_loop.val_loop.run()`` while fit runs)."""
+    def _run_validation(self) -> None:  # trainer.fit_loop.epoch_loop.val_loop.run() while fit runs
         trainer = self.trainer
         trainer.state.in_train = False
-        metrics = EvalLoop(trainer, self.model, "validate", self.val_loaders, trainer.num_val_batches,
-                           on_metrics=lambda: self._set_progress(val_pending=False)).run()
+        EvalLoop(trainer, self.model, "validate", self.val_loaders, trainer.num_val_batches,
+                 on_metrics=lambda: self._set_progress(val_pending=False)).run()
         trainer._current_fx("training_step")
         trainer.state.in_train = True
         self._last_val_time = _now()  # a duration interval counts from the end of a validation
         self.model._results = trainer.state.train_results
         self.model.train()
-        return metrics
 
     def _log_step(self, results: Results) -> None:
         trainer = self.trainer

@@ -8,6 +8,7 @@ evaluation loop itself (a few integer increments per evaluation batch).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
@@ -251,7 +252,7 @@ class EvaluationLoopProgress:
     dataloaders; ``total`` inside fit those of this training epoch (the sanity check's are not kept), otherwise
     those of every run of the stage. The fit loop validates through ``val_loop.run()``, so replacing it replaces
     the fit's validations; outside a fit (and for the other loops, which Trainer.validate/test/predict run
-    themselves) ``run()`` does nothing and returns [].
+    themselves) ``run()`` does nothing.
     """
 
     def __init__(self, trainer: Trainer, stage: str) -> None:
@@ -261,9 +262,10 @@ class EvaluationLoopProgress:
         #: the running stage's evaluation (set while it runs)
         self._runner: Any = None
 
-    def run(self) -> list[dict[str, float]]:
-        """Validate now (inside a fit); returns one dict of epoch metrics per dataloader."""
-        return self._runner() if self._runner is not None else []
+    def run(self) -> None:
+        """Validate now (inside a fit; elsewhere nothing happens)."""
+        if self._runner is not None:
+            self._runner()
 
     @property
     def max_batches(self) -> list[int | float]:
@@ -372,6 +374,7 @@ class FitProgress:
     def __init__(self, trainer: Trainer) -> None:
         self._trainer = trainer
         self.epoch_loop = EpochLoopProgress(trainer)
+        self._held_stop_noted = False  # note_held_stop said it
 
     @property
     def epoch_progress(self) -> Progress:
@@ -396,6 +399,17 @@ class FitProgress:
         return (t.max_steps != -1 and t.global_step >= t.max_steps) or (
             t.max_epochs != -1 and t.current_epoch >= t.max_epochs
         )
+
+
+def note_held_stop(trainer: Trainer) -> None:
+    """Rank 0 says, once per Trainer (as Lightning), that min_epochs/min_steps hold a requested stop back."""
+    loop = trainer.fit_loop
+    if loop._held_stop_noted or not trainer.is_global_zero:
+        return
+    loop._held_stop_noted = True
+    logging.getLogger("torchfleet").info(
+        "Trainer was signaled to stop but the required `min_epochs=%r` or `min_steps=%r` has not been met. Training "
+        "will continue...", trainer.min_epochs, trainer.min_steps)
 
 
 def trainer_loops(trainer: Trainer) -> dict[str, Any]:

@@ -372,7 +372,13 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
     if trainer.num_sanity_val_steps and val_loaders and trainer.limit_val_batches:
         with isolate_rng():  # as in Lightning: training draws the same numbers with and without the check
             _sanity_check(trainer, model, val_loaders)
-    FitLoop(trainer, model, train_loader, val_loaders, lockstep=shape.lockstep).run()
+    loop = FitLoop(trainer, model, train_loader, val_loaders, lockstep=shape.lockstep)
+    # fit validates through trainer.fit_loop.epoch_loop.val_loop.run() (a callback or test may replace it)
+    loop._val_loop._runner = loop._run_validation
+    try:
+        loop.run()
+    finally:
+        loop._val_loop._runner = None
     trainer._hooks.call("on_fit_end", trainer)
     if trainer.is_global_zero:
         for lg in trainer.loggers:
