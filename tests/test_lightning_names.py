@@ -46,9 +46,6 @@ ABSENT: dict[str, dict[str, str]] = {
     "Trainer": {
         "enable_autolog_hparams": "hyperparameters from save_hyperparameters() are always logged; "
                                   "save_hyperparameters(logger=False) keeps them out",
-        "predict_loop": "the evaluation loops are not public objects (trainer.fit_loop is a read-only view)",
-        "test_loop": "the evaluation loops are not public objects (trainer.fit_loop is a read-only view)",
-        "validate_loop": "the evaluation loops are not public objects (trainer.fit_loop is a read-only view)",
         "val_check_batch": "Lightning's loop-internal count of batches between validations",
     },
     "Fabric": {

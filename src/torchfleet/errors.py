@@ -18,6 +18,11 @@ class MisconfiguredModuleError(ConfigurationError):
     """The user's Module returned or configured something torchfleet cannot use."""
 
 
+class DataloaderIdxError(MisconfiguredModuleError, RuntimeError):
+    """A step or batch hook whose ``dataloader_idx`` does not fit the number of dataloaders; also a RuntimeError,
+    as in Lightning."""
+
+
 class MissingEnvironmentVariableError(ConfigurationError, KeyError):
     """A variable the launcher should have set is missing; also a KeyError, as reading ``os.environ`` would raise."""
 

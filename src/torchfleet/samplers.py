@@ -457,18 +457,22 @@ def _cannot_rebuild(cls: type, why: str) -> ConfigurationError:
 
 
 def without_shuffle(dataloader: Any, stage: str) -> Any:
-    """``dataloader`` reading its data in order: a shuffling default sampler is replaced, with a warning.
+    """``dataloader`` reading its data in order: any other sampler is replaced by a SequentialSampler, with a warning.
 
-    For ``Trainer(overfit_batches=...)``, which trains on the same first batches every epoch. Other loaders
-    (iterable datasets, samplers the user chose) are returned as they are.
+    For ``Trainer(overfit_batches=...)``, which trains on the same first batches every epoch; as Lightning, a
+    sampler the user chose is replaced too. Iterable datasets and loaders with a batch sampler of the user's are
+    returned as they are.
     """
-    if not isinstance(dataloader, DataLoader) or not _has_default_sampler(dataloader):
+    if not isinstance(dataloader, DataLoader) or type(dataloader.sampler) is SequentialSampler:
         return dataloader
-    if type(dataloader.sampler) is not RandomSampler:
+    if isinstance(dataloader.dataset, IterableDataset) or not (
+        dataloader.batch_sampler is None or _batches_built_by_loader(dataloader)
+    ):
         return dataloader
     warnings.warn(
-        f"Trainer(overfit_batches=...) uses the same {stage} batches every epoch, but the {stage} dataloader "
-        "shuffles (shuffle=True): torchfleet reads it in order instead.",
+        f"You requested to overfit but enabled {stage} dataloader shuffling: Trainer(overfit_batches=...) uses the "
+        f"same {stage} batches every epoch, but the {stage} dataloader shuffles or reorders its data (its sampler is a "
+        f"{type(dataloader.sampler).__name__}): torchfleet reads it in order (a SequentialSampler) instead.",
         UserWarning,
         stacklevel=3,
     )

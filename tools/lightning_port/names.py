@@ -81,6 +81,7 @@ MODULES = {
     "lightning.fabric.utilities.rank_zero": "torchfleet.utilities",
     "lightning.fabric.utilities.exceptions": "torchfleet.errors",
     "lightning.fabric.utilities.device_parser": "torchfleet.accelerators.devices",
+    "lightning.pytorch.loops.progress": "torchfleet.trainer.progress",
 }
 
 #: Lightning's name -> torchfleet's, where torchfleet chose another name on purpose
@@ -92,6 +93,10 @@ RENAMES = {
     "LightningEnvironment": "LocalEnvironment",
     "ExperimentWriter": "CSVWriter",
     "_ExperimentWriter": "CSVWriter",
+    # the types of trainer.fit_loop's counters: private in Lightning, public in torchfleet.trainer.progress
+    **{f"_{name}": name for name in ("BaseProgress", "ReadyCompletedTracker", "StartedTracker", "ProcessedTracker",
+                                     "Progress", "BatchProgress", "OptimizerProgress",
+                                     "OptimizationProgress")},
 }
 
 #: string constants the port rewrites: environment variables torchfleet names with its own prefix

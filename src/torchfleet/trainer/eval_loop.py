@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchfleet.errors import MisconfiguredModuleError
+from torchfleet.errors import DataloaderIdxError
+from torchfleet.samplers import set_sampler_epoch
 from torchfleet.trainer.hooks import batch_transfer_fn, step_capacity, trim_step_arguments
 from torchfleet.trainer.logging import Results, logger_step
+from torchfleet.trainer.progress import evaluation_loop
 from torchfleet.watchdog import set_position
 
 if TYPE_CHECKING:
@@ -78,9 +81,10 @@ class EvalLoop:
         step_fn = strategy.step_function(trainer.state.wrapped, step_name)
         trainer._current_fx(step_name)
         multi = len(self.loaders) > 1
-        if multi:
-            _check_takes_dataloader_idx(model, step_name, len(self.loaders))
-        else:  # as Lightning, a step may leave out batch_idx: validation_step(self, batch)
+        # each with the number of arguments it gets beside dataloader_idx
+        _check_dataloader_idx(model, ((step_name, 2), (f"on_{hook}_batch_start", 2), (f"on_{hook}_batch_end", 3)),
+                              len(self.loaders), "val" if hook == "validation" else hook)
+        if not multi:  # as Lightning, a step may leave out batch_idx: validation_step(self, batch)
             step_fn = trim_step_arguments(step_fn, model, step_name, 2)
         per_loader: list[dict[str, float]] = []
         results = Results(self.stage)
@@ -88,6 +92,9 @@ class EvalLoop:
         start_cbs, end_cbs = hooks.cb(f"on_{hook}_batch_start"), hooks.cb(f"on_{hook}_batch_end")
         start_mod, end_mod = hooks.mod(f"on_{hook}_batch_start"), hooks.mod(f"on_{hook}_batch_end")
         results_by_loader = []
+        # Lightning's counters, read by callbacks (trainer.fit_loop.epoch_loop.val_loop.batch_progress, ...)
+        progress = evaluation_loop(trainer, self.stage).batch_progress
+        progress.reset_on_run()
         # named in hang/desync reports (watchdog.py); inside fit, with the training epoch
         epoch = trainer.state.current_epoch if trainer.state.fn == "fit" else None
         for dl_idx, (loader, limit) in enumerate(zip(self.loaders, self.limits)):
@@ -98,6 +105,8 @@ class EvalLoop:
             preds: list[Any] = []
             transfer = batch_transfer_fn(trainer, dl_idx)
             extra = (dl_idx,) if multi else ()
+            # as Lightning: a sampler with set_epoch hears of the training epoch (some users shuffle evaluation by it)
+            set_sampler_epoch(loader, trainer.state.current_epoch)
             if not limit:
                 self.predictions.append(preds)
                 continue
@@ -106,18 +115,22 @@ class EvalLoop:
                 set_position((self.stage, epoch, batch_idx))
                 batch = transfer(batch)
                 res.new_batch(batch)
+                progress.increment_ready()
                 for fn in start_cbs:
                     fn(trainer, model, batch, batch_idx, dl_idx)
                 if start_mod is not None:
                     hooks.call_module(trainer, f"on_{hook}_batch_start", start_mod, batch, batch_idx, *extra)
+                progress.increment_started()
                 with strategy.forward_context():
                     out = step_fn(batch, batch_idx, *extra)
+                progress.increment_processed()
                 if self.collect:
                     preds.append(strategy.outputs_to_cpu(out))
                 for fn in end_cbs:
                     fn(trainer, model, out, batch, batch_idx, dl_idx)
                 if end_mod is not None:
                     hooks.call_module(trainer, f"on_{hook}_batch_end", end_mod, out, batch, batch_idx, *extra)
+                progress.increment_completed()
             self.predictions.append(preds)
         # every rank's epoch end, however many batches it ran (loop_shape.py): its reductions are matched
         set_position((self.stage, epoch, "end"))
@@ -135,17 +148,37 @@ class EvalLoop:
             hooks.call(f"on_{hook}_epoch_end", trainer)
         model._results = None
         hooks.call(f"on_{hook}_end", trainer)
+        if self.stage == "sanity_check":  # as Lightning: the sanity check's batches are not counted
+            progress.reset()
         set_position(None)
         if was_training:
             _switch_mode(trainer, model, f"on_{hook}_model_train", model.train)
         return per_loader
 
 
-def _check_takes_dataloader_idx(model: Any, name: str, count: int) -> None:
-    takes = step_capacity(model, name)
-    if takes is None or takes >= 3:
-        return
-    raise MisconfiguredModuleError(
-        f"{count} dataloaders were given, so {name} is called as {name}(batch, batch_idx, dataloader_idx), but it "
-        f"takes only (batch, batch_idx). Add a dataloader_idx=0 argument to {name}."
-    )
+def _check_dataloader_idx(model: Any, hooks: tuple[tuple[str, int], ...], count: int, kind: str) -> None:
+    """The Module's step and batch hooks (each: its name, the arguments it gets before ``dataloader_idx``) take
+    ``dataloader_idx`` when they will get it (several loaders), or give it a default; checked before the first
+    batch, as Lightning does."""
+    for name, before in hooks:
+        fn = getattr(type(model), name, None)  # the class's: fsdp wraps the instance's step
+        if fn is None:
+            continue
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            continue
+        takes = step_capacity(model, name)
+        idx = params.get("dataloader_idx")
+        if count > 1 and takes is not None and takes <= before:
+            raise DataloaderIdxError(
+                f"You provided multiple `{kind}_dataloader` ({count}), but no `dataloader_idx` argument in "
+                f"`{type(model).__name__}.{name}()`: it is called with {before + 1} arguments, the last the "
+                f"dataloader's index, and takes {takes}. Add a dataloader_idx=0 argument to {name}."
+            )
+        if count == 1 and idx is not None and idx.default is inspect.Parameter.empty:
+            raise DataloaderIdxError(
+                f"You provided only a single `{kind}_dataloader`, but have included `dataloader_idx` in "
+                f"`{type(model).__name__}.{name}()`, which is then called as {name}(batch, batch_idx) without it. "
+                "Either remove the argument or give it a default value, i.e. `dataloader_idx=0`."
+            )

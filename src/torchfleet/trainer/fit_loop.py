@@ -29,13 +29,14 @@ from torchfleet.trainer.loop_shape import (
     no_training_warning,
     val_every_fraction,
 )
+from torchfleet.trainer.progress import note_held_stop
 from torchfleet.watchdog import set_position
 
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
 
-#: the clock a duration val_check_interval is read from (monotonic: a change of the wall clock does not matter)
-_now = time.monotonic
+def _now() -> float:  # a duration val_check_interval's clock, looked up at each call (as Lightning: a patch drives it)
+    return time.monotonic()
 
 
 def _needs_closure(optimizer: Any) -> bool:
@@ -81,7 +82,7 @@ class FitLoop:
         n = trainer.num_training_batches
         interval = trainer.val_check_interval
         self._val_seconds = trainer.val_check_seconds
-        self._last_val_time = _now()
+        self._last_val_time = _now() if self._val_seconds is not None else 0.0
         if self._val_seconds is not None:
             self.val_every = 0  # unused: time decides
         elif isinstance(interval, float):
@@ -124,6 +125,7 @@ class FitLoop:
             self._hook_optimizers = {id(o): HookOptimizer(o, self._hooked_step) for o in trainer.optimizers}
             self._optimizer_step = self._optimizer_step_overridden  # type: ignore[method-assign]
         self._batches_before = 0  # training batches of the earlier epochs (check_val_every_n_epoch=None)
+        self._val_loop = trainer.fit_loop.epoch_loop.val_loop  # fit validates through its run() (replaceable)
         # SIGTERM/SIGUSR1: polled after every optimizer step (trainer/preemption.py); None outside run_stage
         self._preemption = getattr(trainer, "_preemption", None)
 
@@ -195,8 +197,12 @@ class FitLoop:
         return t.max_epochs != -1 and t.state.current_epoch >= t.max_epochs
 
     def _may_stop(self, epochs_done: int) -> bool:
+        """Whether a requested stop may end fit after ``epochs_done`` epochs (rank 0 says once if it may not)."""
         t = self.trainer
-        return epochs_done >= t.min_epochs and t.state.global_step >= t.min_steps
+        may = epochs_done >= t.min_epochs and t.state.global_step >= t.min_steps
+        if not may:
+            note_held_stop(t)
+        return may
 
     def run_epoch(self, start_batch: int, resume_at: dict | None, rng: dict | None) -> bool:
         """One epoch from ``start_batch``; True when the data gave no batch at all (an iterable that is empty)."""
@@ -211,7 +217,10 @@ class FitLoop:
         self._set_progress(epoch=state.current_epoch, batches_done=start_batch, epoch_done=False,
                            val_pending=False, epoch_start_rng=epoch_start_rng, stopped_mid_epoch=False,
                            resume_rng=None, batches_before=self._batches_before,
-                           epoch_stepped=bool(resume_at and resume_at.get("epoch_stepped")))
+                           epoch_stepped=bool(resume_at and resume_at.get("epoch_stepped")),
+                           steps_before=resume_at.get("steps_before", state.global_step) if resume_at else state.global_step)
+        if resume_at is None:  # as Lightning: val_loop's total counts the validation batches of this epoch
+            self._val_loop.batch_progress.total.reset()
         results = train_epoch_results(state, strategy.root_device)
         state.train_results = results
         model._results = results
@@ -461,21 +470,24 @@ class FitLoop:
         if not self.val_loaders or not any(trainer.num_val_batches):
             return False
         every_n_epochs = trainer.check_val_every_n_epoch
+        if every_n_epochs is not None and (trainer.state.current_epoch + 1) % every_n_epochs:
+            return False
+        if trainer.state.should_stop and self._may_stop(trainer.state.current_epoch):
+            return True  # as Lightning: a stop that min_epochs/min_steps allow validates before it ends the epoch
         if self._val_seconds is not None:
-            if every_n_epochs is not None and (trainer.state.current_epoch + 1) % every_n_epochs:
-                return False
             due = _now() - self._last_val_time >= self._val_seconds
             # every rank's clock differs: validate when any rank's time is up, all ranks together
             return self.strategy.reduce_boolean_decision(due, all=False) if self.strategy.world_size > 1 else due
         if every_n_epochs is None:  # as Lightning: every val_check_interval batches, counted across epochs
             return (self._batches_before + batch_idx + 1) % self.val_every == 0
-        if (trainer.state.current_epoch + 1) % every_n_epochs:
-            return False
         if isinstance(trainer.val_check_interval, float) and trainer.val_check_interval == 1.0:
             return is_last
         return (batch_idx + 1) % self.val_every == 0
 
     def _validate(self) -> None:
+        self._val_loop.run()  # looked up at each call: a replaced run() replaces the validation
+
+    def _run_validation(self) -> None:  # trainer.fit_loop.epoch_loop.val_loop.run() while fit runs
         trainer = self.trainer
         self._reload(self, "val")
         trainer.state.in_train = False

@@ -303,8 +303,9 @@ def _check_training_step_signature(model: Any) -> None:
 
 
 def _defines_step(model: Any, name: str) -> bool:
-    """Whether the model's class defines ``name`` (set to None, as Lightning allows, it disables that loop)."""
-    if name in vars(model):  # set on the instance: `model.validation_step = None` turns validation off too
+    """Whether the model defines ``name`` (set to None, as Lightning allows, on its class or on the instance:
+    ``model.validation_step = None``, it disables that loop)."""
+    if name in vars(model):
         return vars(model)[name] is not None
     impl = getattr(type(model), name, None)
     return impl is not None and impl is not getattr(Module, name)
@@ -320,7 +321,7 @@ def _fit_sources(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any) -> tu
         val_source = _as_list(_source(trainer, model, "val", val_dl)) if trainer.limit_val_batches else []
     train_loader = _train_source(trainer, model, train_dl)
     if val_source and not _defines_step(model, "validation_step"):
-        if getattr(type(model), "validation_step", None) is not None and trainer.is_global_zero:
+        if getattr(model, "validation_step", None) is not None and trainer.is_global_zero:
             warnings.warn(f"fit got validation data but {type(model).__name__} defines no validation_step: "
                           "validation is skipped.", UserWarning, stacklevel=2)
         val_source = []  # validation_step = None: validation is switched off, as in Lightning
@@ -422,8 +423,14 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
     if trainer.num_sanity_val_steps and val_loaders and trainer.limit_val_batches:
         with isolate_rng():  # as in Lightning: training draws the same numbers with and without the check
             _sanity_check(trainer, model, val_loaders)
-    FitLoop(trainer, model, train_loader, val_loaders, lockstep=shape.lockstep,
-            reload=_reloader(trainer, model, train_dl, val_dl)).run()
+    loop = FitLoop(trainer, model, train_loader, val_loaders, lockstep=shape.lockstep,
+                   reload=_reloader(trainer, model, train_dl, val_dl))
+    # fit validates through trainer.fit_loop.epoch_loop.val_loop.run() (a callback or test may replace it)
+    loop._val_loop._runner = loop._run_validation
+    try:
+        loop.run()
+    finally:
+        loop._val_loop._runner = None
     trainer._hooks.call("on_fit_end", trainer)
     if trainer.is_global_zero:
         for lg in trainer.loggers:
@@ -468,7 +475,7 @@ def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path
                     weights_only: bool | None) -> list[dict[str, float]]:
     kind = "val" if stage == "validate" else "test"
     step = "validation_step" if stage == "validate" else "test_step"
-    if getattr(type(model), step, None) is None:
+    if getattr(model, step, None) is None:
         raise MisconfiguredModuleError(
             f"trainer.{stage}() needs {type(model).__name__}.{step}, which is set to None. Define "
             f"{step}(self, batch, batch_idx) to {stage} the model."

@@ -135,6 +135,22 @@ class RunState(_Status):
             return RunningStage.SANITY_CHECKING
         return RunningStage.TRAINING if self.in_train else RunningStage.VALIDATING
 
+    @stage.setter
+    def stage(self, stage: RunningStage | str | None) -> None:
+        """Set by hand (ported Lightning tests and tools do): the entry point and flags that give ``stage``."""
+        self.sanity_checking = self.in_train = False
+        if stage is None:
+            return
+        stage = RunningStage(stage)
+        if stage in (RunningStage.TRAINING, RunningStage.SANITY_CHECKING) or (
+            stage is RunningStage.VALIDATING and self.fn is TrainerFn.FITTING
+        ):
+            self.fn = TrainerFn.FITTING  # training, the sanity check and fit's validation run inside fit
+            self.sanity_checking = stage is RunningStage.SANITY_CHECKING
+            self.in_train = stage is RunningStage.TRAINING
+        else:
+            self.fn = TrainerFn(stage.value)
+
     def start_stage(self, stage: str) -> None:
         """A stage begins: nothing stops it yet, and no loop position or resume point is left from before."""
         self.fn = TrainerFn(stage)

@@ -19,7 +19,7 @@ from torchfleet.settings import TrainingSettings
 from torchfleet.trainer import arguments as args
 from torchfleet.trainer.arguments import default
 from torchfleet.trainer.hooks import HookDispatcher
-from torchfleet.trainer.progress import FitProgress
+from torchfleet.trainer.progress import FitProgress, trainer_loops
 from torchfleet.trainer.state import RunState, TrainerStatus
 from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, labelled, parse_hang_timeout
 
@@ -567,8 +567,13 @@ class Trainer:
     @property
     def fit_loop(self) -> FitProgress:
         """The fit loop's counters as Lightning's ``trainer.fit_loop`` shows them to callbacks (epoch and batch
-        progress); ``max_epochs``/``max_steps``/``min_epochs``/``min_steps`` can be changed through it."""
-        return FitProgress(self)
+        progress, ``epoch_loop.val_loop``); ``max_epochs``/``max_steps``/``min_epochs``/``min_steps`` can be changed
+        through it."""
+        return trainer_loops(self)["fit"]
+
+    validate_loop = property(lambda self: trainer_loops(self)["validate"], doc="trainer.validate()'s batch counters.")
+    test_loop = property(lambda self: trainer_loops(self)["test"], doc="trainer.test()'s batch counters.")
+    predict_loop = property(lambda self: trainer_loops(self)["predict"], doc="trainer.predict()'s batch counters.")
 
     @property
     def estimated_stepping_batches(self) -> int | float:
