@@ -152,12 +152,12 @@ def check_loop_args(
     if check_val_every_n_epoch is None and val_check_seconds is None and not isinstance(val_check_interval, int):
         # the sentence in backquotes is Lightning's, kept for a ported pytest.raises(match=...)
         raise ConfigurationError(
-            f"check_val_every_n_epoch=None validates every val_check_interval training batches counted across "
-            f"epochs (or every so much time), so val_check_interval={val_check_interval!r} has no meaning there "
-            "(a fraction of an epoch): `val_check_interval` should be an integer or a time-based duration (str "
-            "'DD:HH:MM:SS', datetime.timedelta, or dict kwargs for timedelta) when `check_val_every_n_epoch=None`. "
-            "Pass val_check_interval=N (an int >= 1) or a duration, or keep check_val_every_n_epoch=1 to validate "
-            "at fractions of each epoch."
+            "`val_check_interval` should be an integer or a time-based duration (str 'DD:HH:MM:SS', "
+            "datetime.timedelta, or dict kwargs for timedelta) when `check_val_every_n_epoch=None`. That setting "
+            "validates every val_check_interval training batches counted across epochs (or every so much time), so "
+            f"val_check_interval={val_check_interval!r} has no meaning there: give an int number of batches or a "
+            f"duration, not {val_check_interval!r} (a fraction of an epoch). Pass val_check_interval=N (an int >= 1) "
+            "or a duration, or keep check_val_every_n_epoch=1 to validate at fractions of each epoch."
         )
     if deterministic not in (None, True, False, "warn"):
         raise ConfigurationError(f"deterministic={deterministic!r} is not valid: give True, False or 'warn'.")

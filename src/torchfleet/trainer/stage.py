@@ -350,7 +350,7 @@ def _train_source(trainer: Trainer, model: Any, train_dl: Any) -> Any:
 def _prepared(trainer: Trainer, loader: Any, stage: str) -> Any:
     """A fit loader as the loops read it: unshuffled under overfit_batches, then the strategy's (its sampler)."""
     if trainer.overfit_batches:
-        loader = _each_loader(loader, without_shuffle, "training" if stage == "fit" else "validation")
+        loader = _each_loader(loader, without_shuffle, "train" if stage == "fit" else "val")
     return _for_strategy(trainer, loader, stage)
 
 
