@@ -152,7 +152,7 @@ def resolve(
     """Build the Strategy that the Trainer/Fleet arguments describe, with all its parts attached.
 
     ``strategy`` is a registered name or a Strategy object; ``accelerator`` a name or an
-    Accelerator; ``devices`` as in the devices table of the README; ``precision`` a precision
+    Accelerator; ``devices`` as in the devices table of docs/strategies.md; ``precision`` a precision
     string/number or None (32-true unless a Precision plugin is given); ``plugins`` Precision,
     CheckpointIO or ClusterEnvironment objects, at most one of each kind. ``max_restarts`` (0: not asked)
     goes to a strategy that starts processes (ddp, fsdp, deepspeed and their variants).

@@ -34,7 +34,7 @@ PORTED_IMPORTS = {
     "from torchfleet.callbacks import ModelCheckpoint": "from lightning.pytorch.callbacks import ModelCheckpoint",
     "from torchfleet.cli import LightningCLI": "from lightning.pytorch.cli import LightningCLI",
 }
-#: Lightning Trainer arguments torchfleet's Trainer does not have (README, "Porting a LightningModule")
+#: Lightning Trainer arguments torchfleet's Trainer does not have (docs/porting.md)
 LIGHTNING_ONLY_TRAINER_ARGS = {"detect_anomaly", "barebones", "reload_dataloaders_every_n_epochs",
                                "enable_autolog_hparams", "model_registry"}
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.default_root_dir=runs"]

@@ -1,5 +1,5 @@
-"""A Fleet loop (strategy="ddp", 2 processes) that checks ``fleet.preemption_requested`` after each step, as the
-README shows; rank SIGNAL_RANK sends itself SIGTERM at step 3. Each rank writes the step it stopped after.
+"""A Fleet loop (strategy="ddp", 2 processes) that checks ``fleet.preemption_requested`` after each step, as
+docs/fault_tolerance.md shows; rank SIGNAL_RANK sends itself SIGTERM at step 3. Each rank writes the step it stopped after.
 
 Usage: python fleet_preempt.py SIGNAL_RANK FOLDER
 """

@@ -1,4 +1,5 @@
-"""A Fleet loop under ddp with max_restarts=1, resuming itself from its checkpoint as README shows.
+"""A Fleet loop under ddp with max_restarts=1, resuming itself from its checkpoint as
+docs/fault_tolerance.md shows.
 
 Usage: fleet_restart.py ROOT [run]. With "run" the script is started by ``torchfleet run --max-restarts 1``,
 which then owns the restarts (the Fleet gets no max_restarts). Rank 1 raises at step 3 on the first start only (a marker file). The loop saves
