@@ -27,9 +27,11 @@ class StoreIO(CheckpointIO):
 def test_strategy_calls_the_declared_signature():
     io = StoreIO()
     strategy = SingleDeviceStrategy(device="cpu", checkpoint_io=io)
-    strategy.save_checkpoint("p", {"a": 1}, storage_options={"acl": "private"})
+    strategy.save_checkpoint({"a": 1}, "p", storage_options={"acl": "private"})  # Lightning's order: checkpoint, path
     assert strategy.load_checkpoint("p") == {"a": 1}
-    assert io.calls == [("save", {"acl": "private"}), ("load", "cpu")]
+    strategy.save_state("q", {"b": 2}, storage_options="fleet")  # Fabric's (Fleet's): path, state
+    assert strategy.load_state("q") == {"b": 2}
+    assert io.calls == [("save", {"acl": "private"}), ("load", "cpu"), ("save", "fleet"), ("load", "cpu")]
 
 
 def test_async_passes_the_optional_arguments_through():

@@ -15,6 +15,7 @@ import torch
 
 from torchfleet.errors import ConfigurationError, check_flag, check_int, check_text, not_valid
 from torchfleet.trainer.callbacks.base import Callback
+from torchfleet.watchdog import labelled
 
 log = logging.getLogger("torchfleet")
 
@@ -250,14 +251,20 @@ class ModelCheckpoint(Callback):
         """``path``, or ``path`` with ``-v1``, ``-v2``... when a file of that name exists and is not ``replacing``."""
         if not self.enable_version_counter:
             return path
-        exists = trainer.strategy.broadcast(os.path.exists(path))
+        exists = self._file_exists(trainer, path)
         version = 1
         base = path[: -len(self.FILE_EXTENSION)]
         while exists and path != replacing:
             path = f"{base}-v{version}{self.FILE_EXTENSION}"
             version += 1
-            exists = trainer.strategy.broadcast(os.path.exists(path))
+            exists = self._file_exists(trainer, path)
         return path
+
+    @staticmethod
+    def _file_exists(trainer: Any, path: str) -> bool:
+        """Whether ``path`` exists on any rank (Lightning's vote, the strategy's ``reduce_boolean_decision``)."""
+        with labelled("ModelCheckpoint: does the file exist"):
+            return trainer.strategy.reduce_boolean_decision(os.path.exists(path), all=False)
 
     def _save(self, trainer: Any) -> None:
         metrics = self._metrics(trainer)
