@@ -15,7 +15,7 @@ ROOT = Path(torchfleet.__file__).parent
 #: package (a directory or module under src/torchfleet) -> packages none of its modules may import
 #: the layers, lowest first: parts (accelerators, environments, checkpoint, loggers, launchers) know nothing of
 #: strategies; strategies know nothing of the loops; the Trainer and Fleet are two clients that ignore each other
-_CLIENTS = {"trainer", "fleet", "fleet_wrappers", "cli", "callbacks"}
+_CLIENTS = {"trainer", "fleet", "fleet_wrappers", "cli", "cli_lightning", "cli_lightning_parser", "callbacks"}
 _PARTS_MAY_NOT = {"strategies", "connector", "module"} | _CLIENTS
 FORBIDDEN: dict[str, set[str]] = {
     "accelerators": _PARTS_MAY_NOT | {"launchers"},

@@ -295,14 +295,18 @@ def test_validation_every_second_epoch_saves_only_after_validation(tmp_path, mon
     assert sorted(os.listdir(tmp_path / "ck")) == ["epoch=1-step=16.ckpt", "epoch=3-step=32.ckpt"]
 
 
-def test_second_run_overwrites_last_and_versions_top_k(tmp_path):
+def test_second_run_versions_last_and_top_k(tmp_path):
+    # as Lightning: a new callback finding another run's last.ckpt writes last-v1.ckpt beside it
     for epochs in (1, 2):
         ck = ModelCheckpoint(dirpath=tmp_path / "ck", monitor="val_loss", save_top_k=-1, save_last=True)
         _fit(ScriptedVal([0.5, 0.4]), [ck], tmp_path, epochs=epochs)
     assert sorted(os.listdir(tmp_path / "ck")) == [
-        "epoch=0-step=8-v1.ckpt", "epoch=0-step=8.ckpt", "epoch=1-step=16.ckpt", "last.ckpt",
+        "epoch=0-step=8-v1.ckpt", "epoch=0-step=8.ckpt", "epoch=1-step=16.ckpt", "last-v1.ckpt", "last.ckpt",
     ]
-    assert torch.load(tmp_path / "ck" / "last.ckpt", weights_only=False)["global_step"] == 16
+    assert torch.load(tmp_path / "ck" / "last.ckpt", weights_only=False)["global_step"] == 8
+    assert torch.load(tmp_path / "ck" / "last-v1.ckpt", weights_only=False)["global_step"] == 16
+    assert ck.last_model_path == str(tmp_path / "ck" / "last-v1.ckpt")
+    assert ModelCheckpoint.find_last(tmp_path / "ck") == ck.last_model_path  # the newest of the two
 
 
 @pytest.mark.parametrize(("mode", "worst"), [("min", math.inf), ("max", -math.inf)])

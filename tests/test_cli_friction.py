@@ -29,7 +29,7 @@ def test_resume_last_with_more_epochs_continues_in_the_same_version(tmp_path, ca
     assert sorted(os.listdir(tmp_path / "logs")) == ["version_0"]
     rows, _ = _metric_rows(str(version))  # TensorBoard's event files, or metrics.csv without tensorboard
     steps = sorted({int(r["step"]) for r in rows if r.get("train_loss")})
-    assert steps == list(range(1, 2 * STEPS_PER_EPOCH + 1))  # the first run's rows are still there
+    assert steps == list(range(2 * STEPS_PER_EPOCH))  # the first run's rows are still there (numbered from 0)
     assert {r["epoch"] for r in rows if r.get("val_acc")} == {"0", "1"}
 
 

@@ -64,3 +64,23 @@ def test_fit_advances_the_state():
     assert (trainer.state.current_epoch, trainer.state.global_step) == (2, 6)
     assert trainer.state.progress["epoch_done"] and trainer.state.stage is None
     assert "loss" in trainer.callback_metrics
+
+
+def test_trainer_state_compares_status_fn_and_stage():
+    from torchfleet.trainer.states import RunningStage, TrainerState, TrainerStatus
+
+    trainer = tf.Trainer(accelerator="cpu", logger=False)
+    assert trainer.state == TrainerState(status=TrainerStatus.INITIALIZING, fn=None, stage=None)
+    assert trainer.state != TrainerState(status=TrainerStatus.FINISHED)
+    seen = []
+
+    class Watch(tf.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            seen.append(trainer.state == TrainerState(TrainerStatus.RUNNING, TrainerFn.FITTING, RunningStage.TRAINING))
+
+    data = DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2)
+    trainer = tf.Trainer(accelerator="cpu", logger=False, max_epochs=1, callbacks=[Watch()], enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Tiny(), data)
+    assert seen == [True, True]
+    assert trainer.state == TrainerState(status=TrainerStatus.FINISHED) and TrainerState(TrainerStatus.FINISHED).finished

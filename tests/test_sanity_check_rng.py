@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import torchfleet as tf
-from tests.helpers import Regressor, loader, make_data, quiet
+from tests.helpers import RegressionData, Regressor, loader, make_data, quiet
 
 
 class Recording(Regressor):
@@ -41,3 +41,20 @@ def test_shuffled_training_order_and_weights_do_not_depend_on_the_sanity_check()
     assert all(torch.equal(a, b) for a, b in zip(checked.train_batches, unchecked.train_batches))
     for (name, a), b in zip(checked.state_dict().items(), unchecked.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def _fit_continues(sanity_steps: int) -> tuple[dict, torch.Tensor]:
+    tf.seed_everything(0, verbose=False)
+    model = Regressor()
+    trainer = tf.Trainer(**quiet(max_epochs=2, num_sanity_val_steps=sanity_steps))
+    trainer.fit(model, RegressionData(shuffle=True))
+    assert trainer.global_step == 16
+    return model.state_dict(), torch.rand(3)
+
+
+def test_a_shuffled_run_is_the_same_with_and_without_the_sanity_check():
+    without, after_without = _fit_continues(0)
+    with_check, after_with = _fit_continues(2)
+    for name, value in without.items():
+        assert torch.equal(value, with_check[name]), name
+    assert torch.equal(after_without, after_with)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+import torch
 
 from tests.helpers import quiet
 from torchfleet import Trainer
@@ -53,3 +54,19 @@ def test_timer_clocks_each_stage(monkeypatch):
     assert timer.time_elapsed("test") == timer.end_time("test") - timer.start_time("test") > 0
     with pytest.raises(ConfigurationError, match="Timer stage 'sanity' is not one it clocks"):
         timer.time_elapsed("sanity")
+
+
+def test_a_resumed_run_whose_budget_is_spent_trains_no_step(tmp_path):
+    from tests.helpers import RegressionData, Regressor
+    from torchfleet.callbacks import ModelCheckpoint
+
+    timer = Timer(timedelta(seconds=3600))
+    ck = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    first = Trainer(max_steps=3, callbacks=[timer, ck], default_root_dir=tmp_path, **quiet(enable_checkpointing=True))
+    first.fit(Regressor(), datamodule=RegressionData())
+    state = torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"]
+    state["Timer"]["time_elapsed"] = 7200.0  # the budget was spent by the time of this checkpoint
+    torch.save({**torch.load(tmp_path / "last.ckpt", weights_only=True), "callbacks": state}, tmp_path / "spent.ckpt")
+    resumed = Trainer(max_epochs=5, callbacks=[Timer(timedelta(seconds=3600))], default_root_dir=tmp_path, **quiet())
+    resumed.fit(Regressor(), datamodule=RegressionData(), ckpt_path=tmp_path / "spent.ckpt")
+    assert resumed.global_step == first.global_step == 3  # stopped before its first step, as Lightning

@@ -4,6 +4,7 @@ from torchfleet.trainer.callbacks import (
     Callback,
     EarlyStopping,
     EarlyStoppingReason,
+    LambdaCallback,
     LearningRateMonitor,
     ModelCheckpoint,
     ModelSummary,
@@ -16,4 +17,5 @@ from torchfleet.trainer.callbacks import (
 )
 
 __all__ = ["Callback", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason", "ProgressBar", "TQDMProgressBar",
-           "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor", "ThroughputMonitor", "Timer"]
+           "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor", "ThroughputMonitor", "Timer",
+           "LambdaCallback"]

@@ -15,7 +15,14 @@ import os
 import sys
 from typing import Any
 
-from torchfleet.cli_input import check_config_files, explain_build_error, prepare_argv
+from torchfleet.cli_input import (
+    add_trainer_arguments,
+    check_config_files,
+    explain_build_error,
+    help_formatter,
+    prepare_argv,
+    print_error,
+)
 from torchfleet.errors import ConfigurationError
 
 EXAMPLE_MODEL = "torchfleet.examples.addition.AdditionTransformer"
@@ -98,31 +105,6 @@ def _list_registry(kind: str) -> int:
     return 0
 
 
-def _help_formatter() -> type:
-    from jsonargparse import DefaultHelpFormatter
-
-    from torchfleet.trainer.arguments import DEFAULTS as TRAINER_DEFAULTS
-
-    class HelpFormatter(DefaultHelpFormatter):
-        """jsonargparse's help, without "type: Any" for arguments that take several kinds of value: their
-        descriptions (the Trainer's docstring) say what is accepted."""
-
-        def _get_type_str(self, action: Any) -> str | None:
-            found = super()._get_type_str(action)
-            return None if found in ("Any", "Optional[Any]") else found
-
-        def _get_help_string(self, action: Any) -> str:
-            # a Trainer argument left at None takes its value from one table, which the help shows too
-            text = super()._get_help_string(action)
-            kind, _, name = str(action.dest).partition(".")
-            if kind == "trainer" and action.default is None and name in TRAINER_DEFAULTS:
-                shown = str(TRAINER_DEFAULTS[name]).replace("%", "%%")
-                text = text.replace("default: %(default)s", f"default: {shown}")
-            return text
-
-    return HelpFormatter
-
-
 def _parser(stage: str, example: bool, model_class: type | None = None, datamodule_class: type | None = None,
             prog: str = "torchfleet", trainer_defaults: dict[str, Any] | None = None,
             seed_default: int | None = None) -> Any:
@@ -137,7 +119,7 @@ def _parser(stage: str, example: bool, model_class: type | None = None, datamodu
     parser = ArgumentParser(
         prog=f"{prog} {stage}",
         description=f"{prog} {stage}: Trainer.{stage} from the command line.",
-        formatter_class=_help_formatter(),
+        formatter_class=help_formatter(),
     )
     parser.add_argument("--config", action=ActionConfigFile,
                         help="a YAML file with trainer:, model:, data:, seed_everything:, ckpt_path: sections")
@@ -145,7 +127,7 @@ def _parser(stage: str, example: bool, model_class: type | None = None, datamodu
                         help="seed every random generator with this value (null: do not seed)")
     parser.add_argument("--ckpt_path", type=str | None, default=None,
                         help="checkpoint to load: a path, 'last' (the newest; fit resumes the run) or 'best'")
-    parser.add_class_arguments(Trainer, "trainer")
+    add_trainer_arguments(parser, Trainer, "trainer")
     if model_class is not None:
         parser.add_class_arguments(model_class, "model", help=f"the arguments of {model_class.__name__}")
     else:
@@ -171,7 +153,7 @@ def _example_help() -> str:
 
     from torchfleet.examples.addition import AdditionData, AdditionTransformer
 
-    sub = ArgumentParser(formatter_class=_help_formatter(), add_help=False)
+    sub = ArgumentParser(formatter_class=help_formatter(), add_help=False)
     sub.add_class_arguments(AdditionTransformer, "model")
     sub.add_class_arguments(AdditionData, "data")
     groups = sub.format_help().split("\n\n", 1)[-1]  # drop the usage line
@@ -422,7 +404,8 @@ class CLI:
         seed_everything_default: the seed used when ``--seed`` is not given (None: do not seed).
 
     A usage error, ``--help`` and ``--print_config`` end the program (``SystemExit``), as with argparse; a
-    torchfleet error is printed as one paragraph and ends it with status 2.
+    torchfleet error is printed as one paragraph and ends it with status 2. ``LightningCLI`` (in this module too)
+    is Lightning's fuller API, for programs ported from Lightning: config.yaml, subclass mode, ``--optimizer``.
     """
 
     def __init__(self, model_class: type | None = None, datamodule_class: type | None = None, *,
@@ -461,7 +444,7 @@ class CLI:
             code = _run_stage(self.subcommand or "fit", argv, model_class, datamodule_class, prog, trainer_defaults,
                               seed_everything_default, sink, run=run, bundled_example=False)
         except TorchfleetError as exc:
-            print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+            print_error(prog, exc)
             raise SystemExit(2) from None
         if "trainer" not in sink:  # --help, --print_config or a usage error: nothing was built
             raise SystemExit(code)
@@ -499,6 +482,27 @@ def _consolidate(argv: list[str]) -> int:
     return 0
 
 
+#: Lightning's names, in modules of their own: importing them loads the Trainer and jsonargparse, which the
+#: `torchfleet strategies` command does not need
+_LIGHTNING_NAMES = {
+    "LightningCLI": "torchfleet.cli_lightning", "LightningArgumentParser": "torchfleet.cli_lightning_parser",
+    "SaveConfigCallback": "torchfleet.cli_lightning_parser", "ReduceLROnPlateau": "torchfleet.cli_lightning_parser",
+    "instantiate_class": "torchfleet.cli_lightning_parser", "ArgsType": "torchfleet.cli_lightning_parser",
+    "OptimizerCallable": "torchfleet.cli_lightning_parser", "LRSchedulerCallable": "torchfleet.cli_lightning_parser",
+    "LRSchedulerTypeTuple": "torchfleet.cli_lightning_parser", "LRSchedulerTypeUnion": "torchfleet.cli_lightning_parser",
+    "LRSchedulerType": "torchfleet.cli_lightning_parser",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LIGHTNING_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchfleet.cli' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``torchfleet`` command with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     from torchfleet.errors import TorchfleetError
@@ -526,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
             return _run_stage(command, rest)
     except TorchfleetError as exc:
         # the library's errors are written for users: one paragraph, no traceback
-        print(f"torchfleet {command}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print_error(f"torchfleet {command}", exc)
         return 2
     from torchfleet.errors import closest
 

@@ -76,8 +76,10 @@ def _import_file_class(kind: str, given: str) -> str:
     return f"{module_name}.{class_name}"
 
 
-def _check_class_path(kind: str, given: str) -> str:
-    """Import the class ``given`` for --model/--data; return it as a dotted path, or raise one paragraph."""
+def _check_class_path(kind: str, given: str, base: type | None = None) -> str:
+    """Import the class ``given`` for --model/--data; return it as a dotted path, or raise one paragraph.
+
+    ``base``: the class it must derive from (default: Module for --model, DataModule for --data)."""
     import importlib
 
     from torchfleet.data import DataModule
@@ -93,11 +95,13 @@ def _check_class_path(kind: str, given: str) -> str:
         raise ConfigurationError(
             f"--{kind} {given!r} could not be imported ({type(exc).__name__}: {exc}). {_CLASS_PATH_FORMS}"
         ) from None
-    base = Module if kind == "model" else DataModule
+    base = base or (Module if kind == "model" else DataModule)
     if not (isinstance(obj, type) and issubclass(obj, base)):
+        named = f"torchfleet.{base.__name__}" if base in (Module, DataModule) else f"{base.__module__}.{base.__name__}"
         raise ConfigurationError(
-            f"--{kind} {given!r} is {obj!r}, not a subclass of torchfleet.{base.__name__}. "
-            f"--{kind} takes a {base.__name__} class; its constructor's arguments become --{kind}.NAME options."
+            f"--{kind} {given!r} is {obj!r}, not a subclass of {named}. "
+            f"--{kind} takes a {base.__name__} class; its constructor's arguments become --{kind}.init_args.NAME "
+            f"(or --{kind}.NAME) options."
         )
     return dotted
 
@@ -128,7 +132,7 @@ def check_config_files(argv: list[str]) -> None:
             read_config(value)
 
 
-def _check_config_file(path: str) -> tuple[str, bool]:
+def _check_config_file(path: str, bases: dict[str, type] | None = None) -> tuple[str, bool]:
     """Check a --config file's model/data class paths; returns what to pass on and whether it names a model.
 
     A file-form class path ('file.py:Class') is rewritten to its dotted form, and the config is then
@@ -142,11 +146,11 @@ def _check_config_file(path: str) -> tuple[str, bool]:
     if not isinstance(config, dict):
         return path, False
     rewritten = False
-    for kind in ("model", "data"):
+    for kind in ("model", "data") if bases is None else tuple(bases):
         section = config.get(kind)
         value = section.get("class_path") if isinstance(section, dict) else section
         if isinstance(value, str) and _looks_like_class_path(value):
-            dotted = _check_class_path(kind, value)
+            dotted = _check_class_path(kind, value, (bases or {}).get(kind))
             if dotted != value:
                 rewritten = True
                 if isinstance(section, dict):
@@ -159,34 +163,142 @@ def _check_config_file(path: str) -> tuple[str, bool]:
     return (yaml.safe_dump(config) if rewritten else path), names_model
 
 
-def prepare_argv(argv: list[str]) -> tuple[list[str], bool]:
+def prepare_argv(argv: list[str], bases: dict[str, type] | None = None) -> tuple[list[str], bool]:
     """Check --model/--data class paths before jsonargparse sees them; True when the example is to be trained.
 
     jsonargparse's own message for a class it cannot import is a page of union-type diagnostics;
-    checking first gives one paragraph with the import error in it.
+    checking first gives one paragraph with the import error in it. ``bases``: the options that take a class and
+    the class each must derive from (default: --model a Module, --data a DataModule); ``{}`` checks none.
     """
+    options = ("--model", "--data") if bases is None else tuple(f"--{k}" for k in bases)
     out: list[str] = []
     names_model = False
     i = 0
     while i < len(argv):
         arg = argv[i]
         option, eq, value = arg.partition("=")
-        if option in ("--model", "--data", "--config") and not eq and i + 1 < len(argv):
+        if option in (*options, "--config") and not eq and i + 1 < len(argv):
             value, i = argv[i + 1], i + 1
-        elif option not in ("--model", "--data", "--config"):
+        elif option not in (*options, "--config"):
             out.append(arg)
             i += 1
             continue
         if option == "--config":
-            value, has_model = _check_config_file(value)
+            value, has_model = _check_config_file(value, bases)
             names_model = names_model or has_model
         else:
             names_model = names_model or option == "--model"
             if _looks_like_class_path(value):
-                value = _check_class_path(option[2:], value)
+                value = _check_class_path(option[2:], value, (bases or {}).get(option[2:]))
         out.append(f"{option}={value}")
         i += 1
     return out, not names_model
+
+
+def help_formatter() -> type:
+    """The help formatter of every torchfleet parser: jsonargparse's, with the Trainer's effective defaults.
+
+    Built on first use (jsonargparse is imported then) and kept as this module's ``HelpFormatter``, so that a
+    parser pickles (ddp_spawn sends LightningCLI's SaveConfigCallback, which holds its parser, to the ranks)."""
+    built = globals().get("HelpFormatter")
+    if built is not None:
+        return built
+    from jsonargparse import DefaultHelpFormatter
+
+    from torchfleet.trainer.arguments import DEFAULTS as TRAINER_DEFAULTS
+
+    class HelpFormatter(DefaultHelpFormatter):
+        """jsonargparse's help, without "type: Any" for arguments that take several kinds of value: their
+        descriptions (the Trainer's docstring) say what is accepted."""
+
+        def _get_type_str(self, action: Any) -> str | None:
+            found = super()._get_type_str(action)
+            return None if found in ("Any", "Optional[Any]") else found
+
+        def _get_help_string(self, action: Any) -> str:
+            # a Trainer argument left at None takes its value from one table, which the help shows too
+            text = super()._get_help_string(action)
+            kind, _, name = str(action.dest).partition(".")
+            if kind == "trainer" and action.default is None and name in TRAINER_DEFAULTS:
+                shown = str(TRAINER_DEFAULTS[name]).replace("%", "%%")
+                text = text.replace("default: %(default)s", f"default: {shown}")
+            return text
+
+    HelpFormatter.__qualname__ = "HelpFormatter"
+    globals()["HelpFormatter"] = HelpFormatter
+    return HelpFormatter
+
+
+def __getattr__(name: str) -> Any:
+    if name == "HelpFormatter":  # unpickling a parser in a new process
+        return help_formatter()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _object_arguments() -> dict[str, Any]:
+    """The Trainer arguments that take objects, with the types the command line builds them from.
+
+    The Trainer annotates them ``Any`` (it accepts many forms and checks them itself); typed here, jsonargparse
+    builds ``--trainer.callbacks+=EarlyStopping --trainer.callbacks.monitor=val_loss`` and
+    ``--trainer.logger=CSVLogger`` as Lightning's command line does."""
+    from torchfleet.accelerators.base import Accelerator
+    from torchfleet.checkpoint.io import CheckpointIO
+    from torchfleet.environments import ClusterEnvironment
+    from torchfleet.loggers.base import Logger
+    from torchfleet.precision import Precision
+    from torchfleet.profilers.base import Profiler
+    from torchfleet.strategies.strategy import Strategy
+    from torchfleet.trainer.callbacks.base import Callback
+
+    # each ends in str: a value that names no class reaches the Trainer, whose error says what it accepts
+    plugin = Precision | CheckpointIO | ClusterEnvironment | str
+    return {
+        "accelerator": Accelerator | str,
+        "strategy": Strategy | str,
+        "callbacks": list[Callback] | Callback | str | None,
+        "logger": Logger | list[Logger] | bool | str | None,
+        "plugins": list[plugin] | plugin | None,
+        "profiler": Profiler | str | None,
+    }
+
+
+def add_trainer_arguments(parser: Any, trainer_class: type, key: str = "trainer", instantiate: bool = True) -> list[str]:
+    """Add ``trainer_class``'s arguments as ``--KEY.NAME``; its object arguments typed so that class paths build.
+
+    Returns the names added, as jsonargparse's ``add_class_arguments`` does."""
+    import inspect
+
+    typed = _object_arguments()
+    # a class made from a function (jsonargparse's class_from_function) takes that function's arguments
+    builder = getattr(trainer_class, "wrapped_function", None) or trainer_class.__init__
+    params = inspect.signature(builder).parameters
+    # only the arguments the class leaves untyped: a subclass's own annotation is respected
+    retyped = {name: typed[name] for name, p in params.items() if name in typed and p.annotation in (Any, "Any")}
+    added = list(parser.add_class_arguments(trainer_class, key, instantiate=instantiate, fail_untyped=False,
+                                            sub_configs=True, skip=set(retyped)))
+    docs = _argument_docs(trainer_class)
+    for name, kind in retyped.items():
+        parser.add_argument(f"--{key}.{name}", type=kind, default=params[name].default, help=docs.get(name))
+        added.append(f"{key}.{name}")
+    return added
+
+
+def _argument_docs(cls: type) -> dict[str, str]:
+    """The descriptions of ``cls``'s constructor arguments in its docstrings (as jsonargparse shows them)."""
+    try:
+        from docstring_parser import parse
+    except ImportError:  # pragma: no cover - installed with jsonargparse[signatures]
+        return {}
+    docs: dict[str, str] = {}
+    for doc in (cls.__doc__, cls.__init__.__doc__):
+        if doc:
+            docs.update({p.arg_name: p.description or "" for p in parse(doc).params})
+    return docs
+
+
+def print_error(prog: str, exc: BaseException) -> None:
+    """A library error as the command line shows it: one paragraph on stderr, after the program's name."""
+    print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
 
 
 def _yaml_problem(exc: Exception) -> str:
@@ -224,12 +336,13 @@ def _raised_by_jsonargparse(exc: BaseException) -> bool:
     return bool(frames) and f"{os.sep}jsonargparse{os.sep}" in frames[-1].filename
 
 
-def explain_build_error(exc: Exception) -> TorchfleetError:
+def explain_build_error(exc: Exception, builder: type | None = None) -> TorchfleetError:
     """One paragraph for an error raised while building the Trainer, model or data from the command line's values.
 
     jsonargparse wraps the constructor's own error (a check that rejects an argument) in pages of union-type
     diagnostics; the cause is the innermost exception. The paragraph names the class being built with the values
-    it was given, the error, and where it was raised.
+    it was given, the error, and where it was raised. ``builder``: the class whose constructor builds the others
+    (LightningCLI), never the one named.
     """
     import inspect
     import traceback
@@ -242,7 +355,7 @@ def explain_build_error(exc: Exception) -> TorchfleetError:
     while tb is not None and built is None:  # the outermost constructor in the cause's traceback: the class built
         frame = tb.tb_frame
         owner = frame.f_locals.get("self") if frame.f_code.co_name == "__init__" else None
-        if owner is not None:
+        if owner is not None and not (builder is not None and isinstance(owner, builder)):
             built = type(owner)
             try:
                 names = [n for n in inspect.signature(built.__init__).parameters if n != "self"]

@@ -45,15 +45,27 @@ def _collect_plugins(plugins: Any) -> dict[str, Any]:
     if not isinstance(plugins, Iterable) or isinstance(plugins, (str, bytes)):
         plugins = [plugins]
     found: dict[str, Any] = {}
+    twice: dict[str, list[Any]] = {}
     for plugin in plugins:
         kind = _plugin_kind(plugin)
         if kind in found:
-            raise ConfigurationError(
-                f"plugins=[...] holds two {kind} plugins: {found[kind]!r} and {plugin!r}. A strategy has exactly one "
-                f"{kind}; pass only one."
-            )
+            twice.setdefault(kind, [found[kind]]).append(plugin)
         found[kind] = plugin
+    if twice:
+        # "Received multiple values for <kinds>" is Lightning's key phrase, kept for ported pytest.raises(match=...)
+        order = [k for k in found if k in twice]  # as Lightning: in the order the kinds first appear
+        kinds = ", ".join(_PLUGIN_CLASS_NAMES[k] for k in order)
+        given = "; ".join(f"{len(twice[k]) if len(twice[k]) > 2 else 'two'} {k} plugins: "
+                          f"{' and '.join(map(repr, twice[k]))}" for k in order)
+        raise ConfigurationError(
+            f"Received multiple values for {kinds}: plugins=[...] holds {given}. A strategy has exactly one of each; "
+            "pass only one."
+        )
     return found
+
+
+_PLUGIN_CLASS_NAMES = {"precision": "Precision", "checkpoint_io": "CheckpointIO",
+                       "cluster_environment": "ClusterEnvironment", "accelerator": "Accelerator"}
 
 
 def _check_num_nodes(num_nodes: Any) -> int:
@@ -150,7 +162,8 @@ def resolve(
         if strategy != "auto":
             if strategy not in StrategyRegistry:  # unknown names fail here, before devices are looked at
                 raise unknown_name("strategy", strategy, StrategyRegistry.available(),
-                                   suggest=_strategies_worth_suggesting(accelerator))
+                                   suggest=_strategies_worth_suggesting(accelerator),
+                                   hint=f"(You selected an invalid strategy name: `strategy={strategy!r}`.)")
     else:
         raise ConfigurationError(
             f"strategy={strategy!r} is not understood: pass a registered name ('auto', 'single_device', ...; see "

@@ -18,6 +18,22 @@ class MisconfiguredModuleError(ConfigurationError):
     """The user's Module returned or configured something torchfleet cannot use."""
 
 
+class MissingEnvironmentVariableError(ConfigurationError, KeyError):
+    """A variable the launcher should have set is missing; also a KeyError, as reading ``os.environ`` would raise."""
+
+    def __str__(self) -> str:
+        # KeyError would show the paragraph in quotes
+        return str(self.args[0]) if self.args else ""
+
+
+class LauncherSettingsError(ConfigurationError, RuntimeError):
+    """The scheduler was asked for a process layout torchfleet cannot run; also a RuntimeError, as in Lightning."""
+
+
+class PossibleUserWarning(UserWarning):
+    """A warning about something that is often a mistake but may be intended (filter it once it is)."""
+
+
 class CheckpointError(TorchfleetError, ValueError):
     """A checkpoint path that does not exist or a file that is not a torchfleet checkpoint."""
 

@@ -28,8 +28,9 @@ class AttributeDict(dict):
 class HyperparametersMixin:
     """``save_hyperparameters``, ``hparams`` and ``hparams_initial``, shared by Module and DataModule."""
 
-    #: whether the Trainer sends these hyperparameters to its loggers (``save_hyperparameters(logger=False)``)
-    _log_hyperparams: bool = True
+    #: whether the Trainer sends these hyperparameters to its loggers: as in Lightning, only once
+    #: ``save_hyperparameters()`` was called (and not with ``logger=False``)
+    _log_hyperparams: bool = False
     #: the checkpoint entry holding them (Lightning's name for it)
     CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
 

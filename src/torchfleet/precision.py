@@ -50,7 +50,8 @@ def normalize_precision(value: Any) -> str:
     hint = f" Did you mean {' or '.join(map(repr, near))}?" if near else ""
     accepted = ", ".join(repr(p) for p in PRECISIONS)
     raise ConfigurationError(
-        f"Unknown precision {value!r}.{hint} Accepted values are {accepted}, and the shorthands 16, 32, 64, "
+        f"Unknown precision {value!r} (Precision {value!r} is invalid).{hint} Accepted values are {accepted}, and the "
+        "shorthands 16, 32, 64, "
         "'16', '32', '64' (-> '16-mixed', '32-true', '64-true') and 'bf16' (-> 'bf16-mixed')."
     )
 

@@ -4,8 +4,9 @@
 gives each rank its own part of a map-style DataLoader's data:
 
 * the default sampler (the one ``shuffle=False/True`` chose), training ("fit"): a
-  ``torch.utils.data.DistributedSampler``, shuffled iff the user shuffled, seeded alike on every
-  rank so the shards are disjoint; the fit loop calls ``set_epoch``.
+  ``torch.utils.data.DistributedSampler``, shuffled iff the loader shuffles, seeded alike on every
+  rank so the shards are disjoint; the fit loop calls ``set_epoch``. The Trainer first makes its
+  training loader shuffle (``shuffled_for_training``), as Lightning's Trainer does; Fleet does not.
 * the default sampler, evaluation ("validate", "test", "predict"): an ``ExactDistributedSampler``,
   which sees every sample exactly once over all ranks (no padding), in a fixed order.
 * a sampler or batch sampler the user set (``SubsetRandomSampler``, ``WeightedRandomSampler``, a
@@ -246,6 +247,20 @@ def shard_for_rank(dataloader: Any, sampler_kwargs: dict[str, int], stage: str, 
     if even is not None:
         loader = pad_evaluation_shards(loader, num_replicas, rank, stage, even)
     return loader
+
+
+def shuffled_for_training(dataloader: Any) -> Any:
+    """``dataloader`` as if made with ``shuffle=True`` when it reads in order with the default sampler, else unchanged.
+
+    What Lightning's Trainer does to a distributed run's training loader: its DistributedSampler always
+    shuffles (seeded with the global seed, reshuffled each epoch by ``set_epoch``), whatever the loader's
+    ``shuffle``. The Trainer calls this before the strategy injects its sampler; Fleet does not (Fabric
+    keeps the loader's choice). A sampler of the user's own is left as it is.
+    """
+    if (not isinstance(dataloader, DataLoader) or isinstance(dataloader.dataset, IterableDataset)
+            or type(dataloader.sampler) is not SequentialSampler or not _has_default_sampler(dataloader)):
+        return dataloader
+    return _rebuild(dataloader, RandomSampler(dataloader.dataset))
 
 
 def _shard_user_sampler(dataloader: DataLoader, num_replicas: int, rank: int, stage: str, seed: int) -> DataLoader:

@@ -47,8 +47,8 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
                 seed = int(env)
             except ValueError:
                 raise ConfigurationError(
-                    f"{SEED_ENV}={env!r} is not a seed: set it to an int in [0, {_MAX_SEED}], or unset it "
-                    "(seed_everything() then uses 0)."
+                    f"{SEED_ENV}={env!r} is not a seed (Invalid seed specified): set it to an int in [0, {_MAX_SEED}], "
+                    "or unset it (seed_everything() then uses 0)."
                 ) from None
     if isinstance(seed, bool) or not isinstance(seed, (int, float)) or (isinstance(seed, float) and
                                                                         not seed.is_integer()):

@@ -26,9 +26,9 @@ pytestmark = [pytest.mark.distributed]
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "resume_from.py")
 TRAIN = os.path.join(os.path.dirname(__file__), "scripts", "fsdp_train.py")
-#: lines of the combined output of both ranks: each may print one traceback of the CheckpointError (about 30 lines);
-#: DCP's own report was 90-133 lines, a missing .metadata 58
-MAX_LINES = 70
+#: lines of the combined output of both ranks: the launcher reports the first failing rank's CheckpointError once
+#: (issue 19 asks for under 40 lines); DCP's own report was 90-133 lines, a missing .metadata 58
+MAX_LINES = 40
 
 
 class Payload:
@@ -63,7 +63,7 @@ def _one_paragraph(out: str, *names: str, max_lines: int | None = MAX_LINES) -> 
     assert all(n in message for n in names), message
     assert "CheckpointException" not in out and "(RANK " not in out  # DCP's per-rank report
     assert "direct cause" not in out and "During handling" not in out  # no chained tracebacks
-    assert out.count("Traceback (most recent call last)") <= 2, out  # at most one per rank
+    assert out.count("Traceback (most recent call last)") <= 1, out  # the failure is reported once
     assert max_lines is None or len(out.splitlines()) <= max_lines, out
     return message
 

@@ -1,8 +1,9 @@
 """DDP on 2 real CPU processes over gloo: numerical equivalence with one process, every launch style.
 
-The reference is one process with the global batch (2 x the per-rank batch) over the same data,
-shuffle off and a mean loss: DDP averages the ranks' gradients, so the weights must agree to
-fp32 rounding. Validation uses 63 samples, which 2 ranks cannot split evenly; exact evaluation
+The reference is one process with the global batch (2 x the per-rank batch) over the same data, in the
+order the ranks read it (the Trainer shuffles a distributed training loader, as Lightning's does:
+tests/distributed/trainer_order.py), and a mean loss: DDP averages the ranks' gradients, so the weights
+must agree to fp32 rounding. Validation uses 63 samples, which 2 ranks cannot split evenly; exact evaluation
 must still count each sample once.
 """
 
@@ -45,8 +46,8 @@ def run_script(cfg: dict, timeout: float = 120, env: dict | None = None) -> subp
 def reference(batch: int, epochs: int = 2, accumulate: int = 1) -> dict:
     """One process, the global batch: what every DDP variant must reproduce."""
     tf.seed_everything(0)
-    model, trainer, train, val = build({"devices": 1, "batch": batch, "epochs": epochs, "accumulate": accumulate},
-                                       strategy="single_device")
+    model, trainer, train, val = build({"devices": 1, "batch": batch, "epochs": epochs, "accumulate": accumulate,
+                                        "reference_of": 2}, strategy="single_device")
     trainer.fit(model, train, val)
     return {"weights": model.state_dict(), "global_step": trainer.global_step,
             "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()}}

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
+from tests.distributed.trainer_order import trainer_batches
 from torchfleet.environments import find_free_port
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -56,7 +56,7 @@ def _child_env(**extra: object) -> dict[str, str]:
 
 
 def _free_port_in(lo: int, hi: int) -> int:
-    """A port in [lo, hi] that is free right now (SLURM derives its port from the job id: 10000 + 4 digits)."""
+    """A port in [lo, hi] that is free right now (SLURM derives its port from the job id: 15000 + 4 digits)."""
     base = os.getpid() % (hi - lo + 1)
     for i in range(hi - lo + 1):
         port = lo + (base + 7919 * i) % (hi - lo + 1)
@@ -163,15 +163,18 @@ def _script_module():
     return module
 
 
-def _reference_weights(global_batch: int, epochs: int = EPOCHS) -> tuple[dict[str, list[float]], int]:
-    """One process, plain PyTorch: the script's model and data, batch ``global_batch``, same epochs."""
+def _reference_weights(global_batch: int, epochs: int = EPOCHS, world_size: int = 2) -> tuple[dict[str, list[float]], int]:
+    """One process, plain PyTorch: the script's model and data, batch ``global_batch``, same epochs, each step's
+    samples those the ``world_size`` ranks of the Trainer read at that step (it shuffles, seed 0: trainer_order)."""
     script = _script_module()
     with torch.random.fork_rng():  # TinyNet seeds the global generator: leave this process's as it was
         model = script.TinyNet()
     opt = model.configure_optimizers()
     steps = 0
-    for _ in range(epochs):
-        for x, y in DataLoader(script.make_data(), batch_size=global_batch, shuffle=False):
+    data = script.make_data()
+    for epoch in range(epochs):
+        for idx in trainer_batches(len(data), world_size, global_batch // world_size, seed=0, epoch=epoch):
+            x, y = data[idx]
             opt.zero_grad()
             nn.functional.mse_loss(model.net(x), y).backward()
             opt.step()
@@ -182,7 +185,7 @@ def _reference_weights(global_batch: int, epochs: int = EPOCHS) -> tuple[dict[st
 
 def _check_training(result: dict, world_size: int) -> None:
     """The run's final weights are those of one process with the global batch; so is its step count."""
-    expected, steps = _reference_weights(BATCH * world_size)
+    expected, steps = _reference_weights(BATCH * world_size, world_size=world_size)
     assert result["global_step"] == steps
     assert set(result["weights"]) == set(expected)
     for name, values in expected.items():
@@ -268,8 +271,8 @@ def _slurm_env(procid: int, nodeid: int, localid: int, ntasks: int, nnodes: int,
 
 def test_two_nodes_simulated_slurm(tmp_path):
     """2 nodes x 1 task as srun starts them: no MASTER_ADDR/PORT, derived from SLURM_NODELIST and SLURM_JOB_ID."""
-    port = _free_port_in(10000, 19999)
-    job_id = f"31{port - 10000:04d}"  # SLURMEnvironment listens on 10000 + the last four digits of the job id
+    port = _free_port_in(15000, 24999)
+    job_id = f"31{port - 15000:04d}"  # SLURMEnvironment listens on 15000 + the last four digits of the job id
     nodelist = "127.0.0.1,127.0.0.2"  # the first host is the main address
     cmd = _script_cmd(tmp_path, devices=1, num_nodes=2, batch=BATCH, epochs=EPOCHS)
     results = _run_together([
@@ -338,8 +341,8 @@ def test_preflight_every_torchrun_worker_fails(tmp_path, strategy):
 @pytest.mark.parametrize("ntasks_per_node", [2, None], ids=["srun--ntasks-per-node=2", "srun-n2"])
 def test_preflight_slurm_ntasks_disagrees(tmp_path, ntasks_per_node):
     """SLURM_NTASKS=2 on one node with Trainer(devices=3): every task fails in Trainer(...) naming 2 and 3."""
-    port = _free_port_in(10000, 19999)
-    job_id = f"52{port - 10000:04d}"
+    port = _free_port_in(15000, 24999)
+    job_id = f"52{port - 15000:04d}"
     cmd = _script_cmd(tmp_path, devices=3, num_nodes=1)
     results = _run_together([
         (f"task{k}", cmd, _slurm_env(k, 0, k, ntasks=2, nnodes=1, ntasks_per_node=ntasks_per_node, job_id=job_id,

@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+import torchfleet as tf
 from tests.distributed import sharded_helpers
 from tests.distributed.scripts.porting_train import (
     GAN,
@@ -21,6 +22,7 @@ from tests.distributed.scripts.porting_train import (
     gan_data,
     regression_data,
 )
+from tests.distributed.trainer_order import trainer_batches
 from torchfleet.checkpoint.deepspeed import deepspeed_available
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -55,14 +57,15 @@ def runs(tmp_path_factory) -> dict:
     return sharded_helpers.load_results(cfg, proc)
 
 
-def batches(data, size: int = GLOBAL_BATCH):
-    return [tuple(t[i:i + size] for t in data.tensors) for i in range(0, len(data), size)]
+def batches(data, size: int = GLOBAL_BATCH, epoch: int = 0):
+    """Each step's global batch as 2 Trainer ranks read it: shuffled (seed 0), as Lightning's Trainer does."""
+    return [tuple(t[idx] for t in data.tensors) for idx in trainer_batches(len(data), 2, size // 2, epoch=epoch)]
 
 
 def train_regressor(model: nn.Module, epochs: int) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    for _ in range(epochs):
-        for x, y in batches(regression_data()):
+    for epoch in range(epochs):
+        for x, y in batches(regression_data(), epoch=epoch):
             nn.functional.mse_loss(model.net(x), y).backward()
             opt.step()
             opt.zero_grad()
@@ -107,8 +110,8 @@ def test_gan_with_two_manual_backwards_per_step_matches_one_process(runs, name):
     opt_g = torch.optim.SGD(gen.parameters(), lr=0.2)
     opt_d = torch.optim.SGD(disc.parameters(), lr=0.2)
     bce = nn.functional.binary_cross_entropy_with_logits
-    for _ in range(2):
-        for real, z in batches(gan_data()):
+    for epoch in range(2):
+        for real, z in batches(gan_data(), epoch=epoch):
             ones, zeros = torch.ones(len(z), 1), torch.zeros(len(z), 1)
             opt_g.zero_grad()
             bce(disc(gen(z)), ones).backward()
@@ -170,6 +173,7 @@ def test_configure_model_under_fsdp_creates_the_layers_once_on_meta_then_shards(
 def test_configure_model_under_ddp_spawn_fills_the_launching_process_model():
     from tests.distributed.scripts.porting_train import ConfiguredModel, trainer_for
 
+    tf.seed_everything(0)  # the seed of the ranks' shuffle (the reference's), whatever an earlier test set
     torch.manual_seed(0)
     model = ConfiguredModel()
     trainer = trainer_for("ddp_spawn", 2, max_epochs=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from torchfleet.environments import SLURMEnvironment, expand_nodelist
-from torchfleet.errors import ConfigurationError
+from torchfleet.errors import ConfigurationError, LauncherSettingsError
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_properties(slurm):
     assert SLURMEnvironment.detect() and e.creates_processes_externally
     assert (e.world_size(), e.global_rank(), e.local_rank(), e.node_rank()) == (4, 2, 0, 1)
     assert e.main_address == "gpu07"
-    assert e.main_port == 10000 + 3456  # last four digits of the job id
+    assert e.main_port == 15000 + 3456  # Lightning's rule: 15000 + the last four digits of the job id
 
 
 def test_setters_do_not_override_slurm(slurm):
@@ -72,7 +72,7 @@ def test_job_nodelist_fallback_and_short_job_id(env):
     env(SLURM_NTASKS=1, SLURM_JOB_NODELIST="cn[3-4]", SLURM_JOB_ID=42)
     e = SLURMEnvironment()
     assert e.main_address == "cn3"
-    assert e.main_port == 10042
+    assert e.main_port == 15042
 
 
 def test_port_is_the_same_in_every_task(slurm):
@@ -102,12 +102,25 @@ def test_validate_nodes(slurm):
     assert "2 nodes" in text and "num_nodes=3" in text and "--nodes=3" in text
 
 
-def test_validate_world_size_without_per_node_variables(env):
-    env(SLURM_NTASKS=3, SLURM_PROCID=0, SLURM_LOCALID=0, SLURM_NODEID=0, SLURM_JOB_NAME="train")
+def test_validate_world_size_with_uneven_tasks_per_node(env):
+    env(SLURM_NTASKS=3, SLURM_PROCID=0, SLURM_LOCALID=0, SLURM_NODEID=0, SLURM_JOB_NAME="train",
+        SLURM_TASKS_PER_NODE="2,1")
     with pytest.raises(ConfigurationError) as info:
         SLURMEnvironment().validate_settings(2, 1)
     text = str(info.value)
     assert "SLURM started 3 processes (SLURM_NTASKS=3)" in text and "devices=2 x num_nodes=1 = 2" in text
+
+
+def test_ntasks_without_any_tasks_per_node_is_refused_at_creation(env):
+    """--ntasks=3 with no per-node variable at all (srun always sets SLURM_TASKS_PER_NODE): refused, as Lightning."""
+    env(SLURM_NTASKS=3, SLURM_PROCID=0, SLURM_LOCALID=0, SLURM_NODEID=0, SLURM_JOB_NAME="train")
+    with pytest.raises(LauncherSettingsError) as info:
+        SLURMEnvironment()
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value, ConfigurationError)
+    text = str(info.value)
+    assert "`--ntasks=3`" in text and "--ntasks-per-node" in text
+    env(SLURM_NTASKS=1)
+    SLURMEnvironment()  # one task needs no layout
 
 
 @pytest.mark.parametrize("value", ["2(x3)", "2"])

@@ -1,16 +1,17 @@
-"""Programs written the way public Lightning programs are, importing torchfleet instead of lightning.
+"""Programs written the way public Lightning programs are; only their import lines name torchfleet.
 
 Each mirrors the features one kind of public program leans on (our own code, not a copy): a GAN
 (manual optimisation, two optimizers, toggle_optimizer, two manual_backward calls in one step), an
 autoencoder with a DataModule (positional datamodule, training_step without batch_idx, test after fit),
 a transformer with a warm-up stepped in an ``optimizer_step`` override (the UvA tutorial's pattern), a
 classifier in the lightning-hydra-template style (torchmetrics objects logged with self.log,
-save_hyperparameters(logger=False), BatchNorm with sync_batchnorm), and two Fleet loops in the style of
+save_hyperparameters(logger=False), BatchNorm with sync_batchnorm), and two Fabric loops in the style of
 Fabric's examples (an image classifier with rank_zero_first and loggers; a PPO agent whose loss goes
-through ``get_action_and_value``, marked as a forward method).
+through ``get_action_and_value``, marked as a forward method). programs_extra.py holds three more.
 
-Every program is deterministic and its data is split across ranks without shuffling, with the same
-global batch at every world size: one process and two must end with the same weights.
+The text below the imports is the Lightning program's: tests/ported/lightning_imports.py turns the import
+lines back to run it under Lightning, and tests/ported/test_ported_programs.py compares the two. Every
+program is seeded; these split their data across ranks in order with the same global batch at every world size.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-import torchfleet as tf
+from torchfleet import DataModule as LightningDataModule
+from torchfleet import Fleet as Fabric
+from torchfleet import Module as LightningModule
+from torchfleet import Trainer, seed_everything
 
 GLOBAL_BATCH = 16
 N_SAMPLES = 64
@@ -62,7 +66,7 @@ class Discriminator(nn.Module):
         return self.net(x)
 
 
-class GAN(tf.Module):
+class GAN(LightningModule):
     def __init__(self, latent: int = 6, lr: float = 2e-3):
         super().__init__()
         self.save_hyperparameters()
@@ -105,15 +109,15 @@ class GAN(tf.Module):
 
 
 def gan_program(trainer_kw: dict[str, Any], world_size: int) -> dict[str, Any]:
-    tf.seed_everything(0)
+    seed_everything(0)
     model = GAN()
-    trainer = tf.Trainer(max_epochs=2, **trainer_kw)
+    trainer = Trainer(max_epochs=2, **trainer_kw)
     trainer.fit(model, DataLoader(_data(N_SAMPLES, 8, 1), batch_size=per_rank_batch(world_size)))
     return {"model": model, "trainer": trainer, "metrics": ["g_loss", "d_loss"]}
 
 
 # ---------------------------------------------------------------------------- autoencoder + DataModule
-class PointsData(tf.DataModule):
+class PointsData(LightningDataModule):
     def __init__(self, batch_size: int = 8):
         super().__init__()
         self.save_hyperparameters()
@@ -132,7 +136,7 @@ class PointsData(tf.DataModule):
         return DataLoader(self.val_set, batch_size=self.hparams.batch_size)
 
 
-class AutoEncoder(tf.Module):
+class AutoEncoder(LightningModule):
     def __init__(self, hidden: int = 4):
         super().__init__()
         self.save_hyperparameters()
@@ -163,10 +167,10 @@ class AutoEncoder(tf.Module):
 
 
 def autoencoder_program(trainer_kw: dict[str, Any], world_size: int) -> dict[str, Any]:
-    tf.seed_everything(0)
+    seed_everything(0)
     model = AutoEncoder()
     data = PointsData(batch_size=per_rank_batch(world_size))
-    trainer = tf.Trainer(max_epochs=2, **trainer_kw)
+    trainer = Trainer(max_epochs=2, **trainer_kw)
     trainer.fit(model, data)  # the DataModule positional
     val_loss = float(trainer.callback_metrics["val_loss"])  # each stage starts with empty callback_metrics
     tested = trainer.test(model, datamodule=data, verbose=False)  # the same module after fit
@@ -188,7 +192,7 @@ class CosineWarmup(torch.optim.lr_scheduler.LRScheduler):
         return [base * factor for base in self.base_lrs]
 
 
-class ReverseTransformer(tf.Module):
+class ReverseTransformer(LightningModule):
     """Reverses a sequence of tokens; the learning rate warms up in optimizer_step (not a scheduler config)."""
 
     def __init__(self, vocab: int = 10, dim: int = 16, warmup: int = 3, max_iters: int = 40):
@@ -226,9 +230,9 @@ def reverse_data(n: int = N_SAMPLES, length: int = 6, vocab: int = 10) -> Tensor
 
 
 def transformer_program(trainer_kw: dict[str, Any], world_size: int) -> dict[str, Any]:
-    tf.seed_everything(0)
+    seed_everything(0)
     model = ReverseTransformer()
-    trainer = tf.Trainer(max_epochs=2, **trainer_kw)
+    trainer = Trainer(max_epochs=2, **trainer_kw)
     trainer.fit(model, DataLoader(reverse_data(), batch_size=per_rank_batch(world_size)))
     return {"model": model, "trainer": trainer, "metrics": ["train_loss"],
             "lr": model.lr_scheduler.get_last_lr()[0], "scheduler_steps": model.lr_scheduler.last_epoch}
@@ -244,7 +248,7 @@ class DenseNet(nn.Module):
         return self.model(x)
 
 
-class Classifier(tf.Module):
+class Classifier(LightningModule):
     def __init__(self, net: nn.Module, lr: float = 0.05):
         super().__init__()
         self.save_hyperparameters(logger=False, ignore=["net"])
@@ -290,9 +294,9 @@ class Classifier(tf.Module):
 
 
 def classifier_program(trainer_kw: dict[str, Any], world_size: int) -> dict[str, Any]:
-    tf.seed_everything(0)
+    seed_everything(0)
     model = Classifier(DenseNet())
-    trainer = tf.Trainer(max_epochs=2, sync_batchnorm=True, **trainer_kw)
+    trainer = Trainer(max_epochs=2, sync_batchnorm=True, **trainer_kw)
     bs = per_rank_batch(world_size)
     trainer.fit(model, DataLoader(_data(N_SAMPLES, 10, 5, classes=3), batch_size=bs),
                 DataLoader(_data(32, 10, 6, classes=3), batch_size=bs))
@@ -340,11 +344,11 @@ class SmallConvNet(nn.Module):
         return self.fc(x.flatten(1))
 
 
-def image_classifier_fleet(fleet: tf.Fleet, root: str) -> dict[str, Any]:
+def image_classifier_fleet(fabric: Fabric, root: str) -> dict[str, Any]:
     """Fabric's image-classifier shape: data made under rank_zero_first, test accuracy all-reduced, logs, a save."""
-    fleet.seed_everything(0)
+    fabric.seed_everything(0)
     data_file = os.path.join(root, "images.pt")
-    with fleet.rank_zero_first():
+    with fabric.rank_zero_first():
         if not os.path.exists(data_file):  # the "download": only rank 0 writes it, the others read it after
             g = torch.Generator().manual_seed(7)
             images = torch.randn(N_SAMPLES, 1, 8, 8, generator=g)
@@ -354,23 +358,23 @@ def image_classifier_fleet(fleet: tf.Fleet, root: str) -> dict[str, Any]:
     dataset = TensorDataset(data["x"], data["y"])
     model = SmallConvNet()
     optimizer = torch.optim.Adadelta(model.parameters(), lr=0.5)
-    model, optimizer = fleet.setup(model, optimizer)
-    train_loader = fleet.setup_dataloaders(DataLoader(dataset, batch_size=per_rank_batch(fleet.world_size)))
+    model, optimizer = fabric.setup(model, optimizer)
+    train_loader = fabric.setup_dataloaders(DataLoader(dataset, batch_size=per_rank_batch(fabric.world_size)))
     for epoch in range(2):
         model.train()
         for x, y in train_loader:
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x), y)
-            fleet.backward(loss)
+            fabric.backward(loss)
             optimizer.step()
-        fleet.log("train_loss", loss.detach(), step=epoch)
+        fabric.log("train_loss", loss.detach(), step=epoch)
     model.eval()
     correct = torch.tensor(0)
     with torch.no_grad():
         for x, y in train_loader:
             correct += (model(x).argmax(1) == y).sum()
-    correct = fleet.all_reduce(correct, reduce_op="sum")
-    fleet.save(os.path.join(root, "classifier.ckpt"), {"model": model})
+    correct = fabric.all_reduce(correct, reduce_op="sum")
+    fabric.save(os.path.join(root, "classifier.ckpt"), {"model": model})
     return {"weights": full_weights(model), "accuracy": float(correct) / len(dataset)}
 
 
@@ -396,9 +400,9 @@ class Agent(nn.Module):
         return self.get_action_and_value(x)
 
 
-def ppo_fleet(fleet: tf.Fleet, root: str) -> dict[str, Any]:
+def ppo_fleet(fabric: Fabric, root: str) -> dict[str, Any]:
     """Fabric PPO's update shape: a clipped surrogate loss through a method that is not forward."""
-    fleet.seed_everything(0)
+    fabric.seed_everything(0)
     g = torch.Generator().manual_seed(8)
     obs = torch.randn(N_SAMPLES, 4, generator=g)
     actions = torch.randint(0, 2, (N_SAMPLES,), generator=g)
@@ -407,10 +411,10 @@ def ppo_fleet(fleet: tf.Fleet, root: str) -> dict[str, Any]:
     returns = torch.randn(N_SAMPLES, generator=g)
     agent = Agent()
     optimizer = torch.optim.Adam(agent.parameters(), lr=1e-2)
-    agent, optimizer = fleet.setup(agent, optimizer)
+    agent, optimizer = fabric.setup(agent, optimizer)
     agent.mark_forward_method("get_action_and_value")
-    loader = fleet.setup_dataloaders(DataLoader(TensorDataset(obs, actions, old_logprob, advantages, returns),
-                                                batch_size=per_rank_batch(fleet.world_size)))
+    loader = fabric.setup_dataloaders(DataLoader(TensorDataset(obs, actions, old_logprob, advantages, returns),
+                                                batch_size=per_rank_batch(fabric.world_size)))
     for _ in range(2):
         for b_obs, b_act, b_old, b_adv, b_ret in loader:
             _, logprob, entropy, value = agent.get_action_and_value(b_obs, b_act)
@@ -418,7 +422,7 @@ def ppo_fleet(fleet: tf.Fleet, root: str) -> dict[str, Any]:
             pg_loss = torch.max(-b_adv * ratio, -b_adv * ratio.clamp(0.8, 1.2)).mean()
             loss = pg_loss + 0.5 * F.mse_loss(value.squeeze(1), b_ret) - 0.01 * entropy.mean()
             optimizer.zero_grad()
-            fleet.backward(loss)
+            fabric.backward(loss)
             optimizer.step()
     return {"weights": full_weights(agent)}
 

@@ -108,7 +108,7 @@ DISCOVERY = (
 #: Lightning's import flags that name a package: the flag's stem -> the package to look for
 _PACKAGES = {"TENSORBOARDX": "tensorboardX", "TORCHVISION": "torchvision", "OMEGACONF": "omegaconf", "RICH": "rich",
              "TENSORBOARD": "tensorboard", "PSUTIL": "psutil", "SKLEARN": "sklearn", "TORCHMETRICS": "torchmetrics",
-             "JSONARGPARSE": "jsonargparse", "DEEPSPEED": "deepspeed", "HYDRA": "hydra", "MLFLOW": "mlflow",
+             "JSONARGPARSE": "jsonargparse", "JSONARGPARSE_SIGNATURES": "jsonargparse", "DEEPSPEED": "deepspeed", "HYDRA": "hydra", "MLFLOW": "mlflow",
              "WANDB": "wandb", "XLA": "torch_xla", "BITSANDBYTES": "bitsandbytes", "TORCHAO": "torchao"}
 _VERSIONED = re.compile(r"_(?P<what>[A-Z]+)_GREATER_EQUAL_(?P<version>\d+(?:_\d+)*)$")
 _AVAILABLE = re.compile(r"_(?P<what>[A-Z_]+?)_AVAILABLE$")

@@ -166,8 +166,8 @@ def parse_cpu_processes(devices: Any) -> int:
     if isinstance(devices, (list, tuple)):
         raise ConfigurationError(
             f"devices={devices!r} is not valid for the CPU: the CPU takes a count, not device ids (a list of ids "
-            f"picks GPUs). Give the number of processes, e.g. devices={max(len(devices), 1)}. Accepted: "
-            f"{_ACCEPTED_CPU}."
+            f"picks GPUs), so the `Trainer(devices={devices!r})` value is not a valid input using cpu accelerator. "
+            f"Give the number of processes, e.g. devices={max(len(devices), 1)}. Accepted: {_ACCEPTED_CPU}."
         )
     count = None if isinstance(devices, (bool, float)) else _as_int(devices)
     if count is None:
@@ -179,6 +179,7 @@ def parse_cpu_processes(devices: Any) -> int:
         )
     if count < 1:
         raise ConfigurationError(
-            f"devices={devices!r} is not valid for the CPU: ask for at least one process. Accepted: {_ACCEPTED_CPU}."
+            f"devices={devices!r} is not valid for the CPU: ask for at least one process (`Trainer(devices="
+            f"{devices!r})` value is not a valid input using cpu accelerator). Accepted: {_ACCEPTED_CPU}."
         )
     return count

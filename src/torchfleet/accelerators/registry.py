@@ -71,15 +71,18 @@ def select_accelerator(value: Any = "auto") -> Accelerator:
         if gpu is None:
             raise ConfigurationError(
                 f"accelerator={value!r} was requested, but no GPU is available here (torch sees no CUDA device and "
-                "no MPS device). Use accelerator='cpu', or 'auto' to take a GPU only where there is one."
+                "no MPS device): No supported gpu backend found! Use accelerator='cpu', or 'auto' to take a GPU only "
+                "where there is one."
             )
         return gpu
     if name not in AcceleratorRegistry:
-        raise unknown_name("accelerator", value, [*AcceleratorRegistry.available(), *SPECIAL_NAMES])
+        raise unknown_name("accelerator", value, [*AcceleratorRegistry.available(), *SPECIAL_NAMES],
+                           hint=f"(You selected an invalid accelerator name: `accelerator={value!r}`.)")
     accelerator = AcceleratorRegistry.get(name)
     if not accelerator.is_available():
         raise ConfigurationError(
-            f"accelerator={value!r} was requested, but {name} is not available here. Use accelerator='cpu', or "
-            "'auto' to take the best device there is."
+            f"accelerator={value!r} was requested, but {name} is not available here (`{type(accelerator).__name__}` "
+            "can not run on your system since the accelerator is not available). Use accelerator='cpu', or 'auto' to "
+            "take the best device there is."
         )
     return accelerator

@@ -2,32 +2,42 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable
 
 from torchfleet.environments.base import ClusterEnvironment
-from torchfleet.errors import ConfigurationError
+from torchfleet.errors import ConfigurationError, MissingEnvironmentVariableError
+
+log = logging.getLogger(__name__)
+
+
+def env_str(*names: str) -> str:
+    """The first of ``names`` set (non-empty) in the environment; MissingEnvironmentVariableError when none is."""
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return value
+    raise MissingEnvironmentVariableError(
+        f"None of the environment variables {', '.join(names)} is set, but this process was detected as "
+        "started by a launcher that sets them. Start it through that launcher, or unset its other variables."
+    )
 
 
 def env_int(*names: str, default: int | None = None) -> int:
     """The first of ``names`` set (non-empty) in the environment, as an int; ``default`` when none is."""
-    for name in names:
-        value = os.environ.get(name)
-        if value not in (None, ""):
-            try:
-                return int(value)  # type: ignore[arg-type]
-            except ValueError:
-                raise ConfigurationError(
-                    f"The environment variable {name}={value!r} should be an integer; the launcher or the job "
-                    "script set it wrongly."
-                ) from None
-    if default is None:
+    if default is not None and not any(os.environ.get(name) for name in names):
+        return default
+    value = env_str(*names)
+    name = next(n for n in names if os.environ.get(n))
+    try:
+        return int(value)
+    except ValueError:
         raise ConfigurationError(
-            f"None of the environment variables {', '.join(names)} is set, but this process was detected as "
-            "started by a launcher that sets them. Start it through that launcher, or unset its other variables."
-        )
-    return default
+            f"The environment variable {name}={value!r} should be an integer; the launcher or the job "
+            "script set it wrongly."
+        ) from None
 
 
 def suggest_layout(world_size: int, per_node: int | None) -> str:
@@ -55,9 +65,11 @@ def check_world_size(
     if world_size == expected:
         return
     source = f" ({variable}={world_size})" if variable else ""
+    # "the product (a * b) does not match the world size (n)" is Lightning's wording, kept for ported log filters
     raise ConfigurationError(
         f"{launcher} started {world_size} processes{source}, but the Trainer is configured for "
-        f"devices={num_devices} x num_nodes={num_nodes} = {expected}. Make the two agree: set "
+        f"devices={num_devices} x num_nodes={num_nodes} = {expected}: the product ({num_devices} * {num_nodes}) "
+        f"does not match the world size ({world_size}). Make the two agree: set "
         f"{suggest_layout(world_size, per_node)}, or {fix}"
     )
 
@@ -75,16 +87,17 @@ def check_per_node(launcher: str, per_node: int, variable: str, num_devices: int
 DEFAULT_PORT = 12910
 
 
-def job_port(job_id_variable: str) -> int:
-    """MASTER_PORT, else 10000 + the last four digits of the scheduler's job id, else DEFAULT_PORT.
+def job_port(job_id_variable: str, base: int, digits: int) -> int:
+    """MASTER_PORT, else ``base`` + the last ``digits`` digits of the scheduler's job id, else DEFAULT_PORT.
 
     Every task computes the same port without talking to the others, and two jobs sharing a node
-    rarely collide.
+    rarely collide. The bases and digit counts are Lightning's (SLURM: 15000 + 4 digits, LSF: 10000 +
+    3), so a job that mixes the two, or a firewall opened for Lightning's ports, keeps working.
     """
     if os.environ.get("MASTER_PORT"):
         return env_int("MASTER_PORT")
-    digits = re.sub(r"\D", "", os.environ.get(job_id_variable, ""))
-    return 10000 + int(digits[-4:]) if digits else DEFAULT_PORT
+    found = re.sub(r"\D", "", os.environ.get(job_id_variable, ""))
+    return base + int(found[-digits:]) if found else DEFAULT_PORT
 
 
 def address_or_first_host(hosts: Callable[[], list[str]]) -> str:
@@ -118,14 +131,18 @@ class LaunchedEnvironment(ClusterEnvironment):
         return env_int(*self.WORLD_SIZE)
 
     def set_world_size(self, size: int) -> None:
-        """Ignored: the launcher decides."""
+        """Ignored: the launcher decides (a debug line says so)."""
+        log.debug("%s.set_world_size was called, but setting world size is not allowed: the launcher decides. "
+                  "Ignored.", type(self).__name__)
 
     def global_rank(self) -> int:
         """The first of ``RANK`` that is set."""
         return env_int(*self.RANK)
 
     def set_global_rank(self, rank: int) -> None:
-        """Ignored: the launcher decides."""
+        """Ignored: the launcher decides (a debug line says so)."""
+        log.debug("%s.set_global_rank was called, but setting global rank is not allowed: the launcher decides. "
+                  "Ignored.", type(self).__name__)
 
     def local_rank(self) -> int:
         """The first of ``LOCAL_RANK`` that is set (``LOCAL_RANK_DEFAULT`` when none is and one is given)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from torchfleet.environments._common import check_world_size
+from torchfleet.environments._common import check_world_size, env_int, env_str
 from torchfleet.environments.torchelastic import TorchElasticEnvironment
 
 
@@ -22,6 +22,16 @@ class KubeflowEnvironment(TorchElasticEnvironment):
         """Whether this process is one pod of a PyTorchJob."""
         needed = ("KUBERNETES_PORT", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")
         return all(k in os.environ for k in needed) and not any(k in os.environ for k in ("LOCAL_RANK", "GROUP_RANK"))
+
+    @property
+    def main_address(self) -> str:
+        """MASTER_ADDR, which the PyTorchJob sets (a KeyError when it is missing)."""
+        return env_str("MASTER_ADDR")
+
+    @property
+    def main_port(self) -> int:
+        """MASTER_PORT, which the PyTorchJob sets (a KeyError when it is missing)."""
+        return env_int("MASTER_PORT")
 
     def local_rank(self) -> int:
         """0: one process per pod."""

@@ -11,8 +11,10 @@ from torchfleet.environments._common import (
     check_world_size,
     job_port,
 )
+from torchfleet.errors import ConfigurationError
 
-_REQUIRED = ("LSB_JOBID", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_LOCAL_RANK")
+_REQUIRED = ("LSB_JOBID", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_LOCAL_RANK")
+_HOST_SOURCES = ("LSB_DJOB_RANKFILE", "LSB_MCPU_HOSTS")
 
 
 def lsf_hosts() -> list[str]:
@@ -29,15 +31,43 @@ def lsf_hosts() -> list[str]:
     return list(dict.fromkeys(hosts))
 
 
+def _check_hosts_and_port() -> None:
+    """Raise, as the environment is created, when the job's hosts or its port cannot be known (as Lightning does)."""
+    rankfile = os.environ.get("LSB_DJOB_RANKFILE")
+    if not lsf_hosts():
+        if rankfile is None:
+            problem = "Did not find the environment variable `LSB_DJOB_RANKFILE`"
+        elif not rankfile:
+            problem = "The environment variable `LSB_DJOB_RANKFILE` is empty"
+        else:
+            problem = f"LSB_DJOB_RANKFILE={rankfile!r} names no readable file of host names"
+        raise ConfigurationError(
+            f"{problem}, and LSB_MCPU_HOSTS does not list the hosts either, so LSFEnvironment cannot tell where rank "
+            "0 runs. Accepted: a process started by jsrun inside an LSF job (LSF sets both variables), or "
+            "LSB_DJOB_RANKFILE set to a file with one host per line, the launch node first."
+        )
+    if not os.environ.get("MASTER_PORT") and not os.environ.get("LSB_JOBID"):
+        raise ConfigurationError(
+            "Could not find job id in environment variable LSB_JOBID, which LSFEnvironment turns into the main port "
+            "(10000 + its last three digits). Accepted: a process started inside an LSF job, or MASTER_PORT set to "
+            "the port rank 0 listens on."
+        )
+
+
 class LSFEnvironment(LaunchedEnvironment):
     """Ranks from JSM_NAMESPACE_SIZE/RANK/LOCAL_RANK (set by jsrun); hosts from LSB_DJOB_RANKFILE or LSB_MCPU_HOSTS.
 
-    Detected when LSB_JOBID and the three JSM_NAMESPACE_* variables are set. Rank 0 runs on the
-    first compute host; the main port is MASTER_PORT, else 10000 plus the last four digits of
-    LSB_JOBID, which every rank computes alike.
+    Detected when LSB_JOBID, JSM_NAMESPACE_SIZE, JSM_NAMESPACE_LOCAL_RANK and a host list are set.
+    Rank 0 runs on the first compute host; the main port is MASTER_PORT, else 10000 plus the last
+    three digits of LSB_JOBID (Lightning's rule), which every rank computes alike. Creating one
+    outside such a job raises at once: no host list, or neither LSB_JOBID nor MASTER_PORT.
     """
 
     WORLD_SIZE, RANK, LOCAL_RANK = ("JSM_NAMESPACE_SIZE",), ("JSM_NAMESPACE_RANK",), ("JSM_NAMESPACE_LOCAL_RANK",)
+
+    def __init__(self) -> None:
+        """Check that the job's hosts and main port can be known (the errors name the variables)."""
+        _check_hosts_and_port()
 
     @property
     def main_address(self) -> str:
@@ -46,13 +76,13 @@ class LSFEnvironment(LaunchedEnvironment):
 
     @property
     def main_port(self) -> int:
-        """MASTER_PORT, else 10000 + the last four digits of LSB_JOBID."""
-        return job_port("LSB_JOBID")
+        """MASTER_PORT, else 10000 + the last three digits of LSB_JOBID."""
+        return job_port("LSB_JOBID", 10000, 3)
 
     @staticmethod
     def detect() -> bool:
-        """Whether jsrun under LSF started this process."""
-        return all(k in os.environ for k in _REQUIRED)
+        """Whether jsrun under LSF started this process (the job id, jsrun's size and local rank, a host list)."""
+        return all(k in os.environ for k in _REQUIRED) and any(k in os.environ for k in _HOST_SOURCES)
 
     def node_rank(self) -> int:
         """The position of this host (HOSTNAME, else socket.gethostname()) among the job's compute hosts."""

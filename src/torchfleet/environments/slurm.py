@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import subprocess
+import sys
 from collections.abc import Sequence
 
 from torchfleet.environments._common import (
@@ -15,7 +17,8 @@ from torchfleet.environments._common import (
     env_int,
     job_port,
 )
-from torchfleet.errors import ConfigurationError
+from torchfleet.errors import ConfigurationError, LauncherSettingsError, PossibleUserWarning
+from torchfleet.utilities import rank_zero_warn
 
 log = logging.getLogger("torchfleet")
 
@@ -84,6 +87,32 @@ def expand_nodelist(nodelist: str) -> list[str]:
     return hosts
 
 
+def _warn_if_srun_unused() -> None:
+    """Warn when srun exists here but did not start this process: a multi-process SLURM job needs it."""
+    if sys.platform == "win32" or shutil.which("srun") is None or SLURMEnvironment._srun_started():
+        return
+    command = " ".join(["srun", os.path.basename(sys.executable), *sys.argv])[:64]
+    # "`srun` ... available ... but is not used. HINT:" is Lightning's key phrase, kept for ported warning filters
+    rank_zero_warn(
+        "The `srun` command is available on this machine, but is not used. HINT: without srun, SLURM starts one "
+        "process and torchfleet starts any others on this node only; to run on the SLURM job's nodes, prefix the "
+        f"command with srun: {command} ...",
+        category=PossibleUserWarning,
+    )
+
+
+def _check_ntasks_layout() -> None:
+    """Refuse ``--ntasks=N`` (N > 1) when SLURM does not say how many of the tasks run on each node."""
+    ntasks = env_int("SLURM_NTASKS", default=1)
+    if ntasks > 1 and not any(os.environ.get(k) for k in ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE")):
+        raise LauncherSettingsError(
+            f"You set `--ntasks={ntasks}` in your SLURM job (SLURM_NTASKS={ntasks}), but neither "
+            "SLURM_NTASKS_PER_NODE nor SLURM_TASKS_PER_NODE says how the tasks are spread over the nodes, so "
+            "torchfleet cannot check them against devices. Accepted: #SBATCH --ntasks-per-node=<devices> "
+            "(with --nodes=<num_nodes>), or a job launched with srun, which sets SLURM_TASKS_PER_NODE."
+        )
+
+
 def _tasks_per_node_from() -> tuple[int | None, str]:
     """Tasks per node when SLURM says it and it is the same on every node ("2" or "2(x3)"), and the variable read."""
     variable = "SLURM_NTASKS_PER_NODE" if os.environ.get("SLURM_NTASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
@@ -96,8 +125,8 @@ class SLURMEnvironment(LaunchedEnvironment):
 
     Detected when SLURM_NTASKS is set and the job is not an interactive shell (SLURM_JOB_NAME
     "bash" or "interactive"), where the script runs without srun and torchfleet starts the
-    processes itself. The main port is MASTER_PORT, else 10000 plus the last four digits of
-    SLURM_JOB_ID, so every task computes the same port without talking to the others and two
+    processes itself. The main port is MASTER_PORT, else 15000 plus the last four digits of
+    SLURM_JOB_ID (Lightning's rule), so every task computes the same port without talking to the others and two
     jobs sharing a node rarely collide.
     """
 
@@ -120,11 +149,29 @@ class SLURMEnvironment(LaunchedEnvironment):
             )
         self.auto_requeue = auto_requeue
         self.requeue_command = list(requeue_command) if requeue_command is not None else None
+        _warn_if_srun_unused()
+        _check_ntasks_layout()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(auto_requeue={self.auto_requeue})"
 
-    def job_id(self) -> str | None:
+    @staticmethod
+    def job_name() -> str | None:
+        """SLURM_JOB_NAME (None outside a job)."""
+        return os.environ.get("SLURM_JOB_NAME")
+
+    @staticmethod
+    def job_id() -> int | None:
+        """SLURM_JOB_ID as an int; None outside a job, in an interactive shell, or when it is not a number."""
+        if SLURMEnvironment.job_name() in INTERACTIVE_JOB_NAMES:
+            return None
+        try:
+            return int(os.environ["SLURM_JOB_ID"])
+        except (KeyError, ValueError):
+            return None
+
+    @staticmethod
+    def _requeue_id() -> str | None:
         """SLURM_ARRAY_JOB_ID_SLURM_ARRAY_TASK_ID for an array task, else SLURM_JOB_ID (None outside a job)."""
         array_job, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
         if array_job and task:
@@ -135,7 +182,7 @@ class SLURMEnvironment(LaunchedEnvironment):
         """Requeue the job (``auto_requeue``): a failure is a warning, never an error."""
         if not self.auto_requeue:
             return None
-        job = self.job_id()
+        job = self._requeue_id()
         if job is None:
             log.warning("torchfleet: cannot requeue the SLURM job: SLURM_JOB_ID is not set.")
             return None
@@ -166,36 +213,50 @@ class SLURMEnvironment(LaunchedEnvironment):
 
     @property
     def main_port(self) -> int:
-        """MASTER_PORT, else 10000 + the last four digits of SLURM_JOB_ID."""
-        return job_port("SLURM_JOB_ID")
+        """MASTER_PORT, else 15000 + the last four digits of SLURM_JOB_ID (Lightning's rule)."""
+        return job_port("SLURM_JOB_ID", 15000, 4)
 
     @staticmethod
     def detect() -> bool:
-        """Whether srun started this process (an interactive salloc shell does not count)."""
-        if "SLURM_NTASKS" not in os.environ:
-            return False
-        return os.environ.get("SLURM_JOB_NAME") not in INTERACTIVE_JOB_NAMES
+        """Whether srun started this process (an interactive salloc shell does not count).
+
+        Warns (PossibleUserWarning) when srun is installed here but did not start this process."""
+        _warn_if_srun_unused()
+        return SLURMEnvironment._srun_started()
+
+    @staticmethod
+    def _srun_started() -> bool:
+        """``detect()`` without the warning about an unused srun."""
+        return "SLURM_NTASKS" in os.environ and SLURMEnvironment.job_name() not in INTERACTIVE_JOB_NAMES
 
     def node_rank(self) -> int:
         """SLURM_NODEID."""
         return env_int("SLURM_NODEID")
 
     def validate_settings(self, num_devices: int, num_nodes: int) -> None:
-        """Raise when the job's tasks per node, node count or task count disagree with devices / num_nodes."""
+        """Raise when the job's tasks per node, node count or task count disagree with devices / num_nodes.
+
+        Nothing is checked in an interactive shell, where torchfleet, not SLURM, starts the processes."""
+        if self.job_name() in INTERACTIVE_JOB_NAMES:
+            return
+        # "the number of tasks per node / nodes configured in SLURM ... does not match" is Lightning's key phrase
         per_node, variable = _tasks_per_node_from()
         if per_node is not None and per_node != num_devices:
             raise ConfigurationError(
                 f"SLURM runs {per_node} tasks per node ({variable}={per_node}), but the Trainer has "
-                f"devices={num_devices}. Put #SBATCH --ntasks-per-node={num_devices} in the job script (or pass "
+                f"devices={num_devices}: the number of tasks per node configured in SLURM ({per_node}) does not "
+                f"match. Put #SBATCH --ntasks-per-node={num_devices} in the job script (or pass "
                 f"--ntasks-per-node={num_devices} to srun), or set devices={per_node}."
             )
         nnodes = env_int("SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=0)
         if nnodes and nnodes != num_nodes:
             raise ConfigurationError(
-                f"The SLURM job has {nnodes} nodes (SLURM_NNODES={nnodes}), but the Trainer has num_nodes={num_nodes}. "
-                f"Put #SBATCH --nodes={num_nodes} in the job script (or pass --nodes={num_nodes} to srun), or set "
-                f"num_nodes={nnodes}."
+                f"The SLURM job has {nnodes} nodes (SLURM_NNODES={nnodes}), but the Trainer has num_nodes={num_nodes}: "
+                f"the number of nodes configured in SLURM ({nnodes}) does not match. Put #SBATCH --nodes={num_nodes} "
+                f"in the job script (or pass --nodes={num_nodes} to srun), or set num_nodes={nnodes}."
             )
+        if not os.environ.get("SLURM_NTASKS"):
+            return
         check_world_size(
             "SLURM", self.world_size(), num_devices, num_nodes,
             f"put #SBATCH --nodes={num_nodes} --ntasks-per-node={num_devices} in the job script and launch with "

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import os
 
-from torchfleet.environments._common import LaunchedEnvironment, check_per_node, check_world_size, env_int
+from torchfleet.environments._common import (
+    DEFAULT_PORT,
+    LaunchedEnvironment,
+    check_per_node,
+    check_world_size,
+    env_int,
+)
 
 _REQUIRED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -26,8 +32,8 @@ class TorchElasticEnvironment(LaunchedEnvironment):
 
     @property
     def main_port(self) -> int:
-        """MASTER_PORT (29500, torchrun's default, when left out)."""
-        return env_int("MASTER_PORT", default=29500)
+        """MASTER_PORT (12910, Lightning's default, when left out; torchrun itself always sets it)."""
+        return env_int("MASTER_PORT", default=DEFAULT_PORT)
 
     @staticmethod
     def detect() -> bool:

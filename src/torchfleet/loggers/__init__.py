@@ -4,10 +4,11 @@ MLflowLogger and WandbLogger need their optional packages (``pip install torchfl
 imported only when one is created.
 """
 
-from torchfleet.loggers.base import Logger
+from torchfleet.loggers.base import Logger, load_hparams_from_yaml, save_hparams_to_yaml
 from torchfleet.loggers.csv import CSVLogger
 from torchfleet.loggers.mlflow import MLflowLogger
 from torchfleet.loggers.tensorboard import TensorBoardLogger
 from torchfleet.loggers.wandb import WandbLogger
 
-__all__ = ["Logger", "CSVLogger", "TensorBoardLogger", "MLflowLogger", "WandbLogger"]
+__all__ = ["Logger", "CSVLogger", "TensorBoardLogger", "MLflowLogger", "WandbLogger", "load_hparams_from_yaml",
+           "save_hparams_to_yaml"]

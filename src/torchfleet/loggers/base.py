@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import warnings
 from abc import ABC, abstractmethod
 from argparse import Namespace
 from collections.abc import Iterable, Mapping
@@ -17,12 +18,57 @@ from typing import Any
 from torchfleet.errors import ConfigurationError, not_valid
 
 
+def is_url(path: str) -> bool:
+    """Whether ``path`` names a remote or in-memory file system (``s3://...``, ``memory://...``) for fsspec."""
+    return "://" in path
+
+
 def next_version(root: str) -> int:
-    """The first unused N for ``<root>/version_N``."""
-    if not os.path.isdir(root):
-        return 0
-    used = [int(m.group(1)) for d in os.listdir(root) if (m := re.fullmatch(r"version_(\d+)", d))]
+    """The first unused N for ``<root>/version_N`` (``root`` may be an fsspec URL)."""
+    if is_url(root):
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(root)
+        names = [os.path.basename(p.rstrip("/")) for p in fs.ls(path, detail=False)] if fs.isdir(path) else []
+    else:
+        names = os.listdir(root) if os.path.isdir(root) else []
+    used = [int(m.group(1)) for d in names if (m := re.fullmatch(r"version_(\d+)", d))]
     return max(used) + 1 if used else 0
+
+
+def with_prefix(metrics: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
+    """``metrics`` with each name as ``<prefix>-<name>`` (Lightning's joiner), or unchanged without a prefix."""
+    return {f"{prefix}-{k}": v for k, v in metrics.items()} if prefix else metrics
+
+
+def save_hparams_to_yaml(config_yaml: str | os.PathLike, hparams: Mapping[str, Any] | Namespace | None) -> None:
+    """Write ``hparams`` to a YAML file as plain values (anything else as its repr)."""
+    import yaml
+
+    with open(config_yaml, "w") as f:
+        yaml.safe_dump(plain_params(hparams), f, sort_keys=False)
+
+
+def load_hparams_from_yaml(config_yaml: str | os.PathLike, use_omegaconf: bool = True) -> Any:
+    """The hyperparameters a logger wrote to ``hparams.yaml`` (a DictConfig with omegaconf when asked and installed).
+
+    A missing file gives ``{}`` and a warning, as in Lightning.
+    """
+    import yaml
+
+    if not os.path.isfile(config_yaml):
+        warnings.warn(f"Missing Tags: no hyperparameters file at {os.fspath(config_yaml)}; returning none.",
+                      stacklevel=2)
+        return {}
+    with open(config_yaml) as f:
+        hparams = yaml.safe_load(f) or {}
+    if use_omegaconf:
+        try:
+            from omegaconf import OmegaConf
+        except ImportError:
+            return hparams
+        return OmegaConf.create(hparams)
+    return hparams
 
 
 def plain_params(params: Mapping[str, Any] | Namespace | None) -> dict[str, Any]:
@@ -70,8 +116,11 @@ class Logger(ABC):
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
         """Record ``metrics`` at ``step``."""
 
-    def log_hyperparams(self, params: Mapping[str, Any] | Namespace | None = None) -> None:
+    def log_hyperparams(self, params: Mapping[str, Any] | Namespace | None = None, *args: Any, **kwargs: Any) -> None:
         """Record the run's hyperparameters."""
+
+    def log_graph(self, model: Any, input_array: Any = None) -> None:
+        """Record the model's computation graph (the Trainer calls it once, at the start of fit); most loggers cannot."""
 
     def save(self) -> None:
         """Flush what is buffered."""
@@ -93,14 +142,20 @@ class Logger(ABC):
 
 
 class FolderLogger(Logger):
-    """A logger writing into ``<save_dir>/<name>/version_<n>/`` (n: the first unused, unless given)."""
+    """A logger writing into ``<save_dir>/<name>/version_<n>/[<sub_dir>/]`` (n: the first unused, unless given).
 
-    def __init__(self, save_dir: str | os.PathLike | None = None, name: str = "logs", version: int | str | None = None,
-                 *, root_dir: str | os.PathLike | None = None) -> None:
+    An empty (or None) ``name`` leaves out that level; ``~`` and ``$VARIABLES`` in the path are expanded.
+    """
+
+    def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "logs",
+                 version: int | str | None = None, *, root_dir: str | os.PathLike | None = None,
+                 sub_dir: str | os.PathLike | None = None, prefix: str = "") -> None:
         self._save_dir = os.fspath(_one_dir(type(self).__name__, save_dir, root_dir))
-        self._name = name
+        self._name = name or ""
         self._version = version
         self._version_given = version is not None
+        self._sub_dir = None if sub_dir is None else os.fspath(sub_dir)
+        self._prefix = prefix
 
     @property
     def name(self) -> str:
@@ -109,8 +164,18 @@ class FolderLogger(Logger):
     @property
     def version(self) -> int | str:
         if self._version is None:
-            self._version = next_version(os.path.join(self._save_dir, self._name))
+            self._version = next_version(self.root_dir)
         return self._version
+
+    @property
+    def root_dir(self) -> str:
+        """``<save_dir>/<name>``, the folder of the version folders (Lightning's Trainer loggers' meaning)."""
+        return os.path.join(self.save_dir, self.name)
+
+    @property
+    def sub_dir(self) -> str | None:
+        """The folder inside the version folder that the files go to, if one was given."""
+        return self._sub_dir
 
     def agree_version(self, strategy: Any) -> None:
         # "the first unused version" differs between ranks once rank 0 has created its folder
@@ -138,7 +203,10 @@ class FolderLogger(Logger):
     @property
     def log_dir(self) -> str:
         version = self.version
-        return os.path.join(self._save_dir, self._name, version if isinstance(version, str) else f"version_{version}")
+        path = os.path.join(self.root_dir, version if isinstance(version, str) else f"version_{version}")
+        if self.sub_dir:
+            path = os.path.join(path, self.sub_dir)
+        return os.path.expanduser(os.path.expandvars(path))
 
 
 def _one_dir(logger: str, save_dir: Any, root_dir: Any) -> Any:

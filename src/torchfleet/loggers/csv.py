@@ -9,7 +9,14 @@ from argparse import Namespace
 from collections.abc import Mapping
 from typing import Any
 
-from torchfleet.loggers.base import DummyExperiment, FolderLogger, on_rank_zero, plain_params
+from torchfleet.loggers.base import (
+    DummyExperiment,
+    FolderLogger,
+    is_url,
+    on_rank_zero,
+    plain_params,
+    with_prefix,
+)
 from torchfleet.utilities import rank_zero_only
 
 
@@ -17,9 +24,9 @@ class CSVWriter:
     """What ``CSVLogger.experiment`` returns: the writer of one version folder's ``metrics.csv`` and ``hparams.yaml``.
 
     Values logged at one step share a row; new metric names add columns (the file is rewritten then).
-    A folder that already holds a ``metrics.csv`` (an explicit ``version=`` used before) is reported, and
-    that file is replaced by this run's at the first save, unless ``append``: a resumed run (``--ckpt_path=last``)
-    keeps the rows already there and adds its own.
+    A folder that already holds a ``metrics.csv`` (an explicit ``version=`` used before) is reported and that
+    file removed, unless ``append``: a resumed run (``--ckpt_path=last``) keeps the rows already there and adds
+    its own. ``log_dir`` may be an fsspec URL (``s3://bucket/logs``, ``memory://x``).
     """
 
     NAME_METRICS_FILE = "metrics.csv"
@@ -33,19 +40,49 @@ class CSVWriter:
         self._written: list[dict[str, Any]] = []
         self._columns: list[str] = []
         self._file_columns: list[str] = []
-        if os.path.isfile(self.metrics_file_path) and append:
-            with open(self.metrics_file_path, newline="") as f:
+        self._fs: Any = None
+        if is_url(log_dir):
+            import fsspec
+
+            self._fs = fsspec.core.url_to_fs(log_dir)[0]
+        if not append:
+            self._check_log_dir_exists()
+        if self._isfile(self.metrics_file_path):
+            # resuming (or the check above was skipped): the rows already there stay, this run's follow them
+            with self._open(self.metrics_file_path, "r") as f:
                 reader = csv.DictReader(f)
                 self._written = [{k: v for k, v in row.items() if v != ""} for row in reader]
                 self._columns = list(reader.fieldnames or [])
                 self._file_columns = list(self._columns)
-        elif os.path.isfile(self.metrics_file_path):
-            warnings.warn(
-                f"The log folder {log_dir} already holds a {self.NAME_METRICS_FILE} from an earlier run; this run's "
-                "metrics replace it. Pass another version=, or none for the next unused one, to keep both.",
-                stacklevel=3,
-            )
-        os.makedirs(log_dir, exist_ok=True)
+        self._makedirs(log_dir)
+
+    def _check_log_dir_exists(self) -> None:
+        """Warn about, and remove, a metrics.csv an earlier run left in this folder."""
+        if not self._isfile(self.metrics_file_path):
+            return
+        # "Experiment logs directory ... exists and is not empty" is Lightning's phrase, kept for warning filters
+        warnings.warn(
+            f"Experiment logs directory {self.log_dir} exists and is not empty: it already holds a "
+            f"{self.NAME_METRICS_FILE} from an earlier run, which is removed; this run's metrics replace it. Pass "
+            "another version=, or none for the next unused one, to keep both.",
+            stacklevel=4,
+        )
+        if self._fs is not None:
+            self._fs.rm_file(self.metrics_file_path)
+        else:
+            os.remove(self.metrics_file_path)
+
+    def _isfile(self, path: str) -> bool:
+        return self._fs.isfile(path) if self._fs is not None else os.path.isfile(path)
+
+    def _makedirs(self, path: str) -> None:
+        if self._fs is not None:
+            self._fs.makedirs(path, exist_ok=True)
+        else:
+            os.makedirs(path, exist_ok=True)
+
+    def _open(self, path: str, mode: str) -> Any:
+        return self._fs.open(path, mode, newline="") if self._fs is not None else open(path, mode, newline="")
 
     @property
     def metrics(self) -> list[dict[str, Any]]:
@@ -62,7 +99,7 @@ class CSVWriter:
         import yaml
 
         self.hparams.update(params)
-        with open(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), "w") as f:
+        with self._open(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), "w") as f:
             yaml.safe_dump(plain_params(self.hparams), f, sort_keys=False)
 
     def save(self) -> None:
@@ -73,16 +110,16 @@ class CSVWriter:
             for key in row:
                 if key not in self._columns:
                     self._columns.append(key)
-        os.makedirs(self.log_dir, exist_ok=True)
-        if self._columns != self._file_columns or not os.path.exists(self.metrics_file_path):
+        self._makedirs(self.log_dir)
+        if self._columns != self._file_columns or not self._isfile(self.metrics_file_path):
             # new columns (or this run's first save): write the whole file with the wider header
-            with open(self.metrics_file_path, "w", newline="") as f:
+            with self._open(self.metrics_file_path, "w") as f:
                 writer = csv.DictWriter(f, fieldnames=self._columns)
                 writer.writeheader()
                 writer.writerows(self._written + rows)
             self._file_columns = list(self._columns)
         else:
-            with open(self.metrics_file_path, "a", newline="") as f:
+            with self._open(self.metrics_file_path, "a") as f:
                 csv.DictWriter(f, fieldnames=self._columns).writerows(rows)
         self._written.extend(rows)
         self._rows.clear()
@@ -96,9 +133,10 @@ class CSVLogger(FolderLogger):
     (elsewhere ``experiment`` does nothing and the ``log_*`` methods return at once).
     """
 
-    def __init__(self, save_dir: str | os.PathLike | None = None, name: str = "logs", version: int | str | None = None,
-                 flush_logs_every_n_steps: int = 100, *, root_dir: str | os.PathLike | None = None) -> None:
-        super().__init__(save_dir, name, version, root_dir=root_dir)
+    def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "logs",
+                 version: int | str | None = None, prefix: str = "", flush_logs_every_n_steps: int = 100, *,
+                 root_dir: str | os.PathLike | None = None) -> None:
+        super().__init__(save_dir, name, version, root_dir=root_dir, prefix=prefix)
         self.flush_every = flush_logs_every_n_steps
         self._writer: CSVWriter | None = None
         self._pending = 0
@@ -128,7 +166,7 @@ class CSVLogger(FolderLogger):
 
     @rank_zero_only
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.experiment.log_metrics(metrics, step)
+        self.experiment.log_metrics(with_prefix(metrics, self._prefix), step)
         self._pending += 1
         if self._pending >= self.flush_every:
             self.save()

@@ -6,6 +6,7 @@ import contextlib
 import glob
 import logging
 import os
+import re
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -105,7 +106,7 @@ def checkpoint_folders(trainer: Trainer) -> list[str]:
 def find_last_checkpoint(trainer: Trainer) -> str | None:
     """The checkpoint ``ckpt_path="last"`` (and a restart) means: the newest complete one, by modification time,
     in ``checkpoint_folders`` (``preempted.ckpt``, ``last.ckpt`` and ModelCheckpoint's files alike; on a tie
-    ``last.ckpt`` and ``preempted.ckpt`` win)."""
+    ``last.ckpt`` (or ``last-vN.ckpt``) and ``preempted.ckpt`` win)."""
     candidates = {c for folder in checkpoint_folders(trainer) for c in _complete_checkpoints(folder)}
     if not candidates:
         return None
@@ -115,7 +116,7 @@ def find_last_checkpoint(trainer: Trainer) -> str | None:
             mtime = os.path.getmtime(path)
         except OSError:  # removed while we looked (another run's top-k)
             mtime = -1.0
-        return mtime, os.path.basename(path) in ("last.ckpt", "preempted.ckpt")
+        return mtime, re.fullmatch(r"last(-v\d+)?\.ckpt|preempted\.ckpt", os.path.basename(path)) is not None
 
     return max(sorted(candidates), key=newest)
 
@@ -208,6 +209,14 @@ def _restore_module(trainer: Trainer, path: str, full: bool, weights_only: bool 
     for cb in trainer.callbacks:
         if cb.state_key in saved_cbs:
             cb.load_state_dict(saved_cbs[cb.state_key])
+    missing = [key for key in saved_cbs if key not in {cb.state_key for cb in trainer.callbacks}]
+    if missing and trainer.is_global_zero:
+        # "Please add the following callbacks: [...]" is Lightning's phrase, kept for ported warning filters
+        warnings.warn(
+            f"{path} holds the state of callbacks this Trainer does not have, so that state is not restored. Be "
+            "aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided during "
+            f"`Trainer` instantiation. Please add the following callbacks: {missing!r}.", stacklevel=2,
+        )
     if trainer.datamodule is not None and "datamodule" in checkpoint:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
     return checkpoint

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchfleet.errors import MisconfiguredModuleError
 from torchfleet.trainer.hooks import batch_transfer_fn, step_capacity, trim_step_arguments
-from torchfleet.trainer.logging import Results
+from torchfleet.trainer.logging import Results, logger_step
 from torchfleet.watchdog import set_position
 
 if TYPE_CHECKING:
@@ -39,13 +41,13 @@ def publish_epoch(trainer: Trainer, results: Results, suffix: str = "") -> dict[
         bar = {k + suffix: v for k, v in bar.items()}
     trainer.state.epoch_metrics.update(callback)
     trainer.state.bar_metrics.update(bar)
-    if logged:
-        trainer.state.logged_metrics = logged
-        if trainer.is_global_zero and not trainer.state.sanity_checking:
+    if logged and not trainer.state.sanity_checking:  # as Lightning: the sanity check's values are not kept
+        trainer.state.logged_metrics.update(logged)  # every name logged so far, latest values
+        if trainer.is_global_zero:
             metrics = {k: float(v) for k, v in logged.items()}
             metrics["epoch"] = trainer.state.current_epoch
             for lg in trainer.loggers:
-                lg.log_metrics(metrics, step=trainer.state.global_step)
+                lg.log_metrics(metrics=metrics, step=logger_step(trainer))  # by keyword, at the step, as Lightning
     return {k: float(v) for k, v in callback.items()}
 
 
@@ -106,9 +108,8 @@ class EvalLoop:
             if not limit:
                 self.predictions.append(preds)
                 continue
-            for batch_idx, batch in enumerate(loader):
-                if batch_idx >= limit:
-                    break
+            # as Lightning: the batch after the limit is never read (nor its random draws)
+            for batch_idx, batch in enumerate(loader if math.isinf(limit) else itertools.islice(loader, limit)):
                 set_position((self.stage, epoch, batch_idx))
                 batch = transfer(batch)
                 res.new_batch(batch)

@@ -5,6 +5,7 @@ Strategy-agnostic: everything device- or process-specific goes through ``trainer
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 import warnings
@@ -15,7 +16,7 @@ from torchfleet.samplers import set_sampler_epoch
 from torchfleet.seed import capture_rng, restore_rng
 from torchfleet.trainer.eval_loop import EvalLoop, publish_epoch
 from torchfleet.trainer.hooks import batch_transfer_fn, trim_step_arguments
-from torchfleet.trainer.logging import Results
+from torchfleet.trainer.logging import Results, logger_step, open_train_results, train_epoch_results
 from torchfleet.trainer.loop_shape import NEVER_LAST, LookAhead, has_length, no_training_warning
 from torchfleet.trainer.training_step import AutomaticStep
 from torchfleet.watchdog import set_position
@@ -110,6 +111,7 @@ class FitLoop:
             no_training_warning(trainer)
             return
         trainer.state.in_train = True
+        open_train_results(trainer.state, self.model, self.strategy.root_device)  # on_train_start may self.log
         trainer._hooks.call("on_train_start", trainer)
         self.strategy.on_train_start()
         ran = False
@@ -138,6 +140,8 @@ class FitLoop:
         t = self.trainer
         if t.max_steps != -1 and t.state.global_step >= t.max_steps:
             return True
+        if t.state.should_stop and self._may_stop(t.state.current_epoch):  # set before fit (a spent Timer)
+            return True
         return t.max_epochs != -1 and t.state.current_epoch >= t.max_epochs
 
     def _may_stop(self, epochs_done: int) -> bool:
@@ -158,8 +162,7 @@ class FitLoop:
                            val_pending=False, epoch_start_rng=epoch_start_rng, stopped_mid_epoch=False,
                            resume_rng=None, batches_before=self._batches_before,
                            epoch_stepped=bool(resume_at and resume_at.get("epoch_stepped")))
-        results = Results("train")
-        results.device = strategy.root_device
+        results = train_epoch_results(state, strategy.root_device)
         state.train_results = results
         model._results = results
         model.train()
@@ -174,6 +177,8 @@ class FitLoop:
             self._validate()
 
         limit = trainer.num_training_batches
+        if not math.isinf(limit):  # as Lightning: the batch after the limit is never read (nor its random draws)
+            iterator = itertools.islice(iterator, max(0, limit - start_batch))
         stepper = self.stepper
         accumulate = stepper.accumulate
         log_every = trainer.log_every_n_steps
@@ -197,8 +202,6 @@ class FitLoop:
         ahead = LookAhead(iterator, strategy if self._lockstep else None, epoch) if self._look_ahead else NEVER_LAST
         batch_idx = None
         for batch_idx, batch in enumerate(ahead if self._look_ahead else iterator, start_batch):
-            if batch_idx >= limit:
-                break
             set_position(("training", epoch, batch_idx))  # named in hang/desync reports (watchdog.py)
             trainer.is_last_batch = is_last = batch_idx + 1 >= limit or ahead.last
             batch = transfer(batch)
@@ -380,12 +383,12 @@ class FitLoop:
         for name, value in callback.items():
             results.values[name].latest = value
         if logged:
-            trainer.state.logged_metrics = logged
+            trainer.state.logged_metrics.update(logged)  # as Lightning: every name logged so far, latest values
             if trainer.is_global_zero:
                 metrics = {k: float(v) for k, v in logged.items()}
                 metrics["epoch"] = trainer.state.current_epoch
                 for lg in trainer.loggers:
-                    lg.log_metrics(metrics, step=trainer.state.global_step)
+                    lg.log_metrics(metrics=metrics, step=logger_step(trainer))  # by keyword, at the step, as Lightning
 
     def _sync_latest(self, results: Results) -> None:
         # on-step values logged since the last logging point: reduce them now (one collective for all),

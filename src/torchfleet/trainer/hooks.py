@@ -32,6 +32,10 @@ class HookDispatcher:
 
         self.callbacks = callbacks
         self.module = module
+        for c in callbacks:
+            # as Lightning: a callback logs through the Module's self.log (a `log` method of its own wins)
+            if module is not None and not hasattr(type(c), "log"):
+                c.log, c.log_dict = module.log, module.log_dict
         self._cb.clear()
         self._cb_monitoring.clear()
         self._mod.clear()
@@ -46,7 +50,8 @@ class HookDispatcher:
             base = getattr(self._callback_base, name)
             plain, monitoring = [], []
             for c in self.callbacks:
-                if getattr(type(c), name, base) is not base:
+                # a hook set on the instance (LambdaCallback, or c.on_fit_end = fn) counts as overridden too
+                if getattr(type(c), name, base) is not base or name in getattr(c, "__dict__", ()):
                     fn = getattr(c, name) if self.wrap is None else self.wrap(c, name, getattr(c, name))
                     (monitoring if isinstance(c, self._monitoring) else plain).append(fn)
             self._cb[name] = found = plain + monitoring
@@ -70,8 +75,7 @@ class HookDispatcher:
 
     def call(self, name: str, trainer: Any, *args: Any) -> None:
         """Callbacks' ``name`` (with trainer, module), then the Module's ``name`` (without them)."""
-        for fn in self.cb(name):
-            fn(trainer, self.module, *args)
+        self._call_callbacks(self.cb(name), name, trainer, args)
         fn = self.mod(name)
         if fn is not None:
             self.call_module(trainer, name, fn, *args)
@@ -89,15 +93,28 @@ class HookDispatcher:
     def call_module_between(self, name: str, trainer: Any, *args: Any, between: Callable[[], None] | None = None) -> None:
         """Ordinary callbacks, the Module, ``between()``, then the monitoring callbacks (they see what the Module logged)."""
         plain, monitoring = self.cb_split(name)
-        for fn in plain:
-            fn(trainer, self.module, *args)
+        self._call_callbacks(plain, name, trainer, args)
         mod = self.mod(name)
         if mod is not None:
             self.call_module(trainer, name, mod, *args)
         if between is not None:
             between()
-        for fn in monitoring:
-            fn(trainer, self.module, *args)
+        self._call_callbacks(monitoring, name, trainer, args)
+
+    def _call_callbacks(self, fns: list[Callable[..., Any]], name: str, trainer: Any, args: tuple[Any, ...]) -> None:
+        """Call ``fns`` with ``self.log`` defaults of the hook ``name`` (a callback's self.log is the Module's)."""
+        module = self.module
+        if not fns or module is None:
+            for fn in fns:
+                fn(trainer, module, *args)
+            return
+        previous = module._current_fx
+        trainer._current_fx(name)
+        try:
+            for fn in fns:
+                fn(trainer, module, *args)
+        finally:
+            trainer._current_fx(previous)
 
 
 def _datamodule_hook(dm: Any, name: str) -> Callable[..., Any] | None:

@@ -26,9 +26,11 @@ def normalize_reduce_fx(reduce_fx: str | Callable) -> str:
         return _REDUCE_NAMES[reduce_fx.lower()]
     name = _REDUCE_FNS.get(reduce_fx) if callable(reduce_fx) else None  # type: ignore[call-overload]
     if name is None:
+        # "`self.log(..., reduce_fx={min,max,mean,sum})` are supported" is Lightning's key phrase, for ported matches
         raise ConfigurationError(
-            f"self.log(reduce_fx={reduce_fx!r}) is not supported. Accepted values are 'mean', 'sum', 'max', "
-            "'min' or the functions torch.mean, torch.sum, torch.max, torch.min."
+            f"self.log(reduce_fx={reduce_fx!r}) is not supported: only `self.log(..., reduce_fx={{min,max,mean,sum}})` "
+            "are supported. Accepted values are 'mean' (or 'avg'), 'sum', 'max', 'min' or the functions torch.mean, "
+            "torch.sum, torch.max, torch.min (and Python's max, min, sum)."
         )
     return name
 
@@ -92,9 +94,10 @@ class LoggedValue:
 def _to_tensor(name: str, value: Any, device: torch.device) -> Tensor:
     if isinstance(value, Tensor):
         if value.numel() != 1:
+            # "tensor must have a single element" is Lightning's phrase (a ValueError there too)
             raise MisconfiguredModuleError(
-                f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}. Only single numbers can be "
-                "logged: reduce it first (for example value.mean()), or log its parts under separate names."
+                f"self.log({name!r}, ...) got a tensor of shape {tuple(value.shape)}, but a logged tensor must have a "
+                "single element. Reduce it first (for example value.mean()), or log its parts under separate names."
             )
         value = value.detach()
         if value.dim():
@@ -102,9 +105,11 @@ def _to_tensor(name: str, value: Any, device: torch.device) -> Tensor:
         return value if value.is_floating_point() else value.float()
     if isinstance(value, numbers.Number) and not isinstance(value, bool):
         return torch.tensor(float(value), device=device)
+    # "`self.log(name, value)` was called" is Lightning's key phrase, kept for ported pytest.raises(match=...)
     raise MisconfiguredModuleError(
-        f"self.log({name!r}, ...) got a value of type {type(value).__name__}. Accepted values are numbers and "
-        "single-element tensors; log the parts of a dict with self.log_dict."
+        f"`self.log({name}, {value})` was called, but a value of type {type(value).__name__} cannot be logged. "
+        "Accepted values are numbers and single-element tensors (or a torchmetrics Metric); log the parts of a dict "
+        "with self.log_dict."
     )
 
 
@@ -115,7 +120,8 @@ def _where(fx: str, name: str, on_step: bool | None, on_epoch: bool | None) -> t
     on_epoch = default_epoch if on_epoch is None else on_epoch
     if not on_step and not on_epoch:
         raise ConfigurationError(
-            f"self.log({name!r}, on_step=False, on_epoch=False) logs nowhere. Set on_step=True, on_epoch=True or both."
+            f"self.log({name!r}, on_step=False, on_epoch=False) logs nowhere, which is not useful. Set on_step=True, "
+            "on_epoch=True or both."
         )
     return on_step, on_epoch
 
@@ -145,6 +151,8 @@ class Results:
 
     def __init__(self, stage: str) -> None:
         self.stage = stage
+        #: opened before the first training epoch (for on_train_start), which takes it over
+        self.waiting = False
         self.values: dict[str, LoggedValue] = {}
         self.batch: Any = None
         self._sized: Any = object()
@@ -255,6 +263,33 @@ class Results:
         if not entries:
             return {}, {}, {}
         return _route(entries, values, [f"{v.name}_epoch" if v.on_step else v.name for v in entries])
+
+
+def logger_step(trainer: Any) -> int:
+    """The step loggers record values at, Lightning's: inside fit, the index of the optimizer step just taken (0 for
+    the first; validation and epoch ends share their last step's); in validate/test, the steps taken."""
+    step = trainer.state.global_step
+    return max(step - 1, 0) if trainer.state.fn == "fit" else step
+
+
+def open_train_results(state: Any, model: Any, device: torch.device) -> None:
+    """Open the first training epoch's Results before ``on_train_start``, so that hook (and callbacks in it) can log.
+
+    As in Lightning, what it logs counts towards the first epoch's values, then is gone.
+    """
+    results = Results("train")
+    results.device, results.waiting = device, True
+    state.train_results = model._results = results
+
+
+def train_epoch_results(state: Any, device: torch.device) -> Results:
+    """The Results of the training epoch that starts: the one opened for ``on_train_start``, else a new one."""
+    results = state.train_results
+    if results is None or not results.waiting:
+        results = Results("train")
+        results.device = device
+    results.waiting = False
+    return results
 
 
 def _route(entries: list[Any], values: list[Any], names: list[str]) -> tuple[dict, dict, dict]:

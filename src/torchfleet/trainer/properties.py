@@ -173,6 +173,10 @@ class TrainerProperties:
             for v in self.state.train_results.values.values():
                 if v.on_step:
                     out[v.name] = v.latest
+                    if v.on_epoch:  # as Lightning: also under the names the loggers get
+                        out[f"{v.name}_step"] = v.latest
+                        if v.name in self.state.epoch_metrics:
+                            out[f"{v.name}_epoch"] = self.state.epoch_metrics[v.name]
         out.update(self.state.epoch_metrics)
         return out
 

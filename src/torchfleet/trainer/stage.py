@@ -355,8 +355,12 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
     setup_strategy(trainer, model, "fit", micro_batch_size=micro_batch_size)
     _log_summary(trainer, model)
     hparams = _hparams_to_log(model, trainer.datamodule) if trainer.is_global_zero and trainer.loggers else None
-    for lg in trainer.loggers if hparams is not None else []:
-        lg.log_hyperparams(hparams)
+    for lg in trainer.loggers if trainer.is_global_zero else []:
+        if hparams is not None:
+            lg.log_hyperparams(hparams)
+        graph = getattr(lg, "log_graph", None)  # as Lightning (TensorBoardLogger(log_graph=True)); yours may lack it
+        if callable(graph) and trainer.strategy.outside_forward != "never":  # a sharded forward on rank 0 alone hangs
+            graph(model)
     trainer._hooks.call("on_fit_start", trainer)
     restore_after_setup(trainer, path, checkpoint, full=True, weights_only=weights_only)
     if trainer.num_sanity_val_steps and val_loaders and trainer.limit_val_batches:

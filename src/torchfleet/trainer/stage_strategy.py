@@ -13,7 +13,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from torchfleet.errors import MisconfiguredModuleError
-from torchfleet.samplers import shard_for_rank
+from torchfleet.samplers import shard_for_rank, shuffled_for_training
 from torchfleet.seed import add_worker_init_fn
 from torchfleet.settings import TrainerStage
 from torchfleet.strategies.trainer_contract import user_overrides
@@ -29,6 +29,8 @@ def prepare_loader(trainer: Trainer, loader: Any, stage: str) -> Any:
     ``use_distributed_sampler=False``: the user shards the data themselves), then ``Strategy.process_dataloader``."""
     strategy = trainer.strategy
     if trainer.use_distributed_sampler and strategy.world_size > 1:
+        if stage == "fit" and not trainer.overfit_batches:
+            loader = shuffled_for_training(loader)  # as Lightning's Trainer: a distributed training loader shuffles
         loader = shard_for_rank(loader, strategy.distributed_sampler_kwargs, stage, strategy.even_evaluation_shards)
     loader = strategy.process_dataloader(loader)
     return add_worker_init_fn(loader, trainer.global_rank)  # seed_everything(workers=True)

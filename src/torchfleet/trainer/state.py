@@ -60,8 +60,42 @@ class TrainerStatus(_ValueEnum):
         return self in (TrainerStatus.FINISHED, TrainerStatus.INTERRUPTED)
 
 
+class _Status:
+    """``finished`` and ``stopped``, read from a ``status`` field."""
+
+    __slots__ = ()
+    status: TrainerStatus
+
+    @property
+    def finished(self) -> bool:
+        return self.status is TrainerStatus.FINISHED
+
+    @property
+    def stopped(self) -> bool:
+        return self.status.stopped
+
+
+@dataclass
+class TrainerState(_Status):
+    """Lightning's ``TrainerState``: a ``(status, fn, stage)`` triple, equal to any state with those three values.
+
+    ``trainer.state`` holds more (the run's counters), so a ported ``trainer.state == TrainerState(...)``
+    compares these three fields only.
+    """
+
+    status: TrainerStatus = TrainerStatus.INITIALIZING
+    fn: TrainerFn | None = None
+    stage: RunningStage | None = None
+
+    def __eq__(self, other: object) -> bool:
+        fields = ("status", "fn", "stage")
+        if not all(hasattr(other, f) for f in fields):
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in fields)
+
+
 @dataclass(slots=True)
-class RunState:
+class RunState(_Status):
     """The state of a Trainer run that the loops read and write (the Trainer's public counters read it).
 
     ``fn``, ``stage`` and ``status`` are the three fields Lightning's ``trainer.state`` has, with the same
@@ -101,14 +135,6 @@ class RunState:
             return RunningStage.SANITY_CHECKING
         return RunningStage.TRAINING if self.in_train else RunningStage.VALIDATING
 
-    @property
-    def finished(self) -> bool:
-        return self.status is TrainerStatus.FINISHED
-
-    @property
-    def stopped(self) -> bool:
-        return self.status.stopped
-
     def start_stage(self, stage: str) -> None:
         """A stage begins: nothing stops it yet, and no loop position or resume point is left from before."""
         self.fn = TrainerFn(stage)
@@ -116,6 +142,9 @@ class RunState:
         self.should_stop = False
         self.resume = None
         self.progress = None
+        # as Lightning: each stage starts with no metrics (none left from an earlier fit, validate or test)
+        self.train_results = None
+        self.epoch_metrics, self.bar_metrics, self.logged_metrics = {}, {}, {}
 
     def end_stage(self, failed: bool) -> None:
         """The stage returned (finished) or raised (interrupted)."""

@@ -93,7 +93,13 @@ def build(cfg: dict, strategy=None):
         accumulate_grad_batches=cfg.get("accumulate", 1), logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
     )
-    train = DataLoader(data, batch_size=cfg.get("batch", 8), shuffle=cfg.get("shuffle", False))
+    if cfg.get("reference_of"):  # one process reading the global batches of a run on that many ranks
+        from tests.distributed.trainer_order import TrainerOrder
+
+        world = cfg["reference_of"]
+        train = DataLoader(data, batch_sampler=TrainerOrder(len(data), world, cfg.get("batch", 8) // world))
+    else:
+        train = DataLoader(data, batch_size=cfg.get("batch", 8), shuffle=cfg.get("shuffle", False))
     val = DataLoader(TensorDataset(*data[:N_VAL]), batch_size=5)
     return model, trainer, train, val
 

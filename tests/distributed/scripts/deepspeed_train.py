@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchfleet as tf
+from tests.distributed.trainer_order import InOrder
 from torchfleet.callbacks import Callback
 
 try:
@@ -142,7 +143,9 @@ def build(strategy, devices: int, batch: int, callbacks=(), precision="32-true",
         enable_model_summary=False, num_sanity_val_steps=0, callbacks=list(callbacks),
     )
     data = make_data()
-    train = DataLoader(data, batch_size=batch, shuffle=False)
+    # in order at any world size (the Trainer would shuffle the default sampler): resumed runs on other world
+    # sizes must continue with the uninterrupted run's batches
+    train = DataLoader(data, batch_size=batch, sampler=InOrder(data))
     val = DataLoader(TensorDataset(*data[:16]), batch_size=4)
     return model, trainer, train, val
 

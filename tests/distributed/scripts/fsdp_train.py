@@ -35,6 +35,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchfleet as tf
+from tests.distributed.trainer_order import InOrder
 from torchfleet.callbacks import Callback
 
 try:
@@ -151,7 +152,9 @@ def build(strategy, devices: int, num_nodes: int = 1, callbacks=(), precision="3
         model = TinyTransformer(ff)
     data = make_data()
     batch = GLOBAL_BATCH // (devices * num_nodes)
-    train = DataLoader(data, batch_size=batch, shuffle=False)
+    # in order at any world size (the Trainer would shuffle the default sampler): resumed runs on other world
+    # sizes must continue with the uninterrupted run's batches
+    train = DataLoader(data, batch_size=batch, sampler=InOrder(data))
     val = DataLoader(TensorDataset(*data[:16]), batch_size=4)
     return model, trainer, train, val
 

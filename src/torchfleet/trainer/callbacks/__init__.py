@@ -3,6 +3,7 @@
 from torchfleet.trainer.callbacks.base import Callback
 from torchfleet.trainer.callbacks.checkpoint import ModelCheckpoint
 from torchfleet.trainer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
+from torchfleet.trainer.callbacks.lambda_function import LambdaCallback
 from torchfleet.trainer.callbacks.lr_monitor import LearningRateMonitor
 from torchfleet.trainer.callbacks.model_summary import ModelSummary, RichModelSummary
 from torchfleet.trainer.callbacks.progress import ProgressBar, TQDMProgressBar
@@ -11,4 +12,5 @@ from torchfleet.trainer.callbacks.throughput import ThroughputMonitor
 from torchfleet.trainer.callbacks.timer import Timer
 
 __all__ = ["Callback", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason", "ProgressBar", "TQDMProgressBar",
-           "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor", "ThroughputMonitor", "Timer"]
+           "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor", "ThroughputMonitor", "Timer",
+           "LambdaCallback"]

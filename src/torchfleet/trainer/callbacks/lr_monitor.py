@@ -52,8 +52,9 @@ class LearningRateMonitor(Callback):
             if repeated:
                 raise ConfigurationError(
                     f"LearningRateMonitor: the param groups of {type(opt).__name__} share the name(s) {repeated}, so "
-                    f"their learning rates would be logged under one key. Give each group a distinct 'name' "
-                    "(or none: unnamed groups are logged as pg1, pg2, ...)."
+                    "their learning rates would be logged under one key (A single `Optimizer` cannot have multiple "
+                    "parameter groups with identical names). Give each group a distinct 'name' (or none: unnamed "
+                    "groups are logged as pg1, pg2, ...)."
                 )
             out.append((opt, [f"{name}/{label}" for label in labels]))
         return out
@@ -61,14 +62,15 @@ class LearningRateMonitor(Callback):
     def on_train_start(self, trainer: Any, module: Any) -> None:
         if not trainer.loggers:
             raise ConfigurationError(
-                "LearningRateMonitor logs to the Trainer's loggers, but this Trainer has none (logger=False). Pass "
-                "a logger (logger=True or e.g. CSVLogger(...)), or remove the LearningRateMonitor."
+                "LearningRateMonitor logs to the Trainer's loggers, but this Trainer has none (logger=False): it "
+                "cannot be used with a `Trainer` that has no logger. Pass a logger (logger=True or e.g. "
+                "CSVLogger(...)), or remove the LearningRateMonitor."
             )
         names = [name for _, group_names in self._names(trainer) for name in group_names]
         if self.log_momentum and any("momentum" not in o.defaults and "betas" not in o.defaults
                                      for o in trainer.optimizers):
-            warnings.warn("LearningRateMonitor(log_momentum=True): some optimizers have neither momentum nor betas; "
-                          "their momentum is logged as 0.", RuntimeWarning, stacklevel=2)
+            warnings.warn("LearningRateMonitor(log_momentum=True): some optimizers do not have momentum (neither "
+                          "momentum nor betas); their momentum is logged as 0.", RuntimeWarning, stacklevel=2)
         self.lrs = {name: self.lrs.get(name, []) for name in names}
         self.last_momentum_values = {f"{name}-momentum": None for name in names}
         self.last_weight_decay_values = {f"{name}-weight_decay": None for name in names}

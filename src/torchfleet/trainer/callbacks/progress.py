@@ -102,10 +102,22 @@ class ProgressBar(Callback):
             self._next_refresh = now + self.refresh_interval
             self._redraw(trainer)
 
+    def get_metrics(self, trainer: Any, module: Any) -> dict[str, Any]:
+        """What the bar shows after its counts: ``v_num`` (the first logger's version, when it has one) and every
+        value logged with ``prog_bar=True``. Override it to change that, as in Lightning."""
+        metrics: dict[str, Any] = {}
+        version = getattr(trainer.loggers[0], "version", None) if trainer.loggers else None
+        if version is not None:
+            # as Lightning: a long string version (a wandb run id) is shortened to its last 4 characters
+            metrics["v_num"] = version[-4:] if isinstance(version, str) else version
+        metrics.update(trainer.progress_bar_metrics)
+        return metrics
+
     def _redraw(self, trainer: Any) -> None:
         bar = self._bar
         bar.n = self._n
-        postfix = {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in trainer.progress_bar_metrics.items()}
+        shown = self.get_metrics(trainer, trainer.lightning_module)
+        postfix = {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in shown.items()}
         postfix["step"] = trainer.global_step
         bar.set_postfix(postfix, refresh=False)
         bar.refresh()

@@ -55,7 +55,7 @@ class RichProgressBar(ProgressBar):
         return None if total is None or total == float("inf") else float(total)
 
     def _metrics_text(self, trainer: Any) -> str:
-        values = {"step": trainer.global_step, **trainer.progress_bar_metrics}
+        values = {"step": trainer.global_step, **self.get_metrics(trainer, trainer.lightning_module)}
         return " ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}" for k, v in values.items())
 
     # --------------------------------------------------------------- training

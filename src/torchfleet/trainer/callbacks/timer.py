@@ -100,6 +100,10 @@ class Timer(Callback):
     def _finish(self, stage: str) -> None:
         self._end[stage] = _now()
 
+    def on_fit_start(self, trainer: Any, module: Any) -> None:
+        # as Lightning: once a checkpoint is restored, a budget it had already spent stops fit before its first step
+        self._check(trainer)
+
     def on_train_start(self, trainer: Any, module: Any) -> None:
         self._begin("train")
 
@@ -140,4 +144,6 @@ class Timer(Callback):
         if trainer.strategy.broadcast(self.time_elapsed() >= self.duration, src=0):
             trainer.should_stop = True
             if self.verbose and trainer.is_global_zero:
-                log.info("Timer: the time budget of %s is spent; stopping.", timedelta(seconds=self.duration))
+                # "Time limit reached." and "Signaling Trainer to stop." are Lightning's phrases (log filters)
+                log.info("Time limit reached. Timer: the time budget of %s is spent. Signaling Trainer to stop.",
+                         timedelta(seconds=self.duration))
