@@ -33,6 +33,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchfleet as tf
+from tests.distributed.trainer_order import InOrder
 from torchfleet.callbacks import Callback
 from torchfleet.utilities import rank_zero_only
 
@@ -145,7 +146,10 @@ def trainer_for(run: dict, max_steps: int = -1, callbacks=(), hang_timeout: floa
 
 
 def loader() -> DataLoader:
-    return DataLoader(fsdp_train.make_data(), batch_size=BATCH, shuffle=False)
+    # a sampler of the program's own (the Trainer would shuffle the default one): the global batches are those of
+    # the tests' one-process references, which read the data in order
+    data = fsdp_train.make_data()
+    return DataLoader(data, batch_size=BATCH, sampler=InOrder(data))
 
 
 def test_loader() -> DataLoader:
