@@ -112,3 +112,21 @@ def test_on_exception_then_teardown_then_the_error_reaches_the_caller(tmp_path):
     assert trainer.interrupted
     with torch.no_grad():  # the module is usable after the failed fit
         assert model(torch.zeros(2, 8)).shape == (2, 1)
+
+
+def test_an_error_in_on_fit_end_reaches_on_exception_and_teardown_runs_again(tmp_path):
+    """As Lightning's Trainer: the stage-end hooks run inside the stage's error handling, after its teardown."""
+    class FailsAtFitEnd(Hooks):
+        def on_fit_end(self, trainer, module):
+            super().on_fit_end(trainer, module)
+            raise RuntimeError("at fit end")
+
+    ORDER.clear()
+    trainer = tf.Trainer(**quiet(strategy=Recording(), max_steps=4, callbacks=[FailsAtFitEnd()],
+                                 default_root_dir=tmp_path, logger=Finalizing(tmp_path)))
+    with pytest.raises(RuntimeError, match="at fit end"):
+        trainer.fit(Regressor(), loader(32))
+    parts = ["CountedPrecision.teardown", "CountedIO.teardown", "CountedAccelerator.teardown"]
+    assert ORDER == ["C.on_train_end", "S.on_train_end", "S.teardown", *parts, "C.on_fit_end", "C.on_exception",
+                     "S.on_exception(at fit end)", "L.finalize(failed)", "S.teardown", *parts]
+    assert trainer.interrupted

@@ -83,7 +83,7 @@ class CheckpointMethods:
         if os.path.isdir(checkpoint_path):
             # a sharded checkpoint (any layout, any world size), read whole into this process
             return read_full_checkpoint(checkpoint_path, weights_only=self.resolve_weights_only(weights_only))
-        return load_through(self.checkpoint_io, checkpoint_path, "cpu", weights_only)
+        return load_through(self.checkpoint_io, checkpoint_path, weights_only=weights_only)  # as Lightning's
 
     def load_state(
         self, path: str | os.PathLike, state: Mapping[str, Any] | None = None, strict: bool = True,

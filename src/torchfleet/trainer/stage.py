@@ -130,10 +130,13 @@ def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl:
             result = _predict(trainer, model, eval_dl, ckpt_path, kw.get("return_predictions", True), weights_only)
         else:
             result = _evaluate_stage(trainer, model, stage, eval_dl, ckpt_path, kw.get("verbose", True), weights_only)
+        _end_stage(trainer, stage, model)
+        return result
     except BaseException as exc:
         # Lightning's order: the callbacks', the DataModule's and the strategy's on_exception, the loggers, then the
         # strategy's teardown (sharded strategies leave the module sharded: the other ranks may be anywhere); the
-        # stage-end hooks (on_fit_end, teardown) do not run
+        # stage-end hooks (on_fit_end, teardown) do not run. An error in those hooks comes here too (after the
+        # stage's teardown: ModelCheckpoint(save_on_exception=True) still saves, and teardown runs again, as there)
         failed = True
         for cb in trainer.callbacks:
             cb.on_exception(trainer, model, exc)
@@ -144,13 +147,6 @@ def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl:
             lg.finalize("failed")
         teardown_strategy(trainer)
         raise
-    else:
-        try:
-            _end_stage(trainer, stage, model)
-        except BaseException:
-            failed = True
-            raise
-        return result
     finally:
         strategy.precision.module_backward = None
         trainer._current_fx("")
