@@ -442,3 +442,23 @@ def test_cuda_16_mixed_trains_with_a_cuda_scaler():
     p.backward(out.float().pow(2).mean(), model)
     p.optimizer_step(opt)
     assert model.weight.dtype == torch.float32
+
+
+def test_precision_init_contexts_set_the_parameter_dtype_and_the_strategy_uses_them():
+    """Lightning's plugin hooks: ``module_init_context``/``tensor_init_context``; a subclass's override is what the
+    strategy's ``tensor_init_context`` (around ``configure_model``) applies."""
+    from torchfleet.precision import TruePrecision
+    from torchfleet.strategies import SingleDeviceStrategy
+
+    with TruePrecision("64-true").module_init_context():
+        assert torch.get_default_dtype() == torch.float64
+        layer = torch.nn.Linear(2, 2)
+    assert layer.weight.dtype == torch.float64 and torch.get_default_dtype() == torch.float32
+
+    class BFloat16Init(Precision):
+        def tensor_init_context(self):
+            return TruePrecision("bf16-true").tensor_init_context()
+
+    with SingleDeviceStrategy(device="cpu", precision=BFloat16Init()).tensor_init_context():
+        layer = torch.nn.Linear(2, 2)
+    assert layer.weight.dtype == torch.bfloat16

@@ -124,6 +124,14 @@ class Precision:
         """Backpropagate ``tensor``."""
         self._run_backward(tensor, *args, **kwargs)
 
+    def tensor_init_context(self) -> contextlib.AbstractContextManager:
+        """Where tensors are created (Lightning's plugin hook): torch's default dtype is ``param_dtype`` inside."""
+        return _DefaultDtype(self.param_dtype)
+
+    def module_init_context(self) -> contextlib.AbstractContextManager:
+        """Where a model is created (Lightning's plugin hook): ``tensor_init_context``."""
+        return self.tensor_init_context()
+
     def connect(self, module: Any, optimizers: list[Any], lr_schedulers: list[Any]) -> tuple[Any, list[Any], list[Any]]:
         """Adapt the model, optimizers and LR schedulers a Trainer stage set up (Lightning's hook; unchanged here)."""
         return module, optimizers, lr_schedulers

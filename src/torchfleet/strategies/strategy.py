@@ -27,7 +27,6 @@ from torchfleet.strategies.utils import (
     ReduceOp,
     _check_op,
     apply_to_tensors,
-    creation_context,
     move_to_device,
 )
 from torchfleet.watchdog import labelled
@@ -263,7 +262,7 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
         ``empty_init`` is for sharded strategies (parameters on the meta device, materialised sharded in
         setup); strategies that hold the whole model ignore it.
         """
-        with creation_context(self.root_device, self.precision.param_dtype):
+        with torch.device(self.root_device), self.precision.tensor_init_context():  # a precision's override counts
             yield
 
     def module_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager:
