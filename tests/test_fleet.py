@@ -71,9 +71,9 @@ class Recording(SingleDeviceStrategy):
         self.calls.append("forward_context")
         return super().forward_context()
 
-    def backward(self, loss, module=None, *args, **kwargs):
+    def run_backward(self, tensor, module, *args, **kwargs):  # Fabric's backward(tensor, module), under its name here
         self.calls.append("backward")
-        super().backward(loss, module, *args, **kwargs)
+        super().run_backward(tensor, module, *args, **kwargs)
 
     def optimizer_step(self, optimizer, closure=None, **kwargs):
         self.calls.append("optimizer_step")
@@ -353,7 +353,7 @@ def test_collectives_on_one_device():
     assert fleet.local_rank == 0 and fleet.node_rank == 0
     assert fleet.device == torch.device("cpu")
     with pytest.raises(ConfigurationError, match="reduce operation"):
-        fleet.all_reduce(t, reduce_op="avg")
+        fleet.all_reduce(t, reduce_op="median")
 
 
 def test_torchfleet_module_collectives_use_the_fleet_strategy():

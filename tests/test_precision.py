@@ -458,3 +458,21 @@ def test_module_init_context_creates_parameters_in_the_precisions_dtype(plugin, 
     with pytest.raises(RuntimeError), plugin.tensor_init_context():
         raise RuntimeError
     assert torch.get_default_dtype() == before
+def test_precision_init_contexts_set_the_parameter_dtype_and_the_strategy_uses_them():
+    """Lightning's plugin hooks: ``module_init_context``/``tensor_init_context``; a subclass's override is what the
+    strategy's ``tensor_init_context`` (around ``configure_model``) applies."""
+    from torchfleet.precision import TruePrecision
+    from torchfleet.strategies import SingleDeviceStrategy
+
+    with TruePrecision("64-true").module_init_context():
+        assert torch.get_default_dtype() == torch.float64
+        layer = torch.nn.Linear(2, 2)
+    assert layer.weight.dtype == torch.float64 and torch.get_default_dtype() == torch.float32
+
+    class BFloat16Init(Precision):
+        def tensor_init_context(self):
+            return TruePrecision("bf16-true").tensor_init_context()
+
+    with SingleDeviceStrategy(device="cpu", precision=BFloat16Init()).tensor_init_context():
+        layer = torch.nn.Linear(2, 2)
+    assert layer.weight.dtype == torch.bfloat16

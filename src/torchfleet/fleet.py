@@ -28,9 +28,17 @@ from torch.optim import Optimizer
 from torchfleet.checkpoint.state import stateful_kind
 from torchfleet.compiled import compile_again, split_compiled
 from torchfleet.errors import CheckpointError, ConfigurationError
-from torchfleet.fleet_wrappers import FleetDataLoader, FleetModule, FleetOptimizer, _original, _unwrap
+from torchfleet.fleet_wrappers import (
+    FleetDataLoader,
+    FleetModule,
+    FleetOptimizer,
+    _unwrap,
+    check_module,
+    check_optimizers,
+)
 from torchfleet.loggers.base import agree_versions, save_loggers, use_versions
 from torchfleet.preemption import restart_count
+from torchfleet.samplers import shard_for_rank
 from torchfleet.seed import add_worker_init_fn, reset_seed
 from torchfleet.settings import TrainingSettings
 from torchfleet.signals import PreemptionWatch
@@ -292,8 +300,8 @@ class Fleet:
         """
         # torch.compile(model): the strategy sets up the model inside, and its wrapper is compiled again below
         module, compile_settings = split_compiled(module)
-        self._check_module(module)
-        self._check_optimizers(optimizers, module)
+        check_module(module, self._set_up_modules)
+        check_optimizers(optimizers, module)
         self._ensure_environment()
         from torchfleet.module import Module
 
@@ -302,7 +310,7 @@ class Fleet:
         strategy = self._strategy
         strategy.configure_training(self.training)
         if move_to_device:
-            wrapped, opts = strategy.setup(module, list(optimizers))
+            wrapped, opts, _ = strategy.setup_module_and_optimizers(module, list(optimizers))
         else:
             wrapped = strategy.setup_module(strategy.precision.convert_module(module))
             opts = [strategy.setup_optimizer(o) for o in optimizers]
@@ -324,47 +332,11 @@ class Fleet:
         """Wrap optimizers so ``step`` goes through the strategy; one object per optimizer given."""
         if not optimizers:
             raise ConfigurationError("fleet.setup_optimizers() was called with no optimizer; pass at least one.")
-        self._check_optimizers(optimizers, None)
+        check_optimizers(optimizers, None)
         strategy = self._strategy
         wrapped = [FleetOptimizer(strategy.setup_optimizer(o), strategy.optimizer_step, self._preemption)
                    for o in optimizers]
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
-
-    def _check_module(self, module: Any) -> None:
-        if isinstance(module, FleetModule) or module in self._set_up_modules:
-            raise ConfigurationError(
-                f"fleet.setup() was already called on this {type(_original(module)).__name__}. Set up each module "
-                "once and keep using the object setup() returned."
-            )
-        if not isinstance(module, nn.Module):
-            raise ConfigurationError(
-                f"fleet.setup() takes an nn.Module first, got {type(module).__name__}. Pass the model, then its "
-                "optimizers: fleet.setup(model, optimizer)."
-            )
-
-    def _check_optimizers(self, optimizers: tuple[Any, ...], module: nn.Module | None) -> None:
-        params = {id(p) for p in module.parameters()} if module is not None else None
-        for i, opt in enumerate(optimizers):
-            name = f"optimizer {i} ({type(opt).__name__})"
-            if isinstance(opt, FleetOptimizer):
-                raise ConfigurationError(
-                    f"The {name} given to fleet.setup() was already set up. Pass each optimizer once and keep "
-                    "using the object setup() returned."
-                )
-            if not isinstance(opt, Optimizer):
-                raise ConfigurationError(
-                    f"fleet.setup() got {type(opt).__name__} as optimizer {i}; accepted are torch.optim.Optimizer "
-                    "objects, after the module: fleet.setup(model, optimizer)."
-                )
-            if params is None:
-                continue
-            foreign = [p for g in opt.param_groups for p in g["params"] if id(p) not in params]
-            if foreign:
-                raise ConfigurationError(
-                    f"The {name} holds {len(foreign)} parameter(s) that are not in the {type(module).__name__} "
-                    "given to fleet.setup(). Build each optimizer over the parameters of the module it is set up "
-                    "with (model.parameters()), and set up other models with their own optimizers."
-                )
 
     def setup_dataloaders(
         self, *dataloaders: Any, move_to_device: bool = True, use_distributed_sampler: bool = True
@@ -381,7 +353,9 @@ class Fleet:
         out = []
         for loader in dataloaders:
             if use_distributed_sampler:
-                loader = strategy.process_dataloader(loader, "fit")
+                if strategy.world_size > 1:
+                    loader = shard_for_rank(loader, strategy.distributed_sampler_kwargs, "fit")
+                loader = strategy.process_dataloader(loader)
             loader = add_worker_init_fn(loader, self.global_rank)  # seed_everything(workers=True)
             out.append(FleetDataLoader(loader, strategy.batch_to_device if move_to_device else None))
         return out[0] if len(out) == 1 else tuple(out)
@@ -413,7 +387,7 @@ class Fleet:
                 "fleet.backward() was called before fleet.setup(model, optimizer): set up the model first, so the "
                 "strategy can scale and synchronise its gradients."
             )
-        self._strategy.backward(loss, module, *args, **kwargs)
+        self._strategy.run_backward(loss, module, *args, **kwargs)  # Fabric's backward(tensor, module)
 
     def clip_gradients(
         self,
@@ -504,7 +478,7 @@ class Fleet:
                 f"fleet.save() takes a dict of what to save, got {type(state).__name__}: "
                 "fleet.save(path, {'model': model, 'optimizer': optimizer, 'step': step})."
             )
-        self._strategy.save_checkpoint(path, {k: _unwrap(v) for k, v in state.items()})
+        self._strategy.save_state(path, {k: _unwrap(v) for k, v in state.items()})
         self._strategy.barrier("fleet.save")
 
     def load(self, path: str | os.PathLike, state: dict[str, Any] | None = None, strict: bool = True, *,
@@ -517,7 +491,7 @@ class Fleet:
         """
         state = state if state is not None else {}
         unwrapped = {k: _unwrap(v) for k, v in state.items()}
-        checkpoint = self._strategy.load_checkpoint(path, unwrapped, strict=strict, weights_only=weights_only)
+        checkpoint = self._strategy.load_state(path, unwrapped, strict=strict, weights_only=weights_only)
         if strict:
             missing = [k for k in state if k not in checkpoint]
             if missing:

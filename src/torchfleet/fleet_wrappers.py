@@ -1,4 +1,5 @@
-"""What ``Fleet.setup`` hands back: the module, optimizer and dataloader wrappers that route through the strategy."""
+"""What ``Fleet.setup`` hands back: the module, optimizer and dataloader wrappers that route through the strategy;
+and the checks of what it is given (``check_module``, ``check_optimizers``)."""
 
 from __future__ import annotations
 
@@ -359,3 +360,44 @@ def _unwrap(obj: Any) -> Any:
 
 def _original(module: Any) -> Any:
     return module.module if isinstance(module, FleetModule) else module
+
+
+def check_module(module: Any, set_up: Any) -> None:
+    """Refuse what ``fleet.setup()`` cannot take as its module: one set up already (``set_up``), or no nn.Module."""
+    if isinstance(module, FleetModule) or module in set_up:
+        raise ConfigurationError(
+            f"fleet.setup() was already called on this {type(_original(module)).__name__}. Set up each module "
+            "once and keep using the object setup() returned."
+        )
+    if not isinstance(module, nn.Module):
+        raise ConfigurationError(
+            f"fleet.setup() takes an nn.Module first, got {type(module).__name__}. Pass the model, then its "
+            "optimizers: fleet.setup(model, optimizer)."
+        )
+
+
+def check_optimizers(optimizers: tuple[Any, ...], module: nn.Module | None) -> None:
+    """Refuse optimizers ``fleet.setup()`` cannot take: set up already, not optimizers, or over another module's
+    parameters."""
+    params = {id(p) for p in module.parameters()} if module is not None else None
+    for i, opt in enumerate(optimizers):
+        name = f"optimizer {i} ({type(opt).__name__})"
+        if isinstance(opt, FleetOptimizer):
+            raise ConfigurationError(
+                f"The {name} given to fleet.setup() was already set up. Pass each optimizer once and keep "
+                "using the object setup() returned."
+            )
+        if not isinstance(opt, Optimizer):
+            raise ConfigurationError(
+                f"fleet.setup() got {type(opt).__name__} as optimizer {i}; accepted are torch.optim.Optimizer "
+                "objects, after the module: fleet.setup(model, optimizer)."
+            )
+        if params is None:
+            continue
+        foreign = [p for g in opt.param_groups for p in g["params"] if id(p) not in params]
+        if foreign:
+            raise ConfigurationError(
+                f"The {name} holds {len(foreign)} parameter(s) that are not in the {type(module).__name__} "
+                "given to fleet.setup(). Build each optimizer over the parameters of the module it is set up "
+                "with (model.parameters()), and set up other models with their own optimizers."
+            )

@@ -132,6 +132,10 @@ class Precision:
         """Backpropagate ``tensor``."""
         self._run_backward(tensor, *args, **kwargs)
 
+    def connect(self, module: Any, optimizers: list[Any], lr_schedulers: list[Any]) -> tuple[Any, list[Any], list[Any]]:
+        """Adapt the model, optimizers and LR schedulers a Trainer stage set up (Lightning's hook; unchanged here)."""
+        return module, optimizers, lr_schedulers
+
     def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         """Step ``optimizer`` (with ``closure`` when given) and return what the step returns."""
         if closure is None:

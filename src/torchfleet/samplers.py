@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 import warnings
 from collections.abc import Iterator, Sized
 from typing import Any
@@ -231,6 +232,21 @@ def inject_distributed_sampler(
             log.debug("The %s dataloader asked for shuffle=True; evaluation reads the data in order.", stage)
         sampler = ExactDistributedSampler(dataset, num_replicas=num_replicas, rank=rank)
     return _rebuild(dataloader, sampler)
+
+
+def shard_for_rank(dataloader: Any, sampler_kwargs: dict[str, int], stage: str, even: str | None = None) -> Any:
+    """``dataloader`` reading this rank's share: what both clients do before ``Strategy.process_dataloader``.
+
+    ``sampler_kwargs``: the strategy's ``distributed_sampler_kwargs`` (``num_replicas``, ``rank``); the shuffle seed
+    is ``seed_everything``'s (``TF_GLOBAL_SEED``, else 0). ``even``: the strategy's ``even_evaluation_shards``
+    (every rank then gets the same number of evaluation batches; ``pad_evaluation_shards``).
+    """
+    num_replicas, rank = sampler_kwargs["num_replicas"], sampler_kwargs["rank"]
+    seed = int(os.environ.get("TF_GLOBAL_SEED", "0"))
+    loader = inject_distributed_sampler(dataloader, num_replicas, rank, stage, seed=seed)
+    if even is not None:
+        loader = pad_evaluation_shards(loader, num_replicas, rank, stage, even)
+    return loader
 
 
 def shuffled_for_training(dataloader: Any) -> Any:

@@ -1,4 +1,4 @@
-"""What strategies are told about the training they serve: TrainingSettings, and ReplicaHooks (dp's replicas).
+"""What strategies are told about the training they serve: TrainingSettings, ReplicaHooks (dp's replicas), TrainerStage.
 
 Strategies never read the Trainer or the Module's logging. The caller (the Trainer, or a Fleet user)
 hands them these at ``Strategy.configure_training``, before ``setup``.
@@ -6,6 +6,7 @@ hands them these at ``Strategy.configure_training``, before ``setup``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -91,3 +92,27 @@ class ReplicaHooks(Protocol):
     def enter(self, replica: nn.Module) -> Any: ...
 
     def merge(self, module: nn.Module, collected: list[Any], device: torch.device) -> None: ...
+
+
+@dataclass(frozen=True)
+class TrainerStage:
+    """What one Trainer stage gives the strategy's Lightning-contract methods, before ``setup(trainer)``.
+
+    Lightning's ``Strategy.setup(trainer)`` builds the optimizers from the LightningModule and its ``backward``
+    runs the Module's and callbacks' ``on_before_backward``/``on_after_backward``; torchfleet's strategies never
+    read the Trainer, so the Trainer hands them these instead (``Strategy.configure_stage``).
+
+    ``fn``: "fit", "validate", "test" or "predict". ``build_optimizers``: ``configure_optimizers()`` parsed and
+    checked, as ``(optimizers, lr_scheduler_configs)`` (fit only; None otherwise). ``before_backward(loss)`` and
+    ``after_backward()``: the Module's and callbacks' hooks of those names, or None when none overrides them.
+    """
+
+    fn: str
+    build_optimizers: Callable[[], tuple[list[Any], list[Any]]] | None = None
+    before_backward: Callable[[Any], None] | None = None
+    after_backward: Callable[[], None] | None = None
+
+    @property
+    def fitting(self) -> bool:
+        """Whether the stage trains (``fn == "fit"``): only then are optimizers built and DDP wraps the module."""
+        return self.fn == "fit"

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from tests.distributed.test_ddp import ROOT, assert_same_weights, reference
+from tests.distributed.test_ddp import ROOT, assert_same_weights, pythonpath, reference
 from torchfleet.errors import ConfigurationError
 from torchfleet.precision import Precision
 from torchfleet.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, SingleDeviceStrategy
@@ -24,26 +24,45 @@ pytestmark = [pytest.mark.distributed]
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "custom_ddp_train.py")
 
 
-def _pythonpath() -> str:
-    """The repository root (tests.*) first, then what the caller put on PYTHONPATH (a checkout's src, if any)."""
-    return os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
+def _run(tmp_path, strategy: str) -> dict:
+    out = tmp_path / f"{strategy}.pt"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
+    proc = subprocess.run([sys.executable, SCRIPT, json.dumps({"out": str(out), "strategy": strategy})],
+                          capture_output=True, text=True, timeout=120,
+                          env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": pythonpath()}, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    result = torch.load(out)
+    result["ranks"] = [dict(zip(result["columns"], row)) for row in result["per_rank"]]
+    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    return result
 
 
 def test_docs_custom_ddp_strategy_is_used_and_matches_one_process(tmp_path):
-    out = tmp_path / "result.pt"
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK")}
-    proc = subprocess.run([sys.executable, SCRIPT, json.dumps({"out": str(out)})], capture_output=True, text=True,
-                          timeout=120, env={**env, "OMP_NUM_THREADS": "1", "PYTHONPATH": _pythonpath()}, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    result = torch.load(out)
-    # each rank built the docs' DDP once, kept it as strategy.model and ran its training steps through it
+    result = _run(tmp_path, "docs")
     steps = result["global_step"]
-    assert [r[0] for r in result["per_rank"]] == [0, 1]
-    for rank, built, forwards, is_custom in result["per_rank"]:
-        assert (built, is_custom) == (1, 1), f"rank {rank}"
-        assert forwards == steps, f"rank {rank}: {forwards} forwards through the custom DDP, {steps} steps"
+    for seen in result["ranks"]:
+        rank = seen["rank"]
+        # the docs' setup(self, trainer) ran once, its super().setup built the docs' DDP around the Module itself
+        # (Lightning's configure_ddp sees the LightningModule) and kept it as strategy.model while training ran
+        assert (seen["setup"], seen["module_in_configure_ddp"], seen["built"]) == (1, 1, 1), f"rank {rank}"
+        assert seen["custom_during_fit"] == 1, f"rank {rank}"
+        assert seen["forwards"] == steps, f"rank {rank}: {seen['forwards']} forwards through the custom DDP, {steps} steps"
+        # teardown at the end of fit unwrapped it: strategy.model is the Module again (as in Lightning)
+        assert seen["unwrapped_after"] == 1, f"rank {rank}"
     assert result["precision_is_plugin"]
+    want = reference(batch=16)
+    assert steps == want["global_step"]
+    assert_same_weights(result["weights"], want["weights"], atol=1e-6)
+
+
+def test_a_strategy_that_calls_the_closure_itself_matches_one_process(tmp_path):
+    """optimizer_step(optimizer, closure) that runs closure() and then optimizer.step() (hivemind's, colossalai's
+    shape): training_step and backward run inside the closure, once per step, and training equals one process."""
+    result = _run(tmp_path, "closure")
+    steps = result["global_step"]
+    for seen in result["ranks"]:
+        assert seen["closure_calls"] == seen["optimizer_steps"] == steps, seen
     want = reference(batch=16)
     assert steps == want["global_step"]
     assert_same_weights(result["weights"], want["weights"], atol=1e-6)

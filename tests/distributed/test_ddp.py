@@ -27,14 +27,15 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "ddp_train.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _pythonpath() -> str:
-    """The repository root (tests.*) first, then what the caller put on PYTHONPATH (a checkout's src, if any)."""
+def pythonpath() -> str:
+    """PYTHONPATH for a script this test starts: the repository (for ``tests``) before the caller's (which may name the
+    checkout's ``src``: the scripts must import the torchfleet under test, not an installed one)."""
     return os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
 
 
 def run_script(cfg: dict, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the training script as a user would (``python script.py``); ddp re-runs it for rank 1."""
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_pythonpath(), **(env or {}))
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath(), **(env or {}))
     for var in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
         if env is None or var not in env:
             full_env.pop(var, None)
@@ -164,7 +165,7 @@ def test_script_is_importable_for_spawn():
 
 def test_ddp_relaunches_python_dash_m(tmp_path):
     out = tmp_path / "result.pt"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_pythonpath())
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath())
     cfg = json.dumps({"strategy": "ddp", "devices": 2, "batch": 8, "epochs": 1, "out": str(out)})
     proc = subprocess.run([sys.executable, "-m", "tests.distributed.scripts.ddp_train", cfg], capture_output=True,
                           text=True, timeout=120, env=env, cwd=ROOT)
@@ -200,7 +201,7 @@ print("STRATEGY", type(trainer.strategy).__name__, trainer.strategy.start_method
 
 @pytest.mark.parametrize("how", ["python -c", "stdin"])
 def test_fork_works_where_the_script_cannot_be_rerun(how):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=_pythonpath())
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath())
     if how == "python -c":
         # ddp_notebook as named: fork from a command string
         proc = subprocess.run([sys.executable, "-c", _INLINE.format(strategy="ddp_notebook")], capture_output=True,

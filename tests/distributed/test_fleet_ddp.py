@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 from tests.distributed.scripts.ddp_train import make_data
 from tests.distributed.scripts.fleet_train import EPOCHS, plain_net
-from tests.distributed.test_ddp import ROOT, assert_same_weights
+from tests.distributed.test_ddp import ROOT, assert_same_weights, pythonpath
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -34,7 +34,7 @@ def one_process_reference() -> dict:
 @pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn", "ddp_fork"])
 def test_fleet_loop_matches_one_process_and_collectives_work(tmp_path, strategy):
     out = tmp_path / "result.pt"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath())
     proc = subprocess.run([sys.executable, SCRIPT, strategy, str(out)], capture_output=True, text=True, timeout=120,
                           env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr

@@ -64,9 +64,9 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
         results = {
             "mean": s.reduce(torch.tensor(float(rank + 1))),  # (1 + 2) / 2
-            "sum": s.reduce(torch.tensor(float(rank + 1)), op="sum"),
-            "max": s.reduce(torch.tensor(float(rank + 1)), op="max"),
-            "min": s.reduce(torch.tensor(float(rank + 1)), op="min"),
+            "sum": s.reduce(torch.tensor(float(rank + 1)), reduce_op="sum"),
+            "max": s.reduce(torch.tensor(float(rank + 1)), reduce_op=dist.ReduceOp.MAX),  # Lightning accepts torch's ops
+            "min": s.reduce(torch.tensor(float(rank + 1)), None, "min"),
             "gather": s.all_gather(torch.tensor([rank, rank * 10])),
             "broadcast": s.broadcast({"from": rank}, src=1),
             "all_true": s.reduce_boolean_decision(rank == 0, all=True),
@@ -77,7 +77,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
         # three sync_dist values, two reduce ops: two collectives in all
         calls = []
         original = s.reduce
-        s.reduce = lambda t, op="mean": calls.append(op) or original(t, op)
+        s.reduce = lambda t, group=None, reduce_op="mean": calls.append(reduce_op) or original(t, group, reduce_op)
         results["synced"] = sync_values(s, [(torch.tensor(1.0 + rank), "mean", True), (torch.tensor(5.0 * rank), "max", True),
                                             (torch.tensor(2.0 + rank), "mean", True), (torch.tensor(9.0), "sum", False)])
         results["collectives"] = list(calls)

@@ -22,7 +22,14 @@ from torch.utils.data import DataLoader
 import torchfleet as tf
 from tests.distributed import sharded_helpers
 from tests.distributed.scripts import sharded_after_fit as script
-from tests.distributed.scripts.sharded_after_fit import BATCH, REFIT_STEPS, DeepSpeedNet, FSDPNet, inputs
+from tests.distributed.scripts.sharded_after_fit import (
+    BATCH,
+    REFIT_STEPS,
+    BNNet,
+    DeepSpeedNet,
+    FSDPNet,
+    inputs,
+)
 from tests.distributed.test_faults import _processes_mentioning
 from torchfleet.checkpoint.consolidate import consolidate
 from torchfleet.checkpoint.deepspeed import deepspeed_available
@@ -97,6 +104,22 @@ def deepspeed_runs(tmp_path_factory):
         {"name": "fleet_3", "case": "fleet", "strategy": "deepspeed_stage_3", "teardown": True},
     ])
     return ranks, tmp
+
+
+def test_after_fit_under_ddp_the_module_is_unwrapped_with_its_own_batchnorm(tmp_path):
+    """teardown at the end of fit: the DDP wrapper gone, SyncBatchNorm back to BatchNorm1d, the trained weights and
+    running statistics of the final checkpoint on every rank (and on rank 0 alone)."""
+    ranks = launch(tmp_path, [{"name": "ddp", "case": "ddp_sync_batchnorm", "strategy": "ddp"}])
+    final = plain_from(ranks[0]["ddp"]["fit_ckpt"], BNNet, tmp_path)
+    with torch.no_grad():
+        want = final(inputs())
+    for rank, results in enumerate(ranks):
+        result = results["ddp"]
+        assert result["during"] == {"wrapped": True, "norm": "CPUSyncBatchNorm"}, f"rank {rank}"
+        assert result["norm"] == "BatchNorm1d" and result["unwrapped"] and result["leftovers"] == [], f"rank {rank}"
+        close(result["forward"], want)
+    close(ranks[0]["ddp"]["rank_zero_forward"], want)
+    assert final.norm.num_batches_tracked.item() > 0  # the statistics were trained (and synchronised)
 
 
 def runs_for(request, family: str):

@@ -157,7 +157,7 @@ def _mismatched_reduce(rank: int, port: int, out: str) -> None:
     # the same size and dtype, so gloo pairs them: only the fingerprint tells them apart
     with watchdog.labelled("self.log 'a' sync_dist" if rank == 0 else "fleet.all_reduce"):
         try:
-            strategy.reduce(torch.tensor([1.0 + rank]), op="sum")
+            strategy.reduce(torch.tensor([1.0 + rank]), reduce_op="sum")
             result = "no error"
         except CollectiveMismatchError as exc:
             result = str(exc)

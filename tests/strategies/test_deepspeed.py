@@ -418,11 +418,11 @@ def test_things_deepspeed_cannot_do_say_so():
     with pytest.raises(ConfigurationError, match="by their norm"):
         strategy.clip_gradients_value(None, None, 1.0)
     with pytest.raises(ConfigurationError, match="setup"):
-        strategy.backward(None)
+        strategy.run_backward(None, None)
     with pytest.raises(ConfigurationError, match="storage_options"):
-        strategy.save_checkpoint("x.ckpt", {}, storage_options={"a": 1})
+        strategy.save_checkpoint({}, "x.ckpt", storage_options={"a": 1})
     with pytest.raises(CheckpointError, match="own checkpoints"):
-        strategy.load_optimizer_state_dict(None, {"state": {}, "param_groups": []})
+        strategy.load_optimizer_state(None, {"state": {}, "param_groups": []})
 
 
 # ---------------------------------------------------------------------------- DeepSpeed's accelerator follows ours

@@ -194,12 +194,12 @@ def test_collectives_are_identities_in_one_process():
     s = DataParallelStrategy(parallel_devices=[0, 1])
     t = torch.tensor([1.0, 2.0])
     for op in ("mean", "sum", "max", "min"):
-        assert s.reduce(t, op=op) is t
+        assert s.reduce(t, reduce_op=op) is t
     assert torch.equal(s.all_gather(t), t[None])
     assert s.broadcast({"a": 1}) == {"a": 1}
     assert s.reduce_boolean_decision(False) is False and s.reduce_boolean_decision(True) is True
     with pytest.raises(ConfigurationError, match="Unknown reduce operation"):
-        s.reduce(t, op="avg-ish")
+        s.reduce(t, reduce_op="avg-ish")
 
 
 # ------------------------------------------------------------------ wrapping (CPU fallback of DataParallel)

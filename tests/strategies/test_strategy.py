@@ -16,13 +16,15 @@ from torchfleet.strategies.utils import move_to_device
 def test_collectives_are_identities_on_one_device():
     s = SingleDeviceStrategy(device="cpu")
     t = torch.arange(3.0)
-    assert s.reduce(t) is t and s.reduce(t, op="sum") is t
-    assert s.all_gather(t).shape == (1, 3)
+    # Lightning's signature: reduce(tensor, group=None, reduce_op="mean"), "avg" and torch's ReduceOp accepted
+    assert s.reduce(t) is t and s.reduce(t, reduce_op="sum") is t and s.reduce(t, None, "avg") is t
+    assert s.reduce(t, reduce_op=torch.distributed.ReduceOp.MAX) is t
+    assert s.all_gather(t).shape == (1, 3) and s.all_gather(t, None, sync_grads=False).shape == (1, 3)
     assert s.broadcast({"a": 1}) == {"a": 1}
     s.barrier("x")
     assert s.reduce_boolean_decision(True) is True and s.reduce_boolean_decision(False, all=False) is False
-    with pytest.raises(ConfigurationError, match="'avg'"):
-        s.reduce(t, op="avg")
+    with pytest.raises(ConfigurationError, match="'median'.*'mean', 'sum', 'max', 'min'"):
+        s.reduce(t, reduce_op="median")
 
 
 def test_move_to_device_keeps_structure():
@@ -41,17 +43,17 @@ def test_save_and_load_checkpoint_round_trip(tmp_path):
     opt = torch.optim.Adam(model.parameters())
     model(torch.randn(4, 3)).sum().backward()
     opt.step()
-    s.save_checkpoint(tmp_path / "c.pt", {"model": model, "opt": opt, "step": 7})
+    s.save_state(tmp_path / "c.pt", {"model": model, "opt": opt, "step": 7})
     fresh = nn.Linear(3, 2)
     fresh_opt = torch.optim.Adam(fresh.parameters())
-    out = s.load_checkpoint(tmp_path / "c.pt", {"model": fresh, "opt": fresh_opt})
+    out = s.load_state(tmp_path / "c.pt", {"model": fresh, "opt": fresh_opt})
     assert out["step"] == 7
     assert torch.equal(fresh.weight, model.weight)
     assert fresh_opt.state_dict()["state"][0]["step"] == 1
     with pytest.raises(CheckpointError, match="no entry 'other'"):
-        s.load_checkpoint(tmp_path / "c.pt", {"other": fresh})
+        s.load_state(tmp_path / "c.pt", {"other": fresh})
     with pytest.raises(CheckpointError, match=r"weight.*\(2, 3\).*\(5, 3\)"):
-        s.load_checkpoint(tmp_path / "c.pt", {"model": nn.Linear(3, 5)})
+        s.load_state(tmp_path / "c.pt", {"model": nn.Linear(3, 5)})
 
 
 def test_single_device_refuses_several_devices():
@@ -70,11 +72,12 @@ class _Recording(SingleDeviceStrategy):
     def on_exception(self, exception: BaseException) -> None:
         self.calls.append(f"on_exception({type(exception).__name__})")
 
-    def release_module(self, module: nn.Module) -> None:
-        self.calls.append("release_module")
+    def teardown(self) -> None:
+        self.calls.append("teardown")
+        super().teardown()
 
 
-def test_a_stage_that_raises_tells_the_strategy_before_the_stage_end_releases_the_module():
+def test_a_stage_that_raises_tells_the_strategy_before_its_teardown():
     from torch.utils.data import DataLoader
 
     import torchfleet as tf
@@ -91,7 +94,7 @@ def test_a_stage_that_raises_tells_the_strategy_before_the_stage_end_releases_th
                          enable_progress_bar=False, enable_model_summary=False, callbacks=[Stop()])
     with pytest.raises(KeyError, match="stop"):
         trainer.fit(BoringModel(), DataLoader(RandomDataset(32, 8), batch_size=2))
-    assert strategy.calls == ["on_exception(KeyError)", "release_module"]
+    assert strategy.calls == ["on_exception(KeyError)", "teardown"]
     strategy.calls.clear()
     trainer.validate(BoringModel(), DataLoader(RandomDataset(32, 4), batch_size=2), verbose=False)
-    assert strategy.calls == ["release_module"]
+    assert strategy.calls == ["teardown"]

@@ -23,6 +23,9 @@ class Accelerator(ABC):
     def setup_device(self, device: torch.device) -> None:
         """Make ``device`` current for this process (e.g. ``torch.cuda.set_device``). Called once per rank."""
 
+    def setup(self, trainer: Any) -> None:
+        """Called by ``Strategy.setup(trainer)`` in every Trainer stage, before the model is placed (Lightning's hook)."""
+
     def teardown(self) -> None:
         """Release what ``setup_device`` took (caches, handles)."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import itertools
 import logging
 import os
@@ -223,7 +224,9 @@ class TorchCheckpointIO(CheckpointIO):
         if os.path.getsize(path) == 0:
             raise CheckpointError(f"{path!r} is not a readable checkpoint: the file is empty.")
         try:
-            return safe.load(path, map_location=map_location,
+            # map_location None: onto the CPU (Lightning's default, ``lambda storage, loc: storage``), whatever device
+            # the tensors were saved from
+            return safe.load(path, map_location="cpu" if map_location is None else map_location,
                              weights_only=self.weights_only if weights_only is None else weights_only)
         except CheckpointError:
             raise
@@ -357,21 +360,30 @@ class AsyncCheckpointIO(CheckpointIO):
         return f"AsyncCheckpointIO({self.checkpoint_io!r})"
 
 
-def load_through(io: CheckpointIO, path: str | os.PathLike, map_location: Any, weights_only: bool | None) -> dict[str, Any]:
-    """``io.load_checkpoint(path, map_location)``, with ``weights_only=`` only when one was asked for.
+def load_through(io: CheckpointIO, path: str | os.PathLike, map_location: Any = None,
+                 weights_only: bool | None = None) -> dict[str, Any]:
+    """``io.load_checkpoint(path, weights_only=...)`` as Lightning's strategies call it (``map_location=`` only when
+    given: the default loads onto the CPU).
 
-    A CheckpointIO written before the argument existed still loads; asked for a setting it cannot
-    take, it gets a clear error instead of a TypeError.
+    A CheckpointIO written without ``weights_only`` (Lightning's older signature, or ``(path, map_location)``)
+    still loads when none was asked for; asked for a setting it cannot take, it gets a clear error.
     """
+    kwargs = {} if map_location is None else {"map_location": map_location}
+    if _takes(io.load_checkpoint, "weights_only"):
+        return io.load_checkpoint(path, **kwargs, weights_only=weights_only)
     if weights_only is None:
-        return io.load_checkpoint(path, map_location=map_location)
+        return io.load_checkpoint(path, **kwargs)
+    raise CheckpointError(
+        f"weights_only={weights_only} was asked for, but {type(io).__name__}.load_checkpoint takes no weights_only "
+        "argument. Add `weights_only: bool | None = None` to it (None: its own setting), or load without "
+        "weights_only."
+    )
+
+
+def _takes(fn: Any, name: str) -> bool:
+    """Whether ``fn`` accepts the keyword ``name`` (a callable whose signature cannot be read is assumed to)."""
     try:
-        return io.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-    except TypeError as exc:
-        if "weights_only" not in str(exc):
-            raise
-        raise CheckpointError(
-            f"weights_only={weights_only} was asked for, but {type(io).__name__}.load_checkpoint takes no weights_only "
-            "argument. Add `weights_only: bool | None = None` to it (None: its own setting), or load without "
-            "weights_only."
-        ) from None
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())

@@ -1,10 +1,14 @@
-"""Which DeepSpeed accelerator a DeepSpeedStrategy run uses: the one for torchfleet's device, chosen before DeepSpeed's.
+"""Which DeepSpeed accelerator a DeepSpeedStrategy run uses (the one for torchfleet's device, chosen before DeepSpeed's),
+and the process environment ``deepspeed.initialize`` reads.
 
 Importing this module does not import deepspeed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -55,3 +59,36 @@ def device_rank(device: torch.device, local_rank: int) -> int:
     if device.type == "cuda":
         return device.index if device.index is not None else local_rank
     return local_rank
+
+
+def skip_shm_build(device: torch.device) -> None:
+    """Keep DeepSpeed from compiling its shared-memory communication op (~1-2 minutes) when it joins our process group.
+
+    DeepSpeed builds that op whenever it attaches to a process group on CPU, but uses it only in
+    ``inference_all_reduce`` (tensor-parallel inference), never in training; marking it incompatible
+    makes DeepSpeed fall back to the torch.distributed collectives it uses for training anyway.
+    """
+    if device.type != "cpu":
+        return
+    import deepspeed.comm as ds_comm
+    import deepspeed.ops
+
+    if getattr(ds_comm.comm, "cdb", None) is not None:
+        return  # already attached in this process
+    compatible = deepspeed.ops.__compatible_ops__
+    compatible["deepspeed_shm_comm"] = False
+
+
+@contextlib.contextmanager
+def local_rank_env(local_rank: int) -> Iterator[None]:
+    # deepspeed.initialize reads LOCAL_RANK from the environment; torchfleet's launchers do not always set it in
+    # rank 0, and a LOCAL_RANK left behind would make a later Trainer think it runs under torchrun
+    before = os.environ.get("LOCAL_RANK")
+    os.environ["LOCAL_RANK"] = str(local_rank)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("LOCAL_RANK", None)
+        else:
+            os.environ["LOCAL_RANK"] = before

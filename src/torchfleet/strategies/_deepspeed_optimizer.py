@@ -56,8 +56,8 @@ class _EngineOptimizer(Optimizer):
         return InEngine("optimizer")
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Loaded with the engine's checkpoint; see DeepSpeedStrategy.load_optimizer_state_dict."""
-        self._strategy.load_optimizer_state_dict(self, state_dict)
+        """Loaded with the engine's checkpoint; see DeepSpeedStrategy.load_optimizer_state."""
+        self._strategy.load_optimizer_state(self, state_dict)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") or name in ("_optimizer", "_strategy"):

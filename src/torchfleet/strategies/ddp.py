@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import logging
 import os
 import time
@@ -42,10 +41,11 @@ _HOOK_KWARG = "_torchfleet_hook"
 
 
 class _HookDispatch(nn.Module):
-    """Lets DDP's forward run any hook of the user's module: ``ddp(batch, _torchfleet_hook="training_step")``.
+    """Lets an engine's forward run any hook of the user's module: ``engine(batch, _torchfleet_hook="training_step")``.
 
-    DDP only prepares gradient synchronisation inside its own forward, so a training_step must run
-    through it; without the keyword the call is the module's ordinary forward.
+    DeepSpeed's engine wraps this (it prepares its gradient work and ZeRO-3's parameter fetches in its forward);
+    without the keyword the call is the module's ordinary forward. DDP wraps the user's module itself
+    (Lightning's ``configure_ddp`` sees the Module) and gets there by ``redirect_through``.
     """
 
     def __init__(self, module: nn.Module) -> None:
@@ -57,6 +57,42 @@ class _HookDispatch(nn.Module):
         if hook is None:
             return self.module(*args, **kwargs)
         return getattr(self.module, hook)(*args, **kwargs)
+
+
+_MISSING = object()
+
+
+def redirect_through(wrapper: nn.Module, module: nn.Module, name: str) -> Callable[..., Any]:
+    """A callable that runs ``module.<name>`` inside ``wrapper``'s forward (Lightning's forward redirection).
+
+    DDP prepares gradient synchronisation only in its own forward, which calls ``module.forward``: for one call,
+    that is ``module.<name>`` instead (an instance attribute, removed again as soon as it runs, so forwards inside
+    the step are the module's own).
+    """
+    method = getattr(module, name)
+    attributes = module.__dict__
+
+    def inner(*args: Any, **kwargs: Any) -> Any:
+        restore()
+        return method(*args, **kwargs)
+
+    previous: list[Any] = [_MISSING]
+
+    def restore() -> None:
+        if previous[0] is _MISSING:
+            attributes.pop("forward", None)
+        else:
+            attributes["forward"] = previous[0]
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        previous[0] = attributes.get("forward", _MISSING)  # torch.compile'd in place: a forward of its own
+        attributes["forward"] = inner
+        try:
+            return wrapper(*args, **kwargs)
+        finally:
+            restore()
+
+    return call
 
 
 class DDPStrategy(ParallelStrategy):
@@ -120,8 +156,8 @@ class DDPStrategy(ParallelStrategy):
         self._ddp_comm_hook = ddp_comm_hook
         self._ddp_kwargs = ddp_kwargs
         _check_ddp_kwargs(ddp_kwargs)
-        #: the module ``setup_module`` is setting up; ``configure_ddp`` replaces it with its DDP wrapper
-        self.model: nn.Module | None = None
+        #: sync_batchnorm converted the Module's BatchNorm layers in this fit: teardown converts them back
+        self._layers_synced = False
 
     # ----------------------------------------------------------------- configuration
     def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:
@@ -130,7 +166,7 @@ class DDPStrategy(ParallelStrategy):
         assert env is not None and self.parallel_devices is not None
         # the pre-flight check (a launch that disagrees with devices x num_nodes) runs where Lightning runs it: in
         # launcher.launch, before any process starts or waits in init_process_group for ranks that never come
-        self._record_ranks()
+        self.set_world_ranks()
         if self.start_method == "popen":
             from torchfleet.launchers.script import ScriptLauncher
 
@@ -166,26 +202,39 @@ class DDPStrategy(ParallelStrategy):
             "strategy='single_device' does the same without the process group."
         )
 
+    @property
+    def is_distributed(self) -> bool:
+        """Always True (Lightning's, deprecated there): this strategy runs a process group."""
+        return True
+
     # ----------------------------------------------------------------- processes
-    def _record_ranks(self) -> None:
-        # environments that decide ranks themselves (torchrun, SLURM, ...) ignore these
+    def set_world_ranks(self) -> None:
+        """Tell the cluster environment this process's global rank and the world size (from devices x nodes).
+
+        Environments that decide the ranks themselves (torchrun, SLURM, ...) ignore it.
+        """
         env = self.cluster_environment
         assert env is not None
         env.set_world_size(self.num_processes * self.num_nodes)
         env.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
 
     def setup_environment(self) -> None:
-        """Record this process's ranks, select its device and join the process group (once per process)."""
+        """Select this process's device, then ``setup_distributed`` (ranks and the process group)."""
         env = self.cluster_environment
         if env is not None and env.creates_processes_externally:
             # torchrun/srun started this rank: Fleet may get here without launch(), whose pre-flight check it is
             env.validate_settings(len(self.parallel_devices or ()), self.num_nodes)
-        self._record_ranks()
         super().setup_environment()
-        self._init_process_group()
+        self.setup_distributed()
 
-    def _init_process_group(self) -> None:
+    def setup_distributed(self) -> None:
+        """Record this process's ranks (``set_world_ranks``) and join the process group, once per process.
+
+        A process already in a group of this world size (an earlier Trainer or Fleet in the script) keeps it.
+        """
         import torch.distributed as dist
+
+        self.set_world_ranks()
 
         if dist.is_initialized():
             have = dist.get_world_size()
@@ -273,21 +322,52 @@ class DDPStrategy(ParallelStrategy):
 
     # ----------------------------------------------------------------- the module
     def setup_module(self, module: nn.Module) -> nn.Module:
-        """Wrap ``module`` through ``configure_ddp`` and return ``self.model``, the wrapped module.
+        """Wrap ``module`` through ``configure_ddp`` and return the wrapped module (Fleet's, and fit's).
 
-        ``self.model`` is ``module`` behind the hook dispatcher when ``configure_ddp`` runs, so a wrapper
-        a subclass builds around it still runs ``training_step`` inside DDP's forward.
+        ``self.model`` is ``module`` when ``configure_ddp`` runs, as in Lightning; ``training_step`` then runs
+        inside the forward of whatever wrapper it builds (``redirect_through``). Fleet's modules leave
+        ``self.model`` as it was (the Trainer's is the wrapper from then on).
         """
         if self.training_settings.sync_batchnorm:
             from torchfleet.strategies.sync_batchnorm import convert_sync_batchnorm
 
-            module = convert_sync_batchnorm(module, self.root_device)
-        self.model = _HookDispatch(module)
+            converted = convert_sync_batchnorm(module, self.root_device)
+            self._layers_synced = self._layers_synced or module is self.lightning_module
+            module = converted
+        trainer_module = self._model
+        self._model = module  # silently (no property event): configure_ddp reads it
         self.configure_ddp()
-        return self.model
+        wrapped = self.model
+        if module is not self.lightning_module or module is wrapped:
+            self._model = trainer_module
+        assert wrapped is not None
+        return wrapped
+
+    def setup_and_build_optimizers(
+        self, module: nn.Module, build: Callable[[], list[Any]]
+    ) -> tuple[nn.Module, list[Any]]:
+        """Wrap first (``configure_ddp``), then build the optimizers: Lightning's order, and fsdp's need (its
+        optimizers must hold the sharded parameters, and only 1/N of the state)."""
+        wrapped, _, _ = self.setup_module_and_optimizers(module, [])
+        return wrapped, [self.setup_optimizer(o) for o in build()]
+
+    def setup_for_evaluation(self, module: nn.Module) -> nn.Module:
+        """Outside fit there are no gradients to reduce: no DDP wrapper (Lightning's ``configure_ddp`` is fit only).
+
+        The module is converted and placed, and every rank takes rank 0's parameters and buffers, as DDP's
+        constructor would have given them.
+        """
+        module = self.module_to_device(self.precision.convert_module(module))
+        if self.world_size > 1 and self.distributed_ready:
+            import torch.distributed as dist
+            from torch.distributed.utils import _sync_module_states
+
+            with watchdog.collective("broadcast(module states from rank 0)"):
+                _sync_module_states(module, dist.group.WORLD, 250 * 1024 * 1024, 0, set(), broadcast_buffers=True)
+        return module
 
     def configure_ddp(self) -> None:
-        """Replace ``self.model`` by its DistributedDataParallel wrapper (Lightning's hook of this name).
+        """Replace ``self.model`` (the Module) by its DistributedDataParallel wrapper (Lightning's hook of this name).
 
         Override to use your own DDP: ``self.model = MyDDP(self.model, device_ids=self.determine_ddp_device_ids())``.
         The default fixes DDP's gradient bucket layout before the first step (``ddp_buckets.fix_bucket_layout``: a
@@ -307,21 +387,22 @@ class DDPStrategy(ParallelStrategy):
         if self._ddp_comm_hook is not None:
             self.model.register_comm_hook(self._ddp_comm_state, self._ddp_comm_hook)
 
-    def backward(self, loss: torch.Tensor, module: nn.Module | None = None, *args: Any, **kwargs: Any) -> None:
+    def run_backward(self, tensor: torch.Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
         """Under manual optimisation, re-arm DDP's gradient all-reduce for this backward first.
 
         DDP's forward prepares the all-reduce of one backward; a training_step that calls manual_backward
         twice (generator, then discriminator) needs it prepared again for each, on the loss at hand.
         """
         if self.training_settings.manual_optimization:
-            _prepare_reducer(module, loss)
-        super().backward(loss, module, *args, **kwargs)
+            _prepare_reducer(module, tensor)
+        super().run_backward(tensor, module, *args, **kwargs)
 
     def determine_ddp_device_ids(self) -> list[int] | None:
         """``device_ids`` for DistributedDataParallel: this rank's GPU, or None on the CPU."""
         return [self.root_device.index] if self.root_device.type == "cuda" else None
 
     def unwrap(self, module: nn.Module) -> nn.Module:
+        """The user's module inside DDP (a subclass of DistributedDataParallel of yours too)."""
         from torch.nn.parallel import DistributedDataParallel
 
         if isinstance(module, DistributedDataParallel):
@@ -329,25 +410,25 @@ class DDPStrategy(ParallelStrategy):
         return module.module if isinstance(module, _HookDispatch) else module
 
     def step_function(self, module: nn.Module, name: str) -> Callable[..., Any]:
-        """training_step runs inside DDP's forward (which sets up the gradient all-reduce); the others run plain.
+        """training_step runs inside the wrapper's forward (which sets up the gradient all-reduce); the others plain.
 
         Evaluation steps skip DDP's forward on purpose: it may broadcast buffers, a collective per
         batch, and ranks with uneven evaluation shards would then wait for each other forever.
         """
-        from torch.nn.parallel import DistributedDataParallel
-
-        if name == "training_step" and isinstance(module, DistributedDataParallel):
-            return functools.partial(module, **{_HOOK_KWARG: name})
-        return getattr(self.unwrap(module), name)
+        user = self.unwrap(module)
+        if name == "training_step" and module is not user:
+            return redirect_through(module, user, name)
+        return getattr(user, name)
 
     #: DDP synchronises only the gradients of computations that ran inside its forward
     outside_forward = "without_grad"
 
     def forward_method(self, module: nn.Module, name: str) -> Callable[..., Any]:
-        """``name`` run inside DDP's forward (through the hook dispatcher), as ``training_step`` is."""
-        if module is self.unwrap(module):
+        """``name`` run inside DDP's forward (``redirect_through``), as ``training_step`` is."""
+        user = self.unwrap(module)
+        if module is user:
             return getattr(module, name)
-        return functools.partial(module, **{_HOOK_KWARG: name})
+        return redirect_through(module, user, name)
 
     @contextlib.contextmanager
     def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
@@ -360,18 +441,33 @@ class DDPStrategy(ParallelStrategy):
         else:
             yield
 
-    def process_dataloader(self, dataloader: Any, stage: str) -> Any:
-        """Give every rank its own shard (a DistributedSampler for training, an exact split for evaluation)."""
-        if self.world_size == 1:
-            return dataloader
-        from torchfleet.samplers import inject_distributed_sampler
+    def on_exception(self, exception: BaseException) -> None:
+        """An error of DDP's reducer about parameters without gradients says how to let DDP find them (as Lightning)."""
+        if "Expected to have finished reduction in the prior iteration" in str(exception) and exception.args:
+            exception.args = (f"{exception.args[0]}\n{_UNUSED_PARAMETERS_HINT}", *exception.args[1:])
 
-        seed = int(os.environ.get("TF_GLOBAL_SEED", "0"))
-        return inject_distributed_sampler(dataloader, self.world_size, self.global_rank, stage, seed=seed)
+    def teardown(self) -> None:
+        """Unwrap the Module (``model`` is the Module again), revert SyncBatchNorm layers, then the parts' teardown."""
+        module = self.lightning_module
+        if module is not None and self.model is not module:
+            self.model = module
+        if self._layers_synced and module is not None:
+            from torchfleet.strategies.sync_batchnorm import revert_sync_batchnorm
+
+            revert_sync_batchnorm(module)
+            self._layers_synced = False
+        super().teardown()
 
     def __repr__(self) -> str:
         return (f"DDPStrategy(start_method={self.start_method!r}, devices={self.num_processes}, "
                 f"num_nodes={self.num_nodes}, precision={self.precision!r})")
+
+
+_UNUSED_PARAMETERS_HINT = (
+    "It looks like your Module has parameters that were not used in producing the loss returned by training_step. If "
+    "this is intentional, let DDP find them: strategy='ddp_find_unused_parameters_true', or "
+    "DDPStrategy(find_unused_parameters=True)."
+)
 
 
 def _prepare_reducer(module: nn.Module | None, loss: torch.Tensor) -> None:

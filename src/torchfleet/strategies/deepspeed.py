@@ -44,7 +44,12 @@ from torchfleet.checkpoint.state import OPTIMIZER, OPTIMIZERS, map_stateful, sta
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.settings import loader_batch_size
 from torchfleet.strategies import _deepspeed_config as dsc
-from torchfleet.strategies._deepspeed_accelerator import device_rank, select_deepspeed_accelerator
+from torchfleet.strategies._deepspeed_accelerator import (
+    device_rank,
+    local_rank_env,
+    select_deepspeed_accelerator,
+    skip_shm_build,
+)
 from torchfleet.strategies._deepspeed_checkpoint import (
     load_engine_checkpoint,
     load_full_weights,
@@ -184,22 +189,18 @@ class DeepSpeedStrategy(DDPStrategy):
         return self._engine
 
     # ----------------------------------------------------------------- data
-    def process_dataloader(self, dataloader: Any, stage: str) -> Any:
-        """DDP's sampler injection; the training loader's batch size is the default micro batch size.
+    def process_dataloader(self, dataloader: Any) -> Any:
+        """The loader as it is; its batch size is the default micro batch size (the training loader comes last)."""
+        self._loader_batch_size = loader_batch_size(dataloader)
+        return dataloader
 
-        Under ZeRO stage 3 every forward gathers parameters from all ranks: evaluation loaders then give every
-        rank the same number of batches (as under fsdp), else a rank with one batch more would wait forever.
-        """
-        if stage == "fit":
-            self._loader_batch_size = loader_batch_size(dataloader)
-        loader = super().process_dataloader(dataloader, stage)
-        if self.zero_stage != 3:
-            return loader
-        from torchfleet.samplers import pad_evaluation_shards
+    @property
+    def even_evaluation_shards(self) -> str | None:  # type: ignore[override]
+        """Under ZeRO stage 3 every forward gathers parameters from all ranks: evaluation loaders then give every
+        rank the same number of batches (as under fsdp), else a rank with one batch more would wait forever."""
+        return "deepspeed stage 3" if self.zero_stage == 3 else None
 
-        return pad_evaluation_shards(loader, self.world_size, self.global_rank, stage, "deepspeed stage 3")
-
-    def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
+    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
         """Move the batch; under DeepSpeed's fp16/bf16 the module's parameters are 16-bit, so floating inputs are too."""
         from torchfleet.precision import _cast_floating
         from torchfleet.strategies.utils import move_to_device
@@ -210,8 +211,10 @@ class DeepSpeedStrategy(DDPStrategy):
         return batch
 
     # ----------------------------------------------------------------- setup
-    def setup(self, module: nn.Module, optimizers: Sequence[Optimizer] = ()) -> tuple[nn.Module, list[Optimizer]]:
-        """Create the DeepSpeed engine over ``module`` and its optimizer (at most one); returns ``(engine, [optimizer])``.
+    def setup_module_and_optimizers(
+        self, module: nn.Module, optimizers: Sequence[Optimizer] = (), scheduler: Any = None
+    ) -> tuple[nn.Module, list[Optimizer], Any]:
+        """Create the DeepSpeed engine over ``module`` and its optimizer (at most one): ``(engine, [optimizer], scheduler)``.
 
         ZeRO runs the given optimizer over its partitions; the optimizer returned wraps it so that
         stepping goes through the engine (LR schedulers built over the given one keep working).
@@ -222,7 +225,7 @@ class DeepSpeedStrategy(DDPStrategy):
         self._interrupted = False
         if not optimizers and engine is not None and self._detached is None and self.unwrap(engine) is module:
             # evaluation after fit with the same module (keep_sharded): its engine holds the trained partitions
-            return engine, []
+            return engine, [], scheduler
         # a later stage (a second fit, another module): the previous engine's ZeRO-3 hooks are still on the
         # module's layers and would fetch parameters alongside the new engine's
         self._release_engine()
@@ -251,11 +254,11 @@ class DeepSpeedStrategy(DDPStrategy):
 
         ds_logger.setLevel(self.logging_level)
         select_deepspeed_accelerator(self.root_device)
-        _skip_shm_build(self.root_device)
+        skip_shm_build(self.root_device)
         self.optimizer_param_names = _param_names(module, optimizers[0]) if optimizers else None
         # evaluation in 16 bits: DeepSpeed converts the weights in place, so the stage's end gives the originals back
         self._before = Before.of(module, keep_originals=not optimizers and half is not None)
-        with _local_rank_env(self.local_rank):
+        with local_rank_env(self.local_rank):
             engine, _, _, _ = deepspeed.initialize(
                 args=argparse.Namespace(device_rank=device_rank(self.root_device, self.local_rank)),
                 model=_HookDispatch(module), optimizer=optimizers[0] if optimizers else None, config=config,
@@ -271,11 +274,30 @@ class DeepSpeedStrategy(DDPStrategy):
             # the Trainer says where the accumulation boundary is (no_backward_sync); not DeepSpeed's counter
             engine.set_gradient_accumulation_boundary(True)
         self._engine, self._detached = engine, None
-        return engine, [_EngineOptimizer(o, self) for o in optimizers]
+        return engine, [_EngineOptimizer(o, self) for o in optimizers], scheduler
 
     def setup_module(self, module: nn.Module) -> nn.Module:
-        """DeepSpeed wraps the module and its optimizer together: see ``setup``."""
-        return self.setup(module)[0]
+        """DeepSpeed wraps the module and its optimizer together: see ``setup_module_and_optimizers``."""
+        return self.setup_module_and_optimizers(module)[0]
+
+    def setup_and_build_optimizers(
+        self, module: nn.Module, build: Callable[[], list[Optimizer]]
+    ) -> tuple[nn.Module, list[Optimizer]]:
+        """The optimizers first: ``deepspeed.initialize`` builds the engine from the module and its optimizer together."""
+        engine, optimizers, _ = self.setup_module_and_optimizers(module, build())
+        return engine, optimizers
+
+    def setup_for_evaluation(self, module: nn.Module) -> nn.Module:
+        """An engine for evaluation too (ZeRO-3 keeps the parameters partitioned)."""
+        return self.setup_module_and_optimizers(module, [])[0]
+
+    def model_to_device(self) -> None:
+        """Nothing: ``deepspeed.initialize`` places the module (ZeRO-3 partitions it on the way)."""
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        """True: an engine checkpoint loads into the engine, which ``setup`` creates."""
+        return True
 
     def setup_optimizer(self, optimizer: Optimizer) -> Optimizer:
         """The optimizer is given to DeepSpeed with the module; one set up on its own cannot join the engine."""
@@ -286,14 +308,6 @@ class DeepSpeedStrategy(DDPStrategy):
             "module: fleet.setup(model, optimizer), not fleet.setup_module(model) then fleet.setup_optimizers(...)."
         )
 
-    def release_module(self, module: nn.Module) -> None:
-        """The end of a stage: the module is made whole on the CPU (``unshard_module``) unless ``keep_sharded``.
-
-        After a stage that raised, the engine keeps it: the other ranks may be anywhere, and gathering needs all.
-        """
-        if not stays_sharded(self.keep_sharded, self.start_method, self._interrupted):
-            self.unshard_module(module)
-
     def unshard_module(self, module: nn.Module) -> None:
         """Make the engine's module an ordinary one with its whole trained weights, on every rank (all call it)."""
         engine = self._engine
@@ -303,8 +317,9 @@ class DeepSpeedStrategy(DDPStrategy):
         self._detached = unshard(engine, self.unwrap(engine), self._before)
 
     def on_exception(self, exception: BaseException) -> None:
-        """The stage raised: its end leaves the module in the engine (see ``release_module``)."""
+        """The stage raised: ``teardown`` then leaves the module in the engine (the other ranks may be anywhere)."""
         self._interrupted = True
+        super().on_exception(exception)
 
     def unwrap(self, module: nn.Module) -> nn.Module:
         """The user's module inside the engine and its hook dispatcher."""
@@ -336,15 +351,18 @@ class DeepSpeedStrategy(DDPStrategy):
 
     backward_through_precision = False
 
-    def backward(self, loss: Tensor, module: nn.Module | None = None, *args: Any, **kwargs: Any) -> None:
-        """``engine.backward(loss)``: loss scaling, gradient partitioning and reduction are DeepSpeed's.
+    def run_backward(self, tensor: Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        """``engine.backward(tensor)``: loss scaling, gradient partitioning and reduction are DeepSpeed's.
 
         The Trainer has already divided the loss by ``accumulate_grad_batches``; DeepSpeed does not divide again.
         """
         self._require_engine("backward")
-        self._engine.backward(loss, retain_graph=bool(kwargs.get("retain_graph", False)), scale_wrt_gas=False)
+        self._engine.backward(tensor, retain_graph=bool(kwargs.get("retain_graph", False)), scale_wrt_gas=False)
 
-    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+    def optimizer_step(
+        self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, model: nn.Module | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """``engine.step()``: unscale, clip (``gradient_clipping``), step the optimizer, zero the gradients."""
         self._require_engine("optimizer_step")
         out = closure() if closure is not None else None
@@ -417,7 +435,7 @@ class DeepSpeedStrategy(DDPStrategy):
         """A placeholder: the optimizer's (partitioned) state is written by the engine's checkpoint."""
         return InEngine("optimizer")
 
-    def load_optimizer_state_dict(self, optimizer: Optimizer, state: Mapping[str, Any]) -> None:
+    def load_optimizer_state(self, optimizer: Optimizer, state: Mapping[str, Any]) -> None:
         """Unsharded optimizer state (from another strategy) cannot be mapped onto ZeRO's partitions."""
         raise CheckpointError(
             "This checkpoint holds optimizer state written by another strategy (unsharded, per parameter); DeepSpeed "
@@ -429,11 +447,28 @@ class DeepSpeedStrategy(DDPStrategy):
         """``state`` with modules and optimizers replaced by placeholders: the engine checkpoint holds them."""
         return map_stateful(state, lambda _: InEngine("module"), lambda _: InEngine("optimizer"))
 
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """A placeholder: the engine's checkpoint holds the module (``save_checkpoint`` writes it)."""
+        return InEngine("module")
+
+    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
+        """From an engine checkpoint: the engine loads it, with the optimizer's state when fitting; else full weights."""
+        if _in_engine(checkpoint.get("state_dict")):
+            load_engine_checkpoint(self, checkpoint, with_optimizer=bool(self.optimizers), strict=strict)
+            return
+        super().load_model_state_dict(checkpoint, strict)
+
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        """An engine checkpoint's optimizer state came with the module (``load_model_state_dict``); another
+        strategy's is refused (it cannot be mapped onto ZeRO's partitions)."""
+        if not _in_engine(checkpoint.get("state_dict")):
+            super().load_optimizer_state_dict(checkpoint)
+
     # ----------------------------------------------------------------- checkpoints
     def save_checkpoint(
-        self, path: str | os.PathLike, state: Mapping[str, Any], storage_options: Any | None = None
+        self, checkpoint: dict[str, Any], filepath: str | os.PathLike, storage_options: Any | None = None
     ) -> None:
-        """Write a "deepspeed" layout checkpoint directory at ``path``: the engine checkpoint plus ``torchfleet.pt``.
+        """Write a "deepspeed" layout checkpoint directory at ``filepath``: the engine checkpoint plus ``torchfleet.pt``.
 
         Every rank calls this and writes its shards; the directory appears at ``path`` only when complete.
         """
@@ -445,26 +480,22 @@ class DeepSpeedStrategy(DDPStrategy):
         self._require_engine("save_checkpoint")
         # after the stage made the module whole, the engine writes what it held at the stage's end
         with self._detached.engine_view() if self._detached is not None else contextlib.nullcontext():
-            save_deepspeed(self, path, self.state_for_saving(state))
+            save_deepspeed(self, filepath, checkpoint)
 
-    def load_checkpoint(
-        self, path: str | os.PathLike, state: Mapping[str, Any] | None = None, strict: bool = True,
-        weights_only: bool | None = None,
-    ) -> dict[str, Any]:
-        """Read a checkpoint: a "deepspeed" directory loads through the engine (any world size), anything else as full weights."""
+    def load_checkpoint(self, checkpoint_path: str | os.PathLike, weights_only: bool | None = None) -> dict[str, Any]:
+        """Read a checkpoint: a "deepspeed" directory is read with placeholders for what the engine loads (any world
+        size, in ``load_into``), anything else as full weights."""
         trusted = self.resolve_weights_only(weights_only)
-        if not is_deepspeed_checkpoint(path, trusted):
-            return super().load_checkpoint(path, state, strict, weights_only)
-        checkpoint = read_deepspeed_checkpoint(path, trusted)
-        self.load_into(checkpoint, state or {}, strict=strict, path=path)
-        return checkpoint
+        if not is_deepspeed_checkpoint(checkpoint_path, trusted):
+            return super().load_checkpoint(checkpoint_path, weights_only)
+        self._restoring = checkpoint_path
+        return read_deepspeed_checkpoint(checkpoint_path, trusted)
 
     def load_into(
         self, checkpoint: Mapping[str, Any], state: Mapping[str, Any], strict: bool = True, path: Any = None
     ) -> None:
         """Load ``checkpoint`` into the engine: from the engine checkpoint it came with, or as full weights."""
-        held = [checkpoint.get(k) for k in state]
-        held = [h for h in held if isinstance(h, InEngine) or (isinstance(h, list) and h and isinstance(h[0], InEngine))]
+        held = [h for h in (checkpoint.get(k) for k in state) if _in_engine(h)]
         if not held:
             super().load_into(checkpoint, state, strict=strict, path=path)
             return
@@ -493,6 +524,11 @@ class DeepSpeedStrategy(DDPStrategy):
                 f"precision={self.precision!r})")
 
 
+def _in_engine(entry: Any) -> bool:
+    """Whether a checkpoint entry is a placeholder for what the engine checkpoint holds."""
+    return isinstance(entry, InEngine) or (isinstance(entry, list) and bool(entry) and isinstance(entry[0], InEngine))
+
+
 def _check_nvme_supported(config: Mapping[str, Any]) -> None:
     if not dsc.nvme_paths(config):
         return
@@ -505,39 +541,6 @@ def _check_nvme_supported(config: Mapping[str, Any]) -> None:
         )
 
 
-def _skip_shm_build(device: torch.device) -> None:
-    """Keep DeepSpeed from compiling its shared-memory communication op (~1-2 minutes) when it joins our process group.
-
-    DeepSpeed builds that op whenever it attaches to a process group on CPU, but uses it only in
-    ``inference_all_reduce`` (tensor-parallel inference), never in training; marking it incompatible
-    makes DeepSpeed fall back to the torch.distributed collectives it uses for training anyway.
-    """
-    if device.type != "cpu":
-        return
-    import deepspeed.comm as ds_comm
-    import deepspeed.ops
-
-    if getattr(ds_comm.comm, "cdb", None) is not None:
-        return  # already attached in this process
-    compatible = deepspeed.ops.__compatible_ops__
-    compatible["deepspeed_shm_comm"] = False
-
-
 def _param_names(module: nn.Module, optimizer: Optimizer) -> list[list[str | None]]:
     names = {id(p): n for n, p in module.named_parameters()}
     return [[names.get(id(p)) for p in group["params"]] for group in optimizer.param_groups]
-
-
-@contextlib.contextmanager
-def _local_rank_env(local_rank: int) -> Iterator[None]:
-    # deepspeed.initialize reads LOCAL_RANK from the environment; torchfleet's launchers do not always set it in
-    # rank 0, and a LOCAL_RANK left behind would make a later Trainer think it runs under torchrun
-    before = os.environ.get("LOCAL_RANK")
-    os.environ["LOCAL_RANK"] = str(local_rank)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("LOCAL_RANK", None)
-        else:
-            os.environ["LOCAL_RANK"] = before

@@ -161,7 +161,7 @@ class FSDPStrategy(DDPStrategy):
         self._mesh: DeviceMesh | None = None
         self._modules: list[weakref.ref[nn.Module]] = []
         #: the optimizers set up over sharded parameters (unsharding points them at the whole ones)
-        self._optimizers: list[weakref.ref[Optimizer]] = []
+        self._optimizer_refs: list[weakref.ref[Optimizer]] = []
         #: the running stage raised: its end leaves the module sharded (making it whole needs every rank)
         self._interrupted = False
         # parameters replaced by fully_shard: id(old) -> (weak reference to old, new), to rebind optimizers built before
@@ -249,13 +249,23 @@ class FSDPStrategy(DDPStrategy):
         return MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
 
     # ----------------------------------------------------------------- creating the model
-    def module_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
         """With ``empty_init``, parameters are created on the meta device (no memory) and materialised sharded in setup."""
         if not empty_init:
-            return super().module_init_context(empty_init)
+            with super().tensor_init_context(empty_init):
+                yield
+            return
+        with self.model_sharded_context():
+            yield
+
+    @contextlib.contextmanager
+    def model_sharded_context(self) -> Iterator[None]:
+        """Around ``configure_model``: its layers are created on the meta device and materialised sharded in setup."""
         from torchfleet.strategies.utils import creation_context
 
-        return creation_context("meta", self.precision.param_dtype)
+        with creation_context("meta", self.precision.param_dtype):
+            yield
 
     def module_to_device(self, module: nn.Module) -> nn.Module:
         # a module on the meta device is materialised after sharding, one shard per rank
@@ -264,13 +274,15 @@ class FSDPStrategy(DDPStrategy):
         return module.to(self.root_device)
 
     # ----------------------------------------------------------------- the module
-    def setup(self, module: nn.Module, optimizers: Sequence[Optimizer] = ()) -> tuple[nn.Module, list[Optimizer]]:
+    def setup_module_and_optimizers(
+        self, module: nn.Module, optimizers: Sequence[Optimizer] = (), scheduler: Any = None
+    ) -> tuple[nn.Module, list[Optimizer], Any]:
         """Shard ``module``, or reuse it as it is when an earlier stage left it sharded (``keep_sharded=True``)."""
         self._interrupted = False
         if module in _SHARDED:
             self._remember(module)
-            return module, [self.setup_optimizer(o) for o in optimizers]
-        return super().setup(module, optimizers)
+            return module, [self.setup_optimizer(o) for o in optimizers], scheduler
+        return super().setup_module_and_optimizers(module, optimizers, scheduler)
 
     def _remember(self, module: nn.Module) -> None:
         if not any(r() is module for r in self._modules):
@@ -288,6 +300,7 @@ class FSDPStrategy(DDPStrategy):
         if self.training_settings.sync_batchnorm:
             from torchfleet.strategies.sync_batchnorm import convert_sync_batchnorm
 
+            self._layers_synced = self._layers_synced or module is self.lightning_module
             module = convert_sync_batchnorm(module, self.root_device)
         old = {name: p for name, p in module.named_parameters()}
         if self._checkpoint_policy is not None:
@@ -364,20 +377,22 @@ class FSDPStrategy(DDPStrategy):
                 )
             for group, replacements in zip(groups, found):
                 group["params"] = [r if r is not None else p for r, p in zip(replacements, group["params"])]
-        if not any(r() is optimizer for r in self._optimizers):
-            self._optimizers.append(weakref.ref(optimizer))
+        if not any(r() is optimizer for r in self._optimizer_refs):
+            self._optimizer_refs.append(weakref.ref(optimizer))
         return optimizer
 
     def _replacement(self, param: Tensor) -> nn.Parameter | None:
         entry = self._replaced.get(id(param))
         return entry[1] if entry is not None and entry[0]() is param else None
 
-    def setup_and_build_optimizers(
-        self, module: nn.Module, build: Callable[[], list[Optimizer]]
-    ) -> tuple[nn.Module, list[Optimizer]]:
-        """Shard first, then build the optimizers: they must hold the sharded parameters (and only 1/N of the state)."""
-        wrapped, _ = self.setup(module, [])
-        return wrapped, [self.setup_optimizer(o) for o in build()]
+    def setup_for_evaluation(self, module: nn.Module) -> nn.Module:
+        """Sharded for evaluation too: every rank holds its shards (the module may not fit in one process)."""
+        return self.setup_module_and_optimizers(module, [])[0]
+
+    @property
+    def restore_checkpoint_after_setup(self) -> bool:
+        """True: a checkpoint's sharded entries load into the sharded module, so after ``setup``."""
+        return True
 
     def modules_set_up(self) -> list[nn.Module]:
         """The modules this strategy has sharded (and that still exist)."""
@@ -405,25 +420,10 @@ class FSDPStrategy(DDPStrategy):
         finally:
             module.set_requires_gradient_sync(True)
 
-    def process_dataloader(self, dataloader: Any, stage: str) -> Any:
-        """As ddp, but evaluation loaders give every rank the same number of batches.
-
-        Every forward gathers parameters from all ranks, so a rank with one batch more than the
-        others would wait for them forever. Where the samples do not divide evenly, the last
-        ranks repeat a sample or two (as torch's DistributedSampler does), which the metrics count.
-        """
-        from torchfleet.samplers import pad_evaluation_shards
-
-        loader = super().process_dataloader(dataloader, stage)
-        return pad_evaluation_shards(loader, self.world_size, self.global_rank, stage, "fsdp")
-
-    def release_module(self, module: nn.Module) -> None:
-        """The end of a stage: the module is made whole on the CPU (``unshard_module``) unless ``keep_sharded``.
-
-        After a stage that raised, the shards stay: the other ranks may be anywhere, and gathering needs all of them.
-        """
-        if not stays_sharded(self.keep_sharded, self.start_method, self._interrupted):
-            self.unshard_module(module)
+    #: every forward gathers parameters from all ranks, so a rank with one evaluation batch more than the others
+    #: would wait for them forever: where the samples do not divide evenly, the last ranks repeat a sample or two
+    #: (as torch's DistributedSampler does), which the metrics count
+    even_evaluation_shards = "fsdp"
 
     def unshard_module(self, module: nn.Module) -> None:
         """Make the sharded ``module`` an ordinary one, with whole parameters on the CPU, on every rank (all call it).
@@ -431,15 +431,20 @@ class FSDPStrategy(DDPStrategy):
         Calls on any rank alone then give what the unsharded model gives. The optimizers keep their sharded
         state (``trainer.save_checkpoint`` after ``fit`` still saves it); a later stage shards the module again.
         """
-        if _fsdp_hooks.unshard(module, [o for o in (r() for r in self._optimizers) if o is not None]):
+        if _fsdp_hooks.unshard(module, [o for o in (r() for r in self._optimizer_refs) if o is not None]):
             _SHARDED.discard(module)
 
     def on_exception(self, exception: BaseException) -> None:
-        """The stage raised: its end leaves the module sharded (see ``release_module``)."""
+        """The stage raised: ``teardown`` then leaves the module sharded (the other ranks may be anywhere)."""
         self._interrupted = True
+        super().on_exception(exception)
 
     def teardown(self) -> None:
-        """Make the modules this strategy sharded whole again (unless ``keep_sharded``), then DDPStrategy's teardown."""
+        """Make the modules this strategy sharded whole on the CPU again, then DDPStrategy's teardown.
+
+        Not with ``keep_sharded`` (while the ranks outlive the stage), nor after a stage that raised: gathering needs
+        every rank. The optimizers keep their sharded state, so ``trainer.save_checkpoint`` after the stage saves it.
+        """
         if not stays_sharded(self.keep_sharded, self.start_method, self._interrupted):
             for module in self.modules_set_up():
                 self.unshard_module(module)
@@ -473,24 +478,22 @@ class FSDPStrategy(DDPStrategy):
         return _fsdp_checkpoint.optimizer_state(self, optimizer)
 
     def save_checkpoint(
-        self, path: str | os.PathLike, state: Mapping[str, Any], storage_options: Any | None = None
+        self, checkpoint: dict[str, Any], filepath: str | os.PathLike, storage_options: Any | None = None
     ) -> None:
-        """Sharded: every rank writes its shards into the checkpoint directory ``path``. Full: rank 0 writes one file."""
+        """Sharded: every rank writes its shards into the checkpoint directory ``filepath``. Full: rank 0 writes one file."""
         if self.state_dict_type == "full":
-            return super().save_checkpoint(path, state, storage_options)
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
         if storage_options is not None:
             raise TypeError(
                 f"FSDPStrategy(state_dict_type='sharded') writes checkpoint directories itself and takes no "
                 f"storage_options (got {storage_options!r}); use state_dict_type='full' with a custom CheckpointIO."
             )
-        save_dcp_checkpoint(path, self.state_for_saving(state), self)
+        save_dcp_checkpoint(filepath, checkpoint, self)
 
-    def load_checkpoint(self, path: str | os.PathLike, state: Mapping[str, Any] | None = None,
-                        strict: bool = True, weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(self, checkpoint_path: str | os.PathLike, weights_only: bool | None = None) -> dict[str, Any]:
         """Read a checkpoint of any layout; sharded entries stay on disk until ``load_into`` loads them in place."""
-        checkpoint = read_keeping_dcp_entries(path, self.checkpoint_io, weights_only)
-        self.load_into(checkpoint, state or {}, strict=strict, path=path)
-        return checkpoint
+        self._restoring = checkpoint_path
+        return read_keeping_dcp_entries(checkpoint_path, self.checkpoint_io, weights_only)
 
     def load_into(
         self, checkpoint: Mapping[str, Any], state: Mapping[str, Any], strict: bool = True, path: Any = None

@@ -15,7 +15,7 @@ from torch import Tensor
 from torchfleet import watchdog
 from torchfleet.errors import ConfigurationError, TorchfleetError
 from torchfleet.strategies.strategy import Strategy
-from torchfleet.strategies.utils import ReduceOp, _check_op
+from torchfleet.strategies.utils import normalize_op
 from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, collective
 
 if TYPE_CHECKING:
@@ -69,6 +69,7 @@ class ParallelStrategy(Strategy, ABC):
     ) -> None:
         super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io,
                          precision_plugin=precision_plugin)
+        #: this node's devices, one per process (Lightning's ``parallel_devices``; set by ``configure`` when not given)
         self.parallel_devices = parallel_devices
         self._cluster_environment = cluster_environment
         self._num_nodes = 1
@@ -107,6 +108,10 @@ class ParallelStrategy(Strategy, ABC):
     @property
     def num_nodes(self) -> int:
         return self._num_nodes
+
+    @num_nodes.setter
+    def num_nodes(self, num_nodes: int) -> None:
+        self._num_nodes = num_nodes
 
     @property
     def num_processes(self) -> int:
@@ -167,8 +172,9 @@ class ParallelStrategy(Strategy, ABC):
     # desync report. A fingerprint of that record travels in all_gather's shape exchange and in the pickled
     # payload of broadcast/all_gather_object (free there), and in CPU all_reduces in the debug mode
     # TORCHFLEET_CHECK_COLLECTIVES=1: ranks that paired different collectives notice it at once.
-    def reduce(self, tensor: Tensor | float, op: ReduceOp = "mean", name: str | None = None) -> Tensor | float:
-        _check_op(op)
+    def reduce(self, tensor: Tensor | Any, group: Any | None = None, reduce_op: Any = "mean") -> Tensor | Any:
+        """Reduce ``tensor`` over ``group`` (None: every rank); a number becomes a tensor on ``root_device``."""
+        op = normalize_op(reduce_op)
         if self.world_size == 1 or not self.distributed_ready:
             return tensor
         import torch.distributed as dist
@@ -178,9 +184,10 @@ class ParallelStrategy(Strategy, ABC):
         out = tensor.detach().clone()
         if not out.is_floating_point() and op == "mean":
             out = out.float()
+        size = self.world_size if group is None else dist.get_world_size(group)
         dist_op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
-        with collective(f"all_reduce({name})" if name else "all_reduce") as record:
-            if out.device.type == "cpu" and out.dtype in _CHECKED_DTYPES:
+        with collective("all_reduce") as record:
+            if out.device.type == "cpu" and out.dtype in _CHECKED_DTYPES and group is None:
                 fingerprint = record.fingerprint()
                 packed = torch.cat([out.reshape(-1), out.new_tensor([fingerprint])])
                 dist.all_reduce(packed, op=dist_op)
@@ -189,20 +196,32 @@ class ParallelStrategy(Strategy, ABC):
                     raise _mismatch(record)
                 out = packed[:-1].view_as(out)
             else:
-                dist.all_reduce(out, op=dist_op)
+                dist.all_reduce(out, op=dist_op, group=group)
         if op == "mean":
-            out = out / self.world_size
+            out = out / size
         return out
 
-    def all_gather(self, tensor: Tensor, sync_grads: bool = False, name: str | None = None) -> Tensor | list[Tensor]:
+    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor | list[Tensor]:
         """Stack ``tensor`` from every rank along a new first dimension.
 
         When the ranks' tensors differ in their first dimension (per-sample outputs of uneven
-        shards), the result is instead a list with each rank's tensor, in rank order.
+        shards), the result is instead a list with each rank's tensor, in rank order. A ``group`` other than
+        every rank gathers through torch directly (same shapes on its ranks).
         """
         if self.world_size == 1 or not self.distributed_ready:
             return tensor.unsqueeze(0)
-        with collective(f"all_gather({name})" if name else "all_gather") as record:
+        if group is not None:
+            import torch.distributed as dist
+
+            with collective("all_gather"):
+                if sync_grads:
+                    from torch.distributed.nn.functional import all_gather as differentiable_all_gather
+
+                    return torch.stack(differentiable_all_gather(tensor.contiguous(), group=group))
+                out = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+                dist.all_gather(out, tensor.contiguous(), group=group)
+                return torch.stack(out)
+        with collective("all_gather") as record:
             return self._all_gather(tensor, sync_grads, record)
 
     def _all_gather(self, tensor: Tensor, sync_grads: bool, record: collective) -> Tensor | list[Tensor]:
@@ -244,12 +263,12 @@ class ParallelStrategy(Strategy, ABC):
         dist.all_gather(out, padded)
         return [o[:n] for o, n in zip(out, firsts)]
 
-    def broadcast(self, obj: Any, src: int = 0, name: str | None = None) -> Any:
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
         if self.world_size == 1 or not self.distributed_ready:
             return obj
         import torch.distributed as dist
 
-        with collective(f"broadcast({name})" if name else "broadcast") as record:
+        with collective("broadcast") as record:
             box = [(record.fingerprint(), obj)]
             dist.broadcast_object_list(box, src=src)
             fingerprint, value = box[0]
@@ -277,12 +296,12 @@ class ParallelStrategy(Strategy, ABC):
         with collective(f"barrier({name})" if name else "barrier", bounded=name not in _UNBOUNDED_BARRIERS):
             dist.barrier()
 
-    def backward(self, loss: Tensor, module: Any = None, *args: Any, **kwargs: Any) -> None:
+    def run_backward(self, tensor: Tensor, module: Any, *args: Any, **kwargs: Any) -> None:
         # the gradient all-reduce (DDP) or reduce-scatter (FSDP) runs inside backward: recorded as one collective
         if self.world_size == 1 or not self.distributed_ready:
-            return super().backward(loss, module, *args, **kwargs)
+            return super().run_backward(tensor, module, *args, **kwargs)
         with collective("backward (gradient synchronisation)"):
-            super().backward(loss, module, *args, **kwargs)
+            super().run_backward(tensor, module, *args, **kwargs)
         return None
 
     @contextlib.contextmanager
@@ -305,9 +324,22 @@ class ParallelStrategy(Strategy, ABC):
         finally:
             dist.destroy_process_group(group)
 
-    def reduce_boolean_decision(self, decision: bool, all: bool = True, name: str | None = None) -> bool:
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         if self.world_size == 1 or not self.distributed_ready:
             return bool(decision)
-        with watchdog.labelled(f"reduce_boolean_decision{f' {name}' if name else ''}"):
-            votes = self.reduce(torch.tensor(int(decision), device=self.root_device), op="sum")
+        import torch.distributed as dist
+
+        with watchdog.labelled("reduce_boolean_decision"):
+            votes = self.reduce(torch.tensor(int(decision), device=self.root_device), reduce_op=dist.ReduceOp.SUM)
         return bool(votes == self.world_size) if all else bool(votes > 0)
+
+    def teardown(self) -> None:
+        """The cluster environment undoes what it changed for the run, then Strategy's teardown.
+
+        The process group stays: it is joined once per process (a later Trainer or Fleet in the script reuses it)
+        and destroyed when the process exits. What a run created on top of it is its own to give back (the
+        collectives' groups of ``unbounded_barrier`` and the preemption agreement end with their use).
+        """
+        if self.cluster_environment is not None:
+            self.cluster_environment.teardown()
+        super().teardown()

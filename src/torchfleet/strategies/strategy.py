@@ -1,37 +1,32 @@
 """Strategy: one Accelerator, one Precision, one CheckpointIO (and, for parallel ones, a ClusterEnvironment).
 
 The Trainer and Fleet drive training only through the methods here; anything that differs between
-single-device, data-parallel and sharded training is a method that a subclass overrides.
+single-device, data-parallel and sharded training is a method that a subclass overrides. The Trainer's
+contract is Lightning's (trainer_contract.py, the base class); Fleet's is Fabric's, under names that do not
+collide with it: ``setup_module_and_optimizers``, ``run_backward`` (Fabric's ``backward(tensor, module)``),
+``save_state`` / ``load_state`` (Fabric's ``save_checkpoint(path, state)`` / ``load_checkpoint(path, state)``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from torchfleet.checkpoint.consolidate import read_full_checkpoint
-from torchfleet.checkpoint.io import TorchCheckpointIO, load_through
-from torchfleet.checkpoint.state import (
-    MODULE,
-    load_state_dict_checked,
-    map_stateful,
-    paired_optimizer_states,
-    stateful_entries,
-)
+from torchfleet.checkpoint.io import TorchCheckpointIO
 from torchfleet.errors import ConfigurationError
 from torchfleet.settings import TrainingSettings
+from torchfleet.strategies.checkpoint_methods import CheckpointMethods
+from torchfleet.strategies.trainer_contract import TrainerContract
 from torchfleet.strategies.utils import (
     ReduceOp,
     _check_op,
     apply_to_tensors,
-    creation_context,
     move_to_device,
 )
 from torchfleet.watchdog import labelled
@@ -52,7 +47,7 @@ if TYPE_CHECKING:
 OUTSIDE_FORWARD = ("allowed", "without_grad", "never")
 
 
-class Strategy(ABC):
+class Strategy(TrainerContract, CheckpointMethods, ABC):
     """How a model is placed, wrapped, stepped, synchronised and checkpointed.
 
     A Strategy holds exactly one Accelerator, one Precision and one CheckpointIO. Each can be
@@ -118,6 +113,10 @@ class Strategy(ABC):
     def precision_plugin(self) -> Precision:
         """Lightning's name for :attr:`precision` (the same object)."""
         return self._precision
+
+    @precision_plugin.setter
+    def precision_plugin(self, precision: Precision) -> None:
+        self._precision = precision
 
     @property
     def checkpoint_io(self) -> CheckpointIO:
@@ -219,15 +218,20 @@ class Strategy(ABC):
         self.training_settings = settings
         self.replica_hooks = replica_hooks
 
-    def setup(self, module: nn.Module, optimizers: Sequence[Optimizer] = ()) -> tuple[nn.Module, list[Optimizer]]:
-        """Convert, place and wrap ``module``; prepare ``optimizers``. Returns the objects to train with."""
+    def setup_module_and_optimizers(
+        self, module: nn.Module, optimizers: Sequence[Optimizer] = (), scheduler: Any = None
+    ) -> tuple[nn.Module, list[Optimizer], Any]:
+        """Convert, place and wrap ``module``; prepare ``optimizers`` (Fabric's name; Fleet's ``setup``).
+
+        Returns ``(module, optimizers, scheduler)``: the objects to train with (``scheduler`` unchanged here).
+        """
         module = self.precision.convert_module(module)
         module = self.module_to_device(module)
         module = self.setup_module(module)
-        return module, [self.setup_optimizer(o) for o in optimizers]
+        return module, [self.setup_optimizer(o) for o in optimizers], scheduler
 
     def module_to_device(self, module: nn.Module) -> nn.Module:
-        """Place ``module`` on ``root_device``."""
+        """Place ``module`` on ``root_device`` (in place; returns it)."""
         return module.to(self.root_device)
 
     def setup_module(self, module: nn.Module) -> nn.Module:
@@ -241,29 +245,31 @@ class Strategy(ABC):
     def setup_and_build_optimizers(
         self, module: nn.Module, build: Callable[[], list[Optimizer]]
     ) -> tuple[nn.Module, list[Optimizer]]:
-        """Set up ``module`` and the optimizers ``build()`` creates over its parameters (the Trainer's order).
+        """Set up ``module`` and the optimizers ``build()`` creates over its parameters (``setup(trainer)`` in fit).
 
-        Default: build them first, then ``setup``. Strategies whose wrapping replaces the parameters
+        Default: build them first, then set both up. Strategies whose wrapping replaces the parameters
         (fsdp) set the module up first, so the optimizers hold the parameters that are trained.
         """
-        return self.setup(module, build())
+        module, optimizers, _ = self.setup_module_and_optimizers(module, build())
+        return module, optimizers
+
+    def setup_for_evaluation(self, module: nn.Module) -> nn.Module:
+        """Set ``module`` up for validate/test/predict (``setup(trainer)`` outside fit): as for training, without optimizers."""
+        return self.setup_module_and_optimizers(module, [])[0]
+
+    @contextlib.contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+        """Where tensors are created: on ``root_device``, in the precision's parameter dtype.
+
+        ``empty_init`` is for sharded strategies (parameters on the meta device, materialised sharded in
+        setup); strategies that hold the whole model ignore it.
+        """
+        with torch.device(self.root_device), self.precision.tensor_init_context():  # a precision's override counts
+            yield
 
     def module_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager:
-        """Where ``init_module`` creates a model: on ``root_device``, in the precision's parameter dtype.
-
-        ``empty_init`` is for sharded strategies (parameters on the meta device, materialised
-        sharded in setup); strategies that hold the whole model ignore it.
-        """
-        return creation_context(self.root_device, self.precision.param_dtype)
-
-    def release_module(self, module: nn.Module) -> None:
-        """Leave the user's ``module`` on the CPU when a Trainer stage ends, as Lightning does.
-
-        The model can then be called with CPU tensors after ``fit``/``predict`` on a GPU, and the
-        device's memory is given back. Sharded strategies first make it whole (``unshard_module``).
-        """
-        if self.root_device.type != "cpu":
-            self.unwrap(module).cpu()
+        """Where ``init_module`` creates a model (Fabric's name): ``tensor_init_context(empty_init)``."""
+        return self.tensor_init_context(empty_init)
 
     def unshard_module(self, module: nn.Module) -> None:
         """Make the user's module inside ``module`` an ordinary one again: whole weights, none of the strategy's hooks.
@@ -274,10 +280,10 @@ class Strategy(ABC):
         """
 
     def on_exception(self, exception: BaseException) -> None:
-        """A stage raised ``exception`` (called before the stage's end): the ranks may now be anywhere.
+        """A stage raised ``exception`` (called before ``teardown``): the ranks may now be anywhere.
 
-        Sharded strategies then leave the module as it is at the stage's end, since making it whole
-        would need every rank.
+        Sharded strategies then leave the module as it is at teardown, since making it whole would need
+        every rank.
         """
 
     def outputs_to_cpu(self, outputs: Any) -> Any:
@@ -315,12 +321,19 @@ class Strategy(ABC):
         """
         return getattr(self.unwrap(module), name)
 
-    def process_dataloader(self, dataloader: Any, stage: str) -> Any:
-        """Adapt a dataloader for this strategy (distributed strategies inject a sampler). Default: unchanged."""
+    def process_dataloader(self, dataloader: Any) -> Any:
+        """Adapt a dataloader, after the client gave it this rank's sampler (``distributed_sampler_kwargs``). Default: as is."""
         return dataloader
 
-    def batch_to_device(self, batch: Any, device: torch.device | None = None) -> Any:
-        """Move tensors inside ``batch`` to ``device`` (default: ``root_device``) and apply precision."""
+    #: a strategy whose every forward is a collective (fsdp, ZeRO-3) names itself here: evaluation loaders then give
+    #: every rank the same number of batches (``samplers.pad_evaluation_shards``); None: exact shards
+    even_evaluation_shards: str | None = None
+
+    def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
+        """Move tensors inside ``batch`` to ``device`` (default: ``root_device``) and apply precision.
+
+        The Trainer runs the Module's transfer hooks around this (its ``transfer_batch_to_device`` replaces it).
+        """
         return self._precision.convert_input(move_to_device(batch, device or self.root_device))
 
     # --------------------------------------------------------------- training
@@ -328,12 +341,22 @@ class Strategy(ABC):
         """Context wrapping forward passes (autocast under mixed precision)."""
         return self._precision.forward_context()
 
-    def backward(self, loss: Tensor, module: nn.Module | None = None, *args: Any, **kwargs: Any) -> None:
-        """Compute gradients of ``loss`` (through the precision's scaler when there is one)."""
-        self._precision.backward(loss, module, *args, **kwargs)
+    def run_backward(self, tensor: Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+        """Compute gradients of ``tensor`` through ``module`` (the precision's scaler, the wrapper's synchronisation).
 
-    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
-        """Step ``optimizer``; ``closure`` computes the loss and gradients first when given."""
+        Fabric's ``backward(tensor, module)``: Fleet calls it, and the Trainer's ``backward`` runs it.
+        """
+        self._precision.backward(tensor, module, *args, **kwargs)
+
+    def optimizer_step(
+        self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, model: nn.Module | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Step ``optimizer``; ``closure`` (training_step and backward, from the Trainer) runs inside the step.
+
+        Returns what the optimizer's step returns (torch's: the closure's loss). ``model`` is Lightning's argument
+        (the Module; the Trainer passes none). Fleet calls it without a closure, after its own backward.
+        """
         return self._precision.optimizer_step(optimizer, closure, **kwargs)
 
     def _gradient_params(self, module: nn.Module | None, optimizer: Optimizer | None) -> list[Tensor]:
@@ -376,18 +399,21 @@ class Strategy(ABC):
         yield
 
     # ------------------------------------------------------------ collectives
-    def reduce(self, tensor: Tensor | float, op: ReduceOp = "mean", name: str | None = None) -> Tensor | float:
-        """Reduce ``tensor`` across all processes with ``op`` (mean, sum, max, min). One process: unchanged.
+    # What a collective is for (hang and desync reports) is said with ``watchdog.labelled``, never an argument:
+    # subclasses keep Lightning's signatures.
+    def reduce(self, tensor: Tensor | Any, group: Any | None = None, reduce_op: Any = "mean") -> Tensor | Any:
+        """Reduce ``tensor`` across the processes of ``group`` (None: all) with ``reduce_op``. One process: unchanged.
 
-        ``name`` (on every collective) says what it is for, in hang and desync reports."""
-        _check_op(op)
+        ``reduce_op``: "mean" (or "avg"), "sum", "max", "min", or a ``torch.distributed.ReduceOp``.
+        """
+        _check_op(reduce_op)
         return tensor
 
-    def all_gather(self, tensor: Tensor, sync_grads: bool = False, name: str | None = None) -> Tensor:
+    def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
         """Stack ``tensor`` from every process along a new first dimension. One process: ``tensor[None]``."""
         return tensor.unsqueeze(0) if isinstance(tensor, Tensor) else tensor
 
-    def broadcast(self, obj: Any, src: int = 0, name: str | None = None) -> Any:
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
         """Return rank ``src``'s ``obj`` on every process. One process: ``obj``."""
         return obj
 
@@ -405,7 +431,7 @@ class Strategy(ABC):
         """``reduce`` every tensor or number inside ``data`` (nested dicts, lists, tuples) with ``op``."""
         _check_op(op)
         with labelled(name):
-            return apply_to_tensors(data, lambda t: self.reduce(t, op=op))
+            return apply_to_tensors(data, lambda t: self.reduce(t, reduce_op=op))
 
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process reaches this point. One process: returns at once."""
@@ -419,79 +445,27 @@ class Strategy(ABC):
         """
         yield _no_wait
 
-    def reduce_boolean_decision(self, decision: bool, all: bool = True, name: str | None = None) -> bool:
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """Agree on a flag across processes: True if ``all`` (or, with all=False, any) of them said True."""
         return bool(decision)
 
-    # ------------------------------------------------------------- checkpoint
-    def module_state_dict(self, module: nn.Module) -> dict[str, Any]:
-        """The full (unsharded) state dict of the user's module inside ``module``."""
-        return self.unwrap(module).state_dict()
-
-    def load_module_state_dict(self, module: nn.Module, state: Mapping[str, Any], strict: bool = True) -> None:
-        """Load ``state`` into the user's module inside ``module``."""
-        load_state_dict_checked(self.unwrap(module), state, strict=strict)
-
-    def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
-        return optimizer.state_dict()
-
-    def load_optimizer_state_dict(self, optimizer: Optimizer, state: Mapping[str, Any]) -> None:
-        optimizer.load_state_dict(state)
-
-    def state_for_saving(self, state: Mapping[str, Any]) -> dict[str, Any]:
-        """``state`` with its modules and optimizers replaced by their state dicts (as this strategy saves them)."""
-        return map_stateful(state, self.module_state_dict, self.optimizer_state_dict)
-
-    def save_checkpoint(
-        self, path: str | os.PathLike, state: Mapping[str, Any], storage_options: Any | None = None
-    ) -> None:
-        """Write ``state`` to ``path``. Modules and optimizers in ``state`` are turned into state dicts here.
-
-        Every process calls this; the strategy decides who writes (here: rank 0).
-        """
-        plain = self.state_for_saving(state)
-        if self.is_global_zero:
-            self.checkpoint_io.save_checkpoint(plain, path, storage_options=storage_options)
-
-    def load_checkpoint(
-        self, path: str | os.PathLike, state: Mapping[str, Any] | None = None, strict: bool = True,
-        weights_only: bool | None = None,
-    ) -> dict[str, Any]:
-        """Read the checkpoint at ``path``, load it into the modules/optimizers in ``state``, return it whole.
-
-        Nothing in the file runs (``weights_only``); ``weights_only=False`` trusts it. None: the CheckpointIO's setting.
-        """
-        if os.path.isdir(path):
-            # a sharded checkpoint (any layout, any world size), read whole into this process
-            checkpoint = read_full_checkpoint(path, weights_only=self.resolve_weights_only(weights_only))
-        else:
-            checkpoint = load_through(self.checkpoint_io, path, "cpu", weights_only)
-        self.load_into(checkpoint, state or {}, strict=strict, path=path)
-        return checkpoint
-
-    def resolve_weights_only(self, weights_only: bool | None) -> bool:
-        """Whether a load reads files without running code from them: ``weights_only``, else the CheckpointIO's setting."""
-        return self.checkpoint_io.weights_only if weights_only is None else bool(weights_only)
-
-    def load_into(
-        self, checkpoint: Mapping[str, Any], state: Mapping[str, Any], strict: bool = True, path: Any = None
-    ) -> None:
-        """Load the entries of ``checkpoint`` into the modules and optimizers found under the same keys in ``state``."""
-        for key, target, kind, saved in stateful_entries(checkpoint, state, path):
-            if kind == MODULE:
-                self.load_module_state_dict(target, saved, strict=strict)
-            else:
-                for opt, opt_state in paired_optimizer_states(key, target, saved, path):
-                    self.load_optimizer_state_dict(opt, opt_state)
-
-    def remove_checkpoint(self, path: str | os.PathLike) -> None:
-        """Delete a checkpoint through the CheckpointIO (rank 0 only)."""
-        if self.is_global_zero:
-            self.checkpoint_io.remove_checkpoint(path)
-
     # --------------------------------------------------------------- teardown
     def teardown(self) -> None:
-        """Release what the run took: the precision's state, pending checkpoint writes, device caches."""
+        """Release what the run took; the Trainer calls it last in every stage (after ``on_exception`` on an error).
+
+        The Trainer's Module goes back to the CPU with its optimizers' state (so it can be called with CPU
+        tensors after a stage on a GPU, and the device's memory is given back), then the precision's state,
+        pending checkpoint writes and device caches are released. Subclasses release what they took first.
+        """
+        module = self.lightning_module
+        if module is not None and self.root_device.type != "cpu":
+            cpu = torch.device("cpu")
+            for optimizer in self.optimizers:
+                for state in optimizer.state.values():
+                    for key, value in state.items():
+                        if isinstance(value, Tensor):
+                            state[key] = value.to(cpu)
+            module.cpu()
         self.precision.teardown()
         if self._checkpoint_io is not None:
             self._checkpoint_io.teardown()

@@ -70,29 +70,54 @@ class _SumOverProcesses(torch.autograd.Function):
         return out
 
 
+#: the class a converted layer had, kept on it so that ``revert_sync_batchnorm`` gives that class back
+_ORIGINAL = "_torchfleet_batchnorm_class"
+
+
 def convert_sync_batchnorm(module: nn.Module, device: torch.device) -> nn.Module:
-    """``module`` with its BatchNorm layers synchronised across processes (parameters and statistics kept)."""
-    if not any(isinstance(m, _BatchNorm) and not _synced(m) for m in module.modules()):
+    """``module`` with its BatchNorm layers synchronised across processes (parameters and statistics kept).
+
+    Children are replaced in place; the module itself is returned (a new one only when it is a BatchNorm).
+    On CUDA the layers become torch's SyncBatchNorm, on the CPU ``CPUSyncBatchNorm``.
+    """
+    if not any(isinstance(m, _BatchNorm) and not is_synced(m) for m in module.modules()):
         return module
-    if device.type != "cpu":
-        return nn.SyncBatchNorm.convert_sync_batchnorm(module)
-    return _to_cpu_sync(module)
+    return _replace(module, nn.SyncBatchNorm if device.type != "cpu" else CPUSyncBatchNorm, to_sync=True)
 
 
-def _synced(module: nn.Module) -> bool:
+def revert_sync_batchnorm(module: nn.Module) -> nn.Module:
+    """Undo ``convert_sync_batchnorm``: each layer it converted is its original BatchNorm class again (same
+    parameters and statistics); children in place, the module returned."""
+    return _replace(module, None, to_sync=False)
+
+
+def is_synced(module: nn.Module) -> bool:
+    """Whether ``module`` is a synchronised BatchNorm layer (torch's or ours)."""
     return isinstance(module, (nn.SyncBatchNorm, CPUSyncBatchNorm))
 
 
-def _to_cpu_sync(module: nn.Module) -> nn.Module:
+def _replace(module: nn.Module, sync_class: type[_BatchNorm] | None, to_sync: bool) -> nn.Module:
     out = module
-    if isinstance(module, _BatchNorm) and not _synced(module):
-        out = CPUSyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
-                               module.track_running_stats)
-        if module.affine:
-            out.weight, out.bias = module.weight, module.bias
-        out.running_mean, out.running_var = module.running_mean, module.running_var
-        out.num_batches_tracked = module.num_batches_tracked
-        out.training = module.training
+    if to_sync and isinstance(module, _BatchNorm) and not is_synced(module):
+        assert sync_class is not None
+        out = _copy_layer(module, sync_class)
+        out.__dict__[_ORIGINAL] = type(module)
+    elif not to_sync and _ORIGINAL in module.__dict__:
+        out = _copy_layer(module, module.__dict__[_ORIGINAL])
     for name, child in module.named_children():
-        out.add_module(name, _to_cpu_sync(child))
+        out.add_module(name, _replace(child, sync_class, to_sync))
+    return out
+
+
+def _copy_layer(module: nn.Module, cls: type[nn.Module]) -> nn.Module:
+    """A ``cls`` layer holding ``module``'s parameters and statistics (the same tensors: optimizers keep theirs)."""
+    assert isinstance(module, _BatchNorm)
+    out = cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats)
+    if module.affine:
+        out.weight, out.bias = module.weight, module.bias
+    out.running_mean, out.running_var = module.running_mean, module.running_var
+    out.num_batches_tracked = module.num_batches_tracked
+    out.training = module.training
+    if hasattr(module, "qconfig"):  # quantisation-aware training's per-layer setting (torch's converter keeps it)
+        out.qconfig = module.qconfig
     return out

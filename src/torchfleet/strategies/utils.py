@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from torchfleet.errors import ConfigurationError
-
-if TYPE_CHECKING:
-    pass
-
-
 
 ReduceOp = str  # "mean" | "sum" | "max" | "min"
 REDUCE_OPS = ("mean", "sum", "max", "min")
@@ -54,11 +49,24 @@ def apply_to_tensors(data: Any, fn: Callable[[Tensor], Any]) -> Any:
     return data
 
 
-def _check_op(op: str) -> None:
-    if op not in REDUCE_OPS:
+#: what Lightning's ``reduce(..., reduce_op=)`` also accepts: its spelling of the mean, and torch's ReduceOp members
+_OP_NAMES = {"avg": "mean", "average": "mean", "mean": "mean", "sum": "sum", "max": "max", "min": "min"}
+
+
+def normalize_op(op: Any) -> ReduceOp:
+    """``op`` as one of REDUCE_OPS: a name (any case, "avg" for the mean) or a ``torch.distributed.ReduceOp``."""
+    name = op if isinstance(op, str) else getattr(op, "name", None) or str(op).rpartition(".")[2]
+    found = _OP_NAMES.get(str(name).lower())
+    if found is None:
         raise ConfigurationError(
-            f"Unknown reduce operation {op!r}. Accepted operations are: {', '.join(map(repr, REDUCE_OPS))}."
+            f"Unknown reduce operation {op!r}. Accepted operations are: {', '.join(map(repr, REDUCE_OPS))} (also "
+            "'avg', and torch.distributed.ReduceOp.SUM/AVG/MAX/MIN)."
         )
+    return found
+
+
+def _check_op(op: Any) -> None:
+    normalize_op(op)
 
 
 def creation_context(device: torch.device | str, dtype: torch.dtype) -> contextlib.ExitStack:

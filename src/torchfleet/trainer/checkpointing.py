@@ -25,20 +25,26 @@ log = logging.getLogger("torchfleet")
 
 
 def dump_checkpoint(trainer: Trainer, weights_only: bool = False) -> dict[str, Any]:
-    """The checkpoint dict of the current run, modules and optimizers already turned into state dicts."""
+    """The checkpoint dict of the current run, modules and optimizers already turned into state dicts.
+
+    As Lightning's: the strategy's ``lightning_module_state_dict()``, then ``optimizer_state(optimizer)`` for each
+    optimizer, then the Callbacks' and the Module's ``on_save_checkpoint``.
+    """
     import torchfleet
 
     module = trainer.module
+    strategy = trainer.strategy
     run = trainer.state.state_dict()
-    state: dict[str, Any] = {
+    plain: dict[str, Any] = {
         FORMAT_KEY: {"version": torchfleet.__version__, "format": FORMAT_VERSION},
         "epoch": run["epoch"],
         "global_step": run["global_step"],
-        "state_dict": trainer.state.wrapped,
+        "state_dict": strategy.lightning_module_state_dict(),
         "hyper_parameters": _plain_hparams(module),
     }
+    state = plain
     if not weights_only:
-        state["optimizer_states"] = list(trainer.optimizers)
+        state["optimizer_states"] = [strategy.optimizer_state(o) for o in trainer.optimizers]
         state["lr_schedulers"] = [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]
         state["loops"] = run["loops"]
         state["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks if cb.state_dict()}
@@ -46,7 +52,6 @@ def dump_checkpoint(trainer: Trainer, weights_only: bool = False) -> dict[str, A
         state["rng"] = capture_rng()
         if trainer.datamodule is not None:
             state["datamodule"] = trainer.datamodule.state_dict()
-    plain = trainer.strategy.state_for_saving(state)
     if not weights_only:
         for cb in trainer.callbacks:
             cb.on_save_checkpoint(trainer, module, plain)
@@ -164,36 +169,42 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: Any, stage: str) -> str | Non
     return path
 
 
-def restore(trainer: Trainer, path: str, full: bool, weights_only: bool | None = None) -> dict[str, Any]:
-    """Load ``path`` into the set-up run: weights always; with ``full``, everything needed to continue training.
+def restore_before_setup(trainer: Trainer, path: str | None, full: bool, weights_only: bool | None) -> dict[str, Any] | None:
+    """Lightning's first restore point, before ``Strategy.setup``: the module (and, in fit, the callbacks) from
+    ``path``, unless the strategy's ``restore_checkpoint_after_setup`` says after. Returns the checkpoint read."""
+    if trainer.strategy.restore_checkpoint_after_setup or path is None:
+        return None
+    return _restore_module(trainer, path, full, weights_only)
 
-    ``weights_only``: see Strategy.load_checkpoint (None: the CheckpointIO's setting, safe by default).
-    """
+
+def restore_after_setup(trainer: Trainer, path: str | None, checkpoint: dict[str, Any] | None, full: bool,
+                        weights_only: bool | None) -> None:
+    """Lightning's second restore point, after ``setup`` and ``on_fit_start``: the module when the strategy
+    restores after setup (sharded ones), then, in fit (``full``), the training state (``restore_training_state``)."""
+    if trainer.strategy.restore_checkpoint_after_setup and path is not None:
+        checkpoint = _restore_module(trainer, path, full, weights_only)
+    if full and checkpoint is not None:
+        assert path is not None
+        restore_training_state(trainer, checkpoint, path)
+
+
+def _restore_module(trainer: Trainer, path: str, full: bool, weights_only: bool | None) -> dict[str, Any]:
+    """``load_checkpoint``, the Module's ``on_load_checkpoint``, ``load_model_state_dict``; in fit, the callbacks'
+    ``on_load_checkpoint`` and states and the DataModule's state (``weights_only``: see Strategy.load_checkpoint)."""
     strategy = trainer.strategy
     checkpoint = check_checkpoint(strategy.load_checkpoint(path, weights_only=weights_only), path)
+    if full and "optimizer_states" not in checkpoint:
+        raise CheckpointError(
+            f"{path!r} holds weights only (saved with weights_only=True): it cannot resume training. Load the "
+            "weights with Module.load_from_checkpoint and call fit without ckpt_path."
+        )
     module = trainer.module
     module.on_load_checkpoint(checkpoint)
-    targets: dict[str, Any] = {"state_dict": trainer.state.wrapped}
-    if full:
-        for cb in trainer.callbacks:
-            cb.on_load_checkpoint(trainer, module, checkpoint)
-        if "optimizer_states" not in checkpoint:
-            raise CheckpointError(
-                f"{path!r} holds weights only (saved with weights_only=True): it cannot resume training. Load the "
-                "weights with Module.load_from_checkpoint and call fit without ckpt_path."
-            )
-        targets["optimizer_states"] = list(trainer.optimizers)
-    strategy.load_into(checkpoint, targets, strict=module.strict_loading, path=path)
+    strategy.load_model_state_dict(checkpoint, strict=module.strict_loading)
     if not full:
         return checkpoint
-    saved_scheds = checkpoint.get("lr_schedulers", [])
-    if len(saved_scheds) != len(trainer.lr_scheduler_configs):
-        raise CheckpointError(
-            f"{path!r} holds {len(saved_scheds)} LR scheduler states but configure_optimizers() returned "
-            f"{len(trainer.lr_scheduler_configs)} schedulers."
-        )
-    for config, sched_state in zip(trainer.lr_scheduler_configs, saved_scheds):
-        config.scheduler.load_state_dict(sched_state)
+    for cb in trainer.callbacks:
+        cb.on_load_checkpoint(trainer, module, checkpoint)
     saved_cbs = checkpoint.get("callbacks", {})
     for cb in trainer.callbacks:
         if cb.state_key in saved_cbs:
@@ -206,8 +217,24 @@ def restore(trainer: Trainer, path: str, full: bool, weights_only: bool | None =
             "aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided during "
             f"`Trainer` instantiation. Please add the following callbacks: {missing!r}.", stacklevel=2,
         )
-    strategy.precision.load_state_dict(checkpoint.get("precision", {}))
     if trainer.datamodule is not None and "datamodule" in checkpoint:
         trainer.datamodule.load_state_dict(checkpoint["datamodule"])
-    trainer.state.load_state_dict(checkpoint)
     return checkpoint
+
+
+def restore_training_state(trainer: Trainer, checkpoint: dict[str, Any], path: str) -> None:
+    """What a fit resumes with besides the module: optimizers and schedulers (unless the strategy's
+    ``lightning_restore_optimizer`` says it restores them), the precision's state and the loops' position."""
+    strategy = trainer.strategy
+    if strategy.lightning_restore_optimizer:
+        strategy.load_optimizer_state_dict(checkpoint)
+        saved_scheds = checkpoint.get("lr_schedulers", [])
+        if len(saved_scheds) != len(trainer.lr_scheduler_configs):
+            raise CheckpointError(
+                f"{path!r} holds {len(saved_scheds)} LR scheduler states but configure_optimizers() returned "
+                f"{len(trainer.lr_scheduler_configs)} schedulers."
+            )
+        for config, sched_state in zip(trainer.lr_scheduler_configs, saved_scheds):
+            config.scheduler.load_state_dict(sched_state)
+    strategy.precision.load_state_dict(checkpoint.get("precision", {}))
+    trainer.state.load_state_dict(checkpoint)

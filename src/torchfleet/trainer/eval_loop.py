@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 _STEP_NAME = {"validate": "validation_step", "test": "test_step", "sanity_check": "validation_step", "predict": "predict_step"}
 _HOOK_STAGE = {"validate": "validation", "sanity_check": "validation", "test": "test", "predict": "predict"}
+#: the strategy's hooks at a pass's start and end (Lightning's, called after the Callbacks' and the Module's)
+_STRATEGY_START = {"validation": "on_validation_start", "test": "on_test_start", "predict": "on_predict_start"}
+_STRATEGY_END = {"validation": "on_validation_end", "test": "on_test_end", "predict": "on_predict_end"}
 
 
 def _switch_mode(trainer: Trainer, model: Any, name: str, default: Any) -> None:
@@ -77,8 +80,12 @@ class EvalLoop:
         was_training = model.training
         _switch_mode(trainer, model, f"on_{hook}_model_eval", model.eval)
         hooks.call(f"on_{hook}_start", trainer)
+        getattr(strategy, _STRATEGY_START[hook])()
         hooks.call(f"on_{hook}_epoch_start", trainer)
-        step_fn = strategy.step_function(trainer.state.wrapped, step_name)
+        # the strategy's own step (Lightning's Strategy.validation_step, ...) only where its class overrides it
+        through_strategy = step_name in trainer._strategy_overrides
+        step_fn = getattr(strategy, step_name) if through_strategy else strategy.step_function(trainer.state.wrapped,
+                                                                                                 step_name)
         trainer._current_fx(step_name)
         multi = len(self.loaders) > 1
         # each with the number of arguments it gets beside dataloader_idx
@@ -121,8 +128,11 @@ class EvalLoop:
                 if start_mod is not None:
                     hooks.call_module(trainer, f"on_{hook}_batch_start", start_mod, batch, batch_idx, *extra)
                 progress.increment_started()
-                with strategy.forward_context():
+                if through_strategy:  # under the precision's context there
                     out = step_fn(batch, batch_idx, *extra)
+                else:
+                    with strategy.forward_context():
+                        out = step_fn(batch, batch_idx, *extra)
                 progress.increment_processed()
                 if self.collect:
                     preds.append(strategy.outputs_to_cpu(out))
@@ -150,6 +160,7 @@ class EvalLoop:
         hooks.call(f"on_{hook}_end", trainer)
         if self.stage == "sanity_check":  # as Lightning: the sanity check's batches are not counted
             progress.reset()
+        getattr(strategy, _STRATEGY_END[hook])()
         set_position(None)
         if was_training:
             _switch_mode(trainer, model, f"on_{hook}_model_train", model.train)

@@ -10,11 +10,7 @@ import math
 import sys
 import time
 import warnings
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-
-import torch
-from torch import Tensor
 
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
 from torchfleet.samplers import set_sampler_epoch
@@ -30,6 +26,7 @@ from torchfleet.trainer.loop_shape import (
     val_every_fraction,
 )
 from torchfleet.trainer.progress import note_held_stop
+from torchfleet.trainer.training_step import AutomaticStep
 from torchfleet.watchdog import set_position
 
 if TYPE_CHECKING:
@@ -37,31 +34,6 @@ if TYPE_CHECKING:
 
 def _now() -> float:  # a duration val_check_interval's clock, looked up at each call (as Lightning: a patch drives it)
     return time.monotonic()
-
-
-def _needs_closure(optimizer: Any) -> bool:
-    """Whether ``optimizer.step`` must get the closure: it re-evaluates the loss (LBFGS) or is not torch's.
-
-    torch's other optimizers call a closure once, before the update, which would only return the loss
-    already computed; skipping it saves the closure's enable_grad bookkeeping on every step.
-    """
-    cls = type(optimizer)
-    return cls.__module__.split(".")[:2] != ["torch", "optim"] or isinstance(optimizer, torch.optim.LBFGS)
-
-
-class _ReplayClosure:
-    """Returns the already computed loss on the first call; recomputes forward+backward on later calls (LBFGS)."""
-
-    __slots__ = ("loss", "recompute", "used")
-
-    def __init__(self, loss: Any, recompute: Any) -> None:
-        self.loss, self.recompute, self.used = loss, recompute, False
-
-    def __call__(self) -> Any:
-        if not self.used:
-            self.used = True
-            return self.loss
-        return self.recompute()
 
 
 class FitLoop:
@@ -99,31 +71,19 @@ class FitLoop:
             self.val_every = interval
         # which optional hooks exist, decided once: the per-step path then costs nothing for the rest
         hooks = trainer._hooks
-
-        def present(name: str) -> bool:
-            return bool(hooks.cb(name)) or hooks.mod(name) is not None
-
-        self._has_before_backward = present("on_before_backward")
-        self._has_after_backward = present("on_after_backward")
-        self._has_before_step = present("on_before_optimizer_step")
-        self._has_before_zero_grad = present("on_before_zero_grad")
-        self._custom_clipping = hooks.mod("configure_gradient_clipping")
+        self._has_before_zero_grad = bool(hooks.cb("on_before_zero_grad")) or hooks.mod("on_before_zero_grad") is not None
         self._custom_zero_grad = hooks.mod("optimizer_zero_grad")
-        self._closure = _ReplayClosure(None, None)
-        self._closure_needed = bool(trainer.optimizers) and _needs_closure(trainer.optimizers[0])
         self._forward_context = self.strategy.forward_context
+        overrides = trainer._strategy_overrides
+        #: the strategy's own on_train_batch_start, called only when its class overrides it (Lightning's hook)
+        self._strategy_batch_start = self.strategy.on_train_batch_start if "on_train_batch_start" in overrides else None
+        self._contract_training_step = bool({"training_step", "post_training_step"} & overrides)
         # in manual optimisation the user steps the schedulers, as in Lightning: the Trainer steps none
         self._schedulers = trainer.lr_scheduler_configs if model.automatic_optimization else []
         self._has_step_schedulers = any(c.interval == "step" for c in self._schedulers)
         self._has_epoch_schedulers = any(c.interval == "epoch" and not c.reduce_on_plateau for c in self._schedulers)
         self._lr_scheduler_step = hooks.mod("lr_scheduler_step")  # the Module's override, else None
-        # an overridden Module.optimizer_step takes the step over; only then does a step cost more
-        self._step_override = hooks.mod("optimizer_step") if model.automatic_optimization else None
-        if self._step_override is not None:
-            from torchfleet.trainer.manual import HookOptimizer
-
-            self._hook_optimizers = {id(o): HookOptimizer(o, self._hooked_step) for o in trainer.optimizers}
-            self._optimizer_step = self._optimizer_step_overridden  # type: ignore[method-assign]
+        self.stepper = AutomaticStep(trainer, model, self._after_step)
         self._batches_before = 0  # training batches of the earlier epochs (check_val_every_n_epoch=None)
         self._val_loop = trainer.fit_loop.epoch_loop.val_loop  # fit validates through its run() (replaceable)
         # SIGTERM/SIGUSR1: polled after every optimizer step (trainer/preemption.py); None outside run_stage
@@ -165,6 +125,7 @@ class FitLoop:
         trainer.state.in_train = True
         open_train_results(trainer.state, self.model, self.strategy.root_device)  # on_train_start may self.log
         trainer._hooks.call("on_train_start", trainer)
+        self.strategy.on_train_start()
         ran = False
         self._reload(self, None)  # the loaders fit started with count as asked for at this (restored) epoch
         while not self._done():
@@ -187,6 +148,7 @@ class FitLoop:
             # stopped at an epoch end: the next epoch would start from this RNG state
             trainer.state.progress["resume_rng"] = capture_rng()
         trainer._hooks.call("on_train_end", trainer)
+        self.strategy.on_train_end()
 
     def _done(self) -> bool:
         t = self.trainer
@@ -238,11 +200,14 @@ class FitLoop:
         limit = trainer.num_training_batches
         if not math.isinf(limit):  # as Lightning: the batch after the limit is never read (nor its random draws)
             iterator = itertools.islice(iterator, max(0, limit - start_batch))
-        accumulate = trainer.accumulate_grad_batches
+        stepper = self.stepper
+        accumulate = stepper.accumulate
         log_every = trainer.log_every_n_steps or sys.maxsize  # 0: never by steps (barebones)
         automatic = model.automatic_optimization
         opt = trainer.optimizers[0] if trainer.optimizers else None
         step_fn = trim_step_arguments(strategy.step_function(state.wrapped, "training_step"), model, "training_step", 2)
+        manual_step = self._manual_step_function(step_fn) if not automatic else None
+        strategy_batch_start = self._strategy_batch_start
         batch_start_cbs = hooks.cb("on_train_batch_start")
         batch_start_mod = hooks.mod("on_train_batch_start")
         batch_end_cbs = hooks.cb("on_train_batch_end")
@@ -267,22 +232,15 @@ class FitLoop:
                 fn(trainer, model, batch, batch_idx)
             if batch_start_mod is not None:
                 skip_rest = hooks.call_module(trainer, "on_train_batch_start", batch_start_mod, batch, batch_idx) == -1
+            if strategy_batch_start is not None:
+                strategy_batch_start(batch, batch_idx)
             if skip_rest:
                 break
             if automatic:
                 boundary = (batch_idx + 1) % accumulate == 0 or is_last
-                loss = self._forward_backward(step_fn, batch, batch_idx, accumulate, boundary)
-                window_has_grads = window_has_grads or loss is not None
-                if boundary:
-                    if window_has_grads:
-                        if opt is not None:
-                            self._optimizer_step(opt, loss, step_fn, batch, batch_idx)
-                        else:  # as Lightning: no optimizer, yet the step counts (max_steps ends the fit)
-                            state.global_step += 1
-                    window_has_grads = False
-                outputs = loss
+                outputs, window_has_grads = stepper.run(step_fn, batch, batch_idx, boundary, window_has_grads, opt)
             else:
-                outputs = step_fn(batch, batch_idx)
+                outputs = manual_step(batch, batch_idx)  # type: ignore[misc]
                 boundary = True
             progress["batches_done"] = batch_idx + 1
             validate_now = self._should_validate(batch_idx, is_last)
@@ -341,57 +299,26 @@ class FitLoop:
         set_position(None)
         return batch_idx is None and start_batch == 0
 
-    def _forward_backward(self, step_fn: Any, batch: Any, batch_idx: int, accumulate: int, boundary: bool) -> Tensor | None:
-        if not boundary:
-            # forward belongs inside too: DDP decides in its forward whether the backward all-reduces
-            with self.strategy.no_backward_sync(self.trainer.state.wrapped):
-                return self._forward_backward_once(step_fn, batch, batch_idx, accumulate)
-        return self._forward_backward_once(step_fn, batch, batch_idx, accumulate)
+    def _manual_step_function(self, step_fn: Any) -> Any:
+        """Manual optimisation's step: the Module's training_step (under the precision's forward context, as
+        Lightning's ``Strategy.training_step``), or the strategy's own when its class overrides it."""
+        strategy = self.strategy
+        if self._contract_training_step:
+            takes = self.stepper._takes
 
-    def _forward_backward_once(self, step_fn: Any, batch: Any, batch_idx: int, accumulate: int) -> Tensor | None:
-        trainer, strategy = self.trainer, self.strategy
-        with self._forward_context():
-            output = step_fn(batch, batch_idx)
-        loss = _extract_loss(output)
-        if loss is None:
-            return None
-        hooks = trainer._hooks
-        scaled = loss / accumulate if accumulate > 1 else loss
-        if self._has_before_backward:
-            hooks.call("on_before_backward", trainer, scaled)
-        strategy.backward(scaled, trainer.state.wrapped)
-        if self._has_after_backward:
-            hooks.call("on_after_backward", trainer)
-        return loss.detach()
+            def contract_step(batch: Any, batch_idx: int) -> Any:
+                output = strategy.training_step(*(batch, batch_idx)[:takes])
+                strategy.post_training_step()
+                return output
 
-    def _optimizer_step(self, opt: Any, loss: Tensor | None, step_fn: Any, batch: Any, batch_idx: int) -> None:
-        self._before_step(opt)
-        if self._closure_needed:
-            closure = self._closure
-            closure.loss, closure.recompute, closure.used = loss, self._recompute(opt, step_fn, batch, batch_idx), False
-            self.strategy.optimizer_step(opt, closure)
-        else:
-            self.strategy.optimizer_step(opt)
-        self.trainer.state.global_step += 1
-        self._after_step(opt, batch_idx)
+            return contract_step
+        forward_context = self._forward_context
 
-    def _recompute(self, opt: Any, step_fn: Any, batch: Any, batch_idx: int) -> Any:
-        """The closure's later calls (LBFGS): forward and backward of the window's last batch again."""
-        def recompute() -> Any:
-            opt.zero_grad(set_to_none=True)
-            return self._forward_backward(step_fn, batch, batch_idx, 1, True)
+        def step(batch: Any, batch_idx: int) -> Any:
+            with forward_context():
+                return step_fn(batch, batch_idx)
 
-        return recompute
-
-    def _before_step(self, opt: Any) -> None:
-        trainer, model = self.trainer, self.model
-        if self._has_before_step:
-            trainer._hooks.call("on_before_optimizer_step", trainer, opt)
-        clip = self._custom_clipping
-        if clip is not None:
-            clip(opt, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
-        elif trainer.gradient_clip_val:
-            model.clip_gradients(opt, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
+        return step
 
     def _after_step(self, opt: Any, batch_idx: int) -> None:
         trainer = self.trainer
@@ -404,30 +331,6 @@ class FitLoop:
             opt.zero_grad(set_to_none=True)
         if self._has_step_schedulers:
             self._step_schedulers("step")
-
-    def _optimizer_step_overridden(self, opt: Any, loss: Tensor | None, step_fn: Any, batch: Any, batch_idx: int) -> None:
-        """The Module's ``optimizer_step`` steps, through a handle whose ``step`` is ``_hooked_step``."""
-        trainer = self.trainer
-        closure = _ReplayClosure(loss, self._recompute(opt, step_fn, batch, batch_idx))
-        handle = self._hook_optimizers[id(opt)]
-        trainer._hooks.call_module(trainer, "optimizer_step", self._step_override, trainer.state.current_epoch,
-                                   batch_idx, handle, closure)
-        if not closure.used:
-            raise MisconfiguredModuleError(
-                f"{type(self.model).__name__}.optimizer_step(epoch, batch_idx, optimizer, optimizer_closure) returned "
-                f"without running optimizer_closure (epoch {trainer.state.current_epoch}, batch {batch_idx}), so the "
-                "optimizer never stepped and the model would silently stop training. Call "
-                "optimizer.step(closure=optimizer_closure) in it (or super().optimizer_step(epoch, batch_idx, "
-                "optimizer, optimizer_closure)); to skip a batch, return None from training_step instead."
-            )
-        self._after_step(opt, batch_idx)
-
-    def _hooked_step(self, opt: Any, closure: Any, kwargs: dict[str, Any]) -> Any:
-        """``optimizer.step(closure=...)`` inside an overridden ``optimizer_step``: what ``_optimizer_step`` does."""
-        self._before_step(opt)
-        out = self.strategy.optimizer_step(opt, closure, **kwargs)
-        self.trainer.state.global_step += 1
-        return out
 
     def _step_schedulers(self, interval: str, plateau: bool | None = None) -> None:
         """Step the Trainer's schedulers of ``interval`` that are due; ``plateau``: only ReduceLROnPlateau (True),
@@ -522,41 +425,3 @@ class FitLoop:
 
     def _log_epoch(self, results: Results) -> None:
         publish_epoch(self.trainer, results)
-
-
-def _extract_loss(output: Any) -> Tensor | None:
-    if type(output) is Tensor and output.requires_grad and output.dim() == 0:
-        return output  # the common case, checked first
-    if output is None:
-        return None
-    if isinstance(output, Tensor):
-        loss = output
-    elif isinstance(output, Mapping) and "loss" in output:
-        loss = output["loss"]
-        if not isinstance(loss, Tensor):
-            raise MisconfiguredModuleError(
-                f"training_step returned a dict whose 'loss' is a {type(loss).__name__}, not a tensor. Return the "
-                "loss tensor the optimizer should minimise (with its graph), e.g. {'loss': loss}."
-            )
-    else:
-        what = f"a dict without 'loss' (keys: {', '.join(map(repr, output))})" if isinstance(output, Mapping) else (
-            f"a {type(output).__name__}"
-        )
-        raise MisconfiguredModuleError(
-            f"training_step returned {what}. It must return the loss tensor, a dict with a 'loss' tensor, or None "
-            "to skip the batch."
-        )
-    if loss.numel() != 1:
-        raise MisconfiguredModuleError(
-            f"training_step returned a loss of shape {tuple(loss.shape)}; the loss must be a single number. Reduce "
-            "it first, e.g. loss.mean()."
-        )
-    if not loss.requires_grad:
-        raise MisconfiguredModuleError(
-            "training_step returned a loss that does not require grad, so there is nothing to backpropagate. Was it "
-            "computed under torch.no_grad(), detached, or converted with .item()? Return the tensor itself."
-        )
-    return loss
-
-
-# ---------------------------------------------------------------------------- evaluation

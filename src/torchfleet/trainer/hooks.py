@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -130,9 +131,13 @@ def batch_transfer_fn(trainer: Any, dataloader_idx: int) -> Callable[[Any], Any]
     Lightning's order: DataModule then Module ``on_before_batch_transfer``, the Module's
     ``transfer_batch_to_device`` (then the precision's input conversion) or the strategy's
     ``batch_to_device``, DataModule then Module ``on_after_batch_transfer``. Built once per stage and
-    loader: with no hook overridden it is ``strategy.batch_to_device`` itself (one call per batch).
+    loader: with no hook overridden it is ``strategy.batch_to_device`` itself (one call per batch). A strategy
+    class that overrides ``batch_to_device`` gets Lightning's call, ``batch_to_device(batch, dataloader_idx=i)``.
     """
     hooks, strategy = trainer._hooks, trainer.strategy
+    move: Callable[[Any], Any] = strategy.batch_to_device
+    if "batch_to_device" in trainer._strategy_overrides:
+        move = functools.partial(strategy.batch_to_device, dataloader_idx=dataloader_idx)
     before = hooks.mod("on_before_batch_transfer")
     dm = trainer.datamodule
     # one transfer runs: the DataModule's where it overrides it, else the Module's (Lightning chooses so too)
@@ -140,9 +145,8 @@ def batch_transfer_fn(trainer: Any, dataloader_idx: int) -> Callable[[Any], Any]
     after = hooks.mod("on_after_batch_transfer")
     dm_before, dm_after = (None, None) if dm is None else (_datamodule_hook(dm, n) for n in _TRANSFER_HOOKS)
     if before is None and custom is None and after is None and dm_before is None and dm_after is None:
-        return strategy.batch_to_device
+        return move
     device = strategy.root_device
-    move = strategy.batch_to_device
     convert = strategy.precision.convert_input
     idx = dataloader_idx
 

@@ -329,7 +329,7 @@ def sync_values(strategy: Strategy | None, items: list[tuple[Tensor, str, bool]]
     for fx, idx in by_op.items():
         stacked = torch.stack([out[i].to(strategy.root_device, torch.float32) for i in idx])  # type: ignore[union-attr]
         with _sync_label(entries, idx, when):
-            reduced = strategy.reduce(stacked, op=fx)  # type: ignore[union-attr]
+            reduced = strategy.reduce(stacked, reduce_op=fx)  # type: ignore[union-attr]
         for j, i in enumerate(idx):
             out[i] = reduced[j]
     return out
@@ -423,7 +423,7 @@ def sync_epoch(strategy: Strategy | None, entries: list[LoggedValue]) -> list[Te
             + [torch.tensor(float(entries[i].weight), device=dev) for i in means]
         )
         with _sync_label(entries, means, ", epoch end"):
-            summed = strategy.reduce(packed, op="sum")
+            summed = strategy.reduce(packed, reduce_op="sum")
         n = len(means)
         for j, i in enumerate(means):
             out[i] = summed[j] / summed[n + j]

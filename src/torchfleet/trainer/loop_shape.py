@@ -124,7 +124,7 @@ class LookAhead:
             return batch
         has = torch.tensor(0.0 if batch is _END else 1.0, device=strategy.root_device)
         with labelled(f"loop shape: every rank has a training batch (epoch {self.epoch})"):
-            votes = int(strategy.reduce(has, op="sum"))
+            votes = int(strategy.reduce(has, reduce_op="sum"))
         if votes < strategy.world_size:
             self.uneven = self.uneven or votes > 0
             return _END

@@ -27,6 +27,8 @@ class ManualOptimizer(OptimizerWrapper):
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         trainer = self._trainer
         trainer._hooks.call("on_before_optimizer_step", trainer, self._optimizer)
+        if closure is None and "optimizer_step" in trainer._strategy_overrides:
+            closure = _do_nothing  # as Lightning's: a strategy's optimizer_step(optimizer, closure) may call it
         out = trainer.strategy.optimizer_step(self._optimizer, closure, **kwargs)
         trainer.state.global_step += 1
         return out
@@ -49,3 +51,7 @@ class HookOptimizer(OptimizerWrapper):
 
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         return self._run_step(self._optimizer, closure, kwargs)
+
+
+def _do_nothing() -> None:
+    return None

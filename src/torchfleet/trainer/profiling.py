@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from torchfleet.trainer.trainer import Trainer
 
-#: strategy methods the loops call per batch, timed under their own names
-_STRATEGY_METHODS = ("backward", "optimizer_step", "batch_to_device")
+#: strategy methods the loops call per batch, timed under these names (``run_backward`` is the backward itself,
+#: which Lightning's ``backward`` hook runs when a strategy overrides it)
+_STRATEGY_METHODS = {"run_backward": "backward", "optimizer_step": "optimizer_step", "batch_to_device": "batch_to_device"}
 
 
 def attach(trainer: Trainer, stage: str) -> Callable[[], None] | None:
@@ -37,8 +38,8 @@ def attach(trainer: Trainer, stage: str) -> Callable[[], None] | None:
 
     hooks.wrap = lambda owner, hook, fn: profiler.wrap(label(owner, hook), fn)
     prefix = f"[Strategy]{type(strategy).__name__}."
-    for name in _STRATEGY_METHODS:
-        setattr(strategy, name, profiler.wrap(prefix + name, getattr(strategy, name)))
+    for name, shown in _STRATEGY_METHODS.items():
+        setattr(strategy, name, profiler.wrap(prefix + shown, getattr(strategy, name)))
     step_function = strategy.step_function
 
     def profiled_step_function(wrapped: Any, name: str) -> Any:

@@ -6,7 +6,6 @@ The per-batch loops live in fit_loop.py and eval_loop.py.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import inspect
 import logging
 import math
@@ -19,17 +18,16 @@ import torch
 
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError, PossibleUserWarning
 from torchfleet.module import Module
-from torchfleet.samplers import shuffled_for_training, without_shuffle
-from torchfleet.seed import add_worker_init_fn, isolate_rng, reset_seed
+from torchfleet.samplers import without_shuffle
+from torchfleet.seed import isolate_rng, reset_seed
 from torchfleet.settings import loader_batch_size
-from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore
+from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore_after_setup, restore_before_setup
 from torchfleet.trainer.eval_loop import EvalLoop
 from torchfleet.trainer.fit_loop import FitLoop
 from torchfleet.trainer.loop_shape import agree_eval, agree_fit, has_length, val_every_fraction
-from torchfleet.trainer.optim import parse_optimizers, validate_schedulers
 from torchfleet.trainer.preemption import FitPreemption
 from torchfleet.trainer.profiling import attach as attach_profiler
-from torchfleet.trainer.replica_logging import REPLICA_LOGGING
+from torchfleet.trainer.stage_strategy import prepare_loader, setup_strategy, teardown_strategy
 from torchfleet.utilities.combined_loader import BatchView, CombinedLoader
 
 if TYPE_CHECKING:
@@ -119,14 +117,62 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
 def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any, kw: dict) -> Any:
     strategy = trainer.strategy
     trainer.state.start_stage(stage)
-    if "trainer" in strategy.reseeds_for:
-        reset_seed()
-    strategy.setup_environment()
-    set_torch_flags(trainer.deterministic, trainer.benchmark)  # in each rank's process (spawned ones too)
     model.trainer = trainer
     dm = trainer.datamodule
     if dm is not None:
         dm.trainer = trainer
+    strategy.connect(model)  # first, as Lightning's Trainer: nothing is converted or moved yet
+    failed = False
+    end_profiling = None
+    try:
+        _prepare(trainer, stage, model)
+        end_profiling = attach_profiler(trainer, stage)
+        weights_only = kw.get("weights_only")  # None: the CheckpointIO's setting (safe unless it says otherwise)
+        if stage == "fit":
+            result = _fit(trainer, model, train_dl, eval_dl, ckpt_path, weights_only)
+        elif stage == "predict":
+            result = _predict(trainer, model, eval_dl, ckpt_path, kw.get("return_predictions", True), weights_only)
+        else:
+            result = _evaluate_stage(trainer, model, stage, eval_dl, ckpt_path, kw.get("verbose", True), weights_only)
+        _end_stage(trainer, stage, model)
+        return result
+    except BaseException as exc:
+        # Lightning's order: the callbacks', the DataModule's and the strategy's on_exception, the loggers, then the
+        # strategy's teardown (sharded strategies leave the module sharded: the other ranks may be anywhere); the
+        # stage-end hooks (on_fit_end, teardown) do not run. An error in those hooks comes here too (after the
+        # stage's teardown: ModelCheckpoint(save_on_exception=True) still saves, and teardown runs again, as there)
+        failed = True
+        for cb in trainer.callbacks:
+            cb.on_exception(trainer, model, exc)
+        if dm is not None:
+            dm.on_exception(exc)
+        strategy.on_exception(exc)
+        for lg in trainer.loggers if trainer.is_global_zero else []:
+            lg.finalize("failed")
+        teardown_strategy(trainer)
+        if isinstance(exc, KeyboardInterrupt) and strategy.launcher is None:
+            # as Lightning: the hooks above were the graceful shutdown, then the program ends with status 1 (a
+            # launcher's ranks leave Ctrl-C to the launcher, which also interrupts rank 0 itself to stop it)
+            log.info("Detected KeyboardInterrupt, attempting graceful shutdown ... (exit status 1)")
+            raise SystemExit(1) from exc
+        raise
+    finally:
+        strategy.precision.module_backward = None
+        trainer._current_fx("")
+        model._results = None
+        trainer.state.end_stage(failed)
+        if end_profiling is not None:
+            end_profiling()
+
+
+def _prepare(trainer: Trainer, stage: str, model: Any) -> None:
+    """The rank's environment, prepare_data, the setup hooks and configure_model: what comes before the data."""
+    strategy = trainer.strategy
+    dm = trainer.datamodule
+    if "trainer" in strategy.reseeds_for:
+        reset_seed()
+    strategy.setup_environment()
+    set_torch_flags(trainer.deterministic, trainer.benchmark)  # in each rank's process (spawned ones too)
     for owner in (dm, model):  # as Lightning: both, each on local rank 0 of every machine or on global rank 0
         if owner is not None and (strategy.local_rank if owner.prepare_data_per_node else strategy.global_rank) == 0:
             owner.prepare_data()
@@ -146,51 +192,35 @@ def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl:
             strategy.precision.module_backward = model.backward
         elif trainer.is_global_zero:
             warnings.warn(f"{type(model).__name__} overrides backward(), which {type(strategy).__name__} does not "
-                          "call: its engine runs the backward.", UserWarning, stacklevel=2)
+                          "call: its engine runs the backward.", UserWarning, stacklevel=3)
     for cb in trainer.callbacks:
         cb.setup(trainer, model, stage)
     model.setup(stage)
-    failed = False
-    configure_model_once(trainer, model, lambda: strategy.module_init_context(empty_init=True))
-    end_profiling = None
-    try:
-        end_profiling = attach_profiler(trainer, stage)
-        weights_only = kw.get("weights_only")  # None: the CheckpointIO's setting (safe unless it says otherwise)
-        if stage == "fit":
-            return _fit(trainer, model, train_dl, eval_dl, ckpt_path, weights_only)
-        if stage == "predict":
-            return _predict(trainer, model, eval_dl, ckpt_path, kw.get("return_predictions", True), weights_only)
-        return _evaluate_stage(trainer, model, stage, eval_dl, ckpt_path, kw.get("verbose", True), weights_only)
-    except BaseException as exc:
-        failed = True
-        for cb in trainer.callbacks:
-            cb.on_exception(trainer, model, exc)
-        if dm is not None:
-            dm.on_exception(exc)
-        strategy.on_exception(exc)  # before the stage's end, which then leaves sharded modules as they are
-        for lg in trainer.loggers if trainer.is_global_zero else []:
-            lg.finalize("failed")
-        if isinstance(exc, KeyboardInterrupt) and strategy.launcher is None:
-            # as Lightning: the hooks above were the graceful shutdown, then the program ends with status 1 (a
-            # launcher's ranks leave Ctrl-C to the launcher, which also interrupts rank 0 itself to stop it)
-            log.info("Detected KeyboardInterrupt, attempting graceful shutdown ... (exit status 1)")
-            raise SystemExit(1) from exc
-        raise
-    finally:
-        if trainer.state.wrapped is not None:
-            strategy.release_module(trainer.state.wrapped)
-        for cb in trainer.callbacks:
-            cb.teardown(trainer, model, stage)
-        model.teardown(stage)
-        if dm is not None:
-            dm.teardown(stage)
-        strategy.checkpoint_io.teardown()
-        strategy.precision.module_backward = None
-        trainer._current_fx("")
-        model._results = None
-        trainer.state.end_stage(failed)
-        if end_profiling is not None:
-            end_profiling()
+    configure_model_once(trainer, model, lambda: _creation_contexts(strategy))
+
+
+def _creation_contexts(strategy: Any) -> contextlib.ExitStack:
+    """Lightning's contexts around ``configure_model``: ``tensor_init_context()``, ``model_sharded_context()`` inside."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(strategy.tensor_init_context())
+    stack.enter_context(strategy.model_sharded_context())
+    return stack
+
+
+def _end_stage(trainer: Trainer, stage: str, model: Any) -> None:
+    """A stage that returned: the strategy's teardown first (Lightning's order), then on_fit_end and the teardown hooks."""
+    teardown_strategy(trainer)
+    if stage == "fit":
+        trainer._hooks.call("on_fit_end", trainer)
+        if trainer.is_global_zero:
+            for lg in trainer.loggers:
+                lg.finalize("success")
+        trainer.strategy.barrier("fit_end")
+    for cb in trainer.callbacks:
+        cb.teardown(trainer, model, stage)
+    model.teardown(stage)
+    if trainer.datamodule is not None:
+        trainer.datamodule.teardown(stage)
 
 
 def configure_model_once(trainer: Trainer, model: Any, context: Any) -> None:
@@ -223,41 +253,6 @@ def _merge_callbacks(trainer: Trainer, extra: Any) -> None:
     trainer.callbacks = [c for c in trainer.callbacks if type(c) not in types] + extra
 
 
-def _setup_model(trainer: Trainer, model: Any, with_optimizers: bool, micro_batch_size: int | None = None) -> None:
-    strategy = trainer.strategy
-    settings = trainer.training_settings(micro_batch_size)
-    if not model.automatic_optimization:
-        settings = dataclasses.replace(settings, manual_optimization=True)
-    strategy.configure_training(settings, REPLICA_LOGGING)
-    scheds: list[Any] = []
-
-    def build_optimizers() -> list[Any]:
-        # the strategy decides when: before wrapping (ddp), or after sharding replaced the parameters (fsdp)
-        opts, found = parse_optimizers(model.configure_optimizers())
-        validate_schedulers(found, model.automatic_optimization, trainer._hooks.mod("lr_scheduler_step") is not None)
-        scheds.extend(found)
-        if not opts and trainer.is_global_zero:
-            warnings.warn("configure_optimizers() returned None: fit runs forward and backward but changes no weights "
-                          "(global_step still counts each step, so max_steps ends the fit, as in Lightning).",
-                          UserWarning, stacklevel=2)
-        if model.automatic_optimization and len(opts) > 1:
-            raise MisconfiguredModuleError(
-                f"configure_optimizers() returned {len(opts)} optimizers, but automatic optimisation steps one. "
-                "Set self.automatic_optimization = False and step them yourself in training_step "
-                "(self.optimizers(), self.manual_backward(loss)), or combine the parameter groups in one optimizer."
-            )
-        return opts
-
-    if with_optimizers:
-        wrapped, opts = strategy.setup_and_build_optimizers(model, build_optimizers)
-    else:
-        wrapped, opts = strategy.setup(model, [])
-    trainer.state.wrapped = wrapped
-    trainer.optimizers = opts
-    trainer.lr_scheduler_configs = scheds
-    trainer._manual_optimizers = None
-
-
 def _log_summary(trainer: Trainer, model: Any) -> None:
     from torchfleet.trainer.callbacks.model_summary import ModelSummary
 
@@ -277,11 +272,7 @@ def _each_loader(loader: Any, fn: Any, *args: Any) -> Any:
 def _for_strategy(trainer: Trainer, loader: Any, stage: str) -> Any:
     if isinstance(loader, CombinedLoader):  # each of its loaders is prepared; the loops read its combined batches
         return BatchView(_each_loader(loader, lambda one: _for_strategy(trainer, one, stage)))
-    # use_distributed_sampler=False: the user shards the data themselves (their own sampler)
-    if stage == "fit" and trainer.use_distributed_sampler and trainer.world_size > 1 and not trainer.overfit_batches:
-        loader = shuffled_for_training(loader)  # as Lightning's Trainer: a distributed training loader always shuffles
-    loader = trainer.strategy.process_dataloader(loader, stage) if trainer.use_distributed_sampler else loader
-    return add_worker_init_fn(loader, trainer.global_rank)  # seed_everything(workers=True)
+    return prepare_loader(trainer, loader, stage)
 
 
 # ---------------------------------------------------------------------------- fit
@@ -395,8 +386,13 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
                       f"{trainer.max_epochs} epochs. Pass max_epochs=N, or max_epochs=-1 to train until max_steps, "
                       "max_time or a callback stops it.", PossibleUserWarning, stacklevel=2)
     micro_batch_size = loader_batch_size(train_loader)
-    train_loader = _prepared(trainer, train_loader, "fit")
+    path = resolve_ckpt_path(trainer, ckpt_path, "fit")
+    trainer.ckpt_path = path
+    checkpoint = restore_before_setup(trainer, path, full=True, weights_only=weights_only)
+    # the loaders are prepared before setup (Lightning: as its loops start), so that configure_optimizers can read
+    # estimated_stepping_batches; validation's first, as Lightning asks the strategy
     val_loaders = [_prepared(trainer, v, "validate") for v in val_source]
+    train_loader = _prepared(trainer, train_loader, "fit")
     # every rank runs the same number of training and validation batches (loop_shape.py): one collective
     shape = agree_fit(strategy, _num_batches(train_loader, trainer.limit_train_batches), has_length(train_loader),
                       [_num_batches(v, trainer.limit_val_batches) for v in val_loaders])
@@ -406,11 +402,7 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
     trainer.val_dataloaders = _one_or_list(val_loaders)
     trainer.state.current_epoch = 0
     trainer.state.global_step = 0
-    _setup_model(trainer, model, with_optimizers=True, micro_batch_size=micro_batch_size)
-    path = resolve_ckpt_path(trainer, ckpt_path, "fit")
-    trainer.ckpt_path = path
-    if path is not None:
-        restore(trainer, path, full=True, weights_only=weights_only)
+    setup_strategy(trainer, model, "fit", micro_batch_size=micro_batch_size)
     _log_summary(trainer, model)
     hparams = _hparams_to_log(model, trainer.datamodule) if trainer.is_global_zero and trainer.loggers else None
     for lg in trainer.loggers if trainer.is_global_zero else []:
@@ -420,6 +412,7 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
         if callable(graph) and trainer.strategy.outside_forward != "never":  # a sharded forward on rank 0 alone hangs
             graph(model)
     trainer._hooks.call("on_fit_start", trainer)
+    restore_after_setup(trainer, path, checkpoint, full=True, weights_only=weights_only)
     if trainer.num_sanity_val_steps and val_loaders and trainer.limit_val_batches:
         with isolate_rng():  # as in Lightning: training draws the same numbers with and without the check
             _sanity_check(trainer, model, val_loaders)
@@ -431,11 +424,6 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
         loop.run()
     finally:
         loop._val_loop._runner = None
-    trainer._hooks.call("on_fit_end", trainer)
-    if trainer.is_global_zero:
-        for lg in trainer.loggers:
-            lg.finalize("success")
-    strategy.barrier("fit_end")
 
 
 def _hparams_to_log(model: Any, dm: Any) -> dict[str, Any] | None:
@@ -492,10 +480,7 @@ def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path
         trainer.num_val_batches, trainer.val_dataloaders = limits, _one_or_list(loaders)
     else:
         trainer.num_test_batches, trainer.test_dataloaders = limits, _one_or_list(loaders)
-    _setup_model(trainer, model, with_optimizers=False)
-    path = resolve_ckpt_path(trainer, ckpt_path, stage)
-    if path is not None:
-        restore(trainer, path, full=False, weights_only=weights_only)
+    _setup_for_evaluation(trainer, model, stage, ckpt_path, weights_only)
     trainer.state.epoch_metrics.clear()
     results = EvalLoop(trainer, model, stage, loaders, limits).run()
     if verbose and trainer.is_global_zero and results:
@@ -525,12 +510,18 @@ def _predict(trainer: Trainer, model: Any, dl: Any, ckpt_path: Any, return_predi
         )
     limits = agree_eval(trainer.strategy, [_num_batches(v, trainer.limit_predict_batches) for v in loaders])
     trainer.num_predict_batches, trainer.predict_dataloaders = limits, _one_or_list(loaders)
-    _setup_model(trainer, model, with_optimizers=False)
-    path = resolve_ckpt_path(trainer, ckpt_path, "predict")
-    if path is not None:
-        restore(trainer, path, full=False, weights_only=weights_only)
+    _setup_for_evaluation(trainer, model, "predict", ckpt_path, weights_only)
     loop = EvalLoop(trainer, model, "predict", loaders, limits, collect=return_predictions)
     loop.run()
     if not return_predictions:
         return None
     return loop.predictions[0] if len(loop.predictions) == 1 else loop.predictions
+
+
+def _setup_for_evaluation(trainer: Trainer, model: Any, stage: str, ckpt_path: Any, weights_only: bool | None) -> None:
+    """validate/test/predict: the module restored from ``ckpt_path`` before or after ``setup(trainer)``, as the
+    strategy's ``restore_checkpoint_after_setup`` says."""
+    path = resolve_ckpt_path(trainer, ckpt_path, stage)
+    checkpoint = restore_before_setup(trainer, path, full=False, weights_only=weights_only)
+    setup_strategy(trainer, model, stage)
+    restore_after_setup(trainer, path, checkpoint, full=False, weights_only=weights_only)

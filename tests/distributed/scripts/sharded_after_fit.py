@@ -15,6 +15,9 @@ with a ``case``:
   ``fleet.strategy.teardown()``); rank 0 alone calls the model.
 - ``"rank_zero_forward"``: fit, where a ``@rank_zero_only`` callback calls the model after step 2 on rank 0
   alone (the run must end with a desync report naming that line; nothing is written).
+- ``"ddp_sync_batchnorm"``: fit ``BNNet`` under ddp with ``sync_batchnorm=True``; what the model was during fit
+  (the DDP wrapper, the synchronised BatchNorm) and after it (teardown: the Module, its own BatchNorm1d); every rank
+  and rank 0 alone call it (eval mode), and the final checkpoint is written.
 
 Every rank writes ``{out}.<rank>.pt`` (torch.save) with, per run: the outputs of its calls and what its
 parameters were after fit (whole / sharded, dtype), and the paths of the checkpoints.
@@ -30,6 +33,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchfleet as tf
+from tests.distributed.trainer_order import InOrder
 from torchfleet.callbacks import Callback
 from torchfleet.utilities import rank_zero_only
 
@@ -57,6 +61,58 @@ class FSDPNet(TestStep, fsdp_train.TinyTransformer):
 
 class DeepSpeedNet(TestStep, deepspeed_train.TinyTransformer):
     """The DeepSpeed tests' model (one encoder layer) with a test_step."""
+
+
+class BNNet(TestStep, tf.Module):
+    """Two linear layers with a BatchNorm between them (over the sequence's positions), for sync_batchnorm under ddp."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inner = torch.nn.Linear(deepspeed_train.DIM, 16)
+        self.norm = torch.nn.BatchNorm1d(deepspeed_train.SEQ)
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.norm(self.inner(x))))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+
+class DuringFit(Callback):
+    """What the strategy had made of the model while training ran."""
+
+    def __init__(self) -> None:
+        self.seen: dict = {}
+
+    def on_train_end(self, trainer, module):
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.seen = {"wrapped": isinstance(trainer.strategy.model, DistributedDataParallel),
+                     "norm": type(module.norm).__name__}
+
+
+def ddp_sync_batchnorm(run: dict, ckpt_dir: str) -> dict:
+    model, during = BNNet(), DuringFit()
+    trainer = tf.Trainer(strategy="ddp", sync_batchnorm=True, accelerator="cpu", devices=2, max_epochs=EPOCHS,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0, callbacks=[during])
+    trainer.fit(model, loader())
+    out: dict = {"during": during.seen, "norm": type(model.norm).__name__, "leftovers": layer_leftovers(model),
+                 "unwrapped": trainer.model is model and trainer.strategy.model is model}
+    model.eval()
+    with torch.no_grad():
+        out["forward"] = model(inputs())
+        if trainer.is_global_zero:  # alone: nothing of DDP's is left to wait for the other rank
+            out["rank_zero_forward"] = model(inputs())
+    out["fit_ckpt"] = os.path.join(ckpt_dir, f"{run['name']}-fit.ckpt")
+    trainer.save_checkpoint(out["fit_ckpt"])
+    return out
 
 
 def new_model(run: dict) -> torch.nn.Module:
@@ -90,7 +146,10 @@ def trainer_for(run: dict, max_steps: int = -1, callbacks=(), hang_timeout: floa
 
 
 def loader() -> DataLoader:
-    return DataLoader(fsdp_train.make_data(), batch_size=BATCH, shuffle=False)
+    # a sampler of the program's own (the Trainer would shuffle the default one): the global batches are those of
+    # the tests' one-process references, which read the data in order
+    data = fsdp_train.make_data()
+    return DataLoader(data, batch_size=BATCH, sampler=InOrder(data))
 
 
 def test_loader() -> DataLoader:
@@ -236,7 +295,8 @@ def main(cfg: dict) -> None:
             trainer_for(run, callbacks=[SampleOnRankZero()], hang_timeout=60).fit(model, loader())
             results[run["name"]] = {"finished": True}
         else:
-            case = {"stages": stages, "keep_sharded": keep_sharded, "raises": raises, "fleet": fleet}[run["case"]]
+            case = {"stages": stages, "keep_sharded": keep_sharded, "raises": raises, "fleet": fleet,
+                    "ddp_sync_batchnorm": ddp_sync_batchnorm}[run["case"]]
             results[run["name"]] = case(run, cfg["ckpt_dir"])
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     torch.save(results, f"{cfg['out']}.{rank}.pt")

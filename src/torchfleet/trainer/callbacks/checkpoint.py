@@ -18,6 +18,7 @@ import torch
 
 from torchfleet.errors import ConfigurationError, check_flag, check_int, check_text, not_valid
 from torchfleet.trainer.callbacks.base import Callback
+from torchfleet.watchdog import labelled
 
 log = logging.getLogger("torchfleet")
 
@@ -306,14 +307,22 @@ class ModelCheckpoint(Callback):
         """``path``, or ``path`` with ``-v1``, ``-v2``... when a file of that name exists and is not ``replacing``."""
         if not self.enable_version_counter:
             return path
-        exists = trainer.strategy.broadcast(os.path.lexists(path))
+        exists = self._file_exists(trainer, path)
         version = self.STARTING_VERSION
         base = path[: -len(self.FILE_EXTENSION)]
         while exists and path != replacing:
             path = f"{base}-v{version}{self.FILE_EXTENSION}"
             version += 1
-            exists = trainer.strategy.broadcast(os.path.lexists(path))
+            exists = self._file_exists(trainer, path)
         return path
+
+    @staticmethod
+    def _file_exists(trainer: Any, path: str) -> bool:
+        """Whether ``path`` exists on global rank 0 (Lightning's vote: the strategy's ``reduce_boolean_decision``)."""
+        # only rank 0 looks (a link to a removed file counts: it will be replaced); an "any" vote tells the others
+        local = os.path.lexists(path) if trainer.is_global_zero else False
+        with labelled("ModelCheckpoint: does the file exist"):
+            return trainer.strategy.reduce_boolean_decision(local, all=False)
 
     def _save(self, trainer: Any, top_k: bool = True, last_if_saved: bool = False) -> None:
         """The top-k (or latest) checkpoint when ``top_k``, then last.ckpt; with ``last_if_saved`` (epoch-end and
