@@ -146,7 +146,7 @@ class BaseFinetuning(Callback):
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         # before the optimizers' states are loaded: they need the groups the saved run had added
         state = checkpoint.get("callbacks", {}).get(self.state_key)
-        if state is not None:
+        if state is not None and trainer.optimizers:  # restored before setup (Lightning's order): on_fit_start does it
             self._rebuild_groups(trainer, pl_module, state.get("internal_optimizer_metadata", state))
             self._groups_rebuilt = True
 
