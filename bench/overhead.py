@@ -136,7 +136,9 @@ def main() -> None:
         "raw PyTorch loop": run_raw,
         "Trainer (self.log, no bar)": run_trainer,
         "Trainer (self.log, bar)": lambda w, b, s, c: run_trainer(w, b, s, c, bar=True),
-        "Trainer (self.log, CSV logger)": lambda w, b, s, c: run_trainer(w, b, s, c, logger=True, root=tmp),
+        # named, not logger=True: the default logger is TensorBoard's where tensorboard is installed (as Lightning)
+        "Trainer (self.log, CSV logger)": lambda w, b, s, c: run_trainer(
+            w, b, s, c, logger=torchfleet.loggers.CSVLogger(tmp), root=tmp),
         "Fleet": run_fleet,
     }
     print(f"torch {torch.__version__}, torchfleet {torchfleet.__version__}")

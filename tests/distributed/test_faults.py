@@ -134,12 +134,15 @@ def test_world_size_from_the_launcher_must_match_devices_times_nodes(monkeypatch
     for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(k, v)
+    # the check runs where Lightning's launcher runs it: when the stage launches, before any process group
+    strategy = resolve(accelerator="cpu", devices=1, strategy="ddp")
     with pytest.raises(ConfigurationError) as info:
-        resolve(accelerator="cpu", devices=1, strategy="ddp")
+        strategy.launcher.launch(lambda: None)
     assert "4" in str(info.value) and "devices=1" in str(info.value)
     # strategy='auto' must not quietly train 4 unsynchronised copies: it picks ddp, which checks
+    strategy = resolve(accelerator="cpu", devices=1)
     with pytest.raises(ConfigurationError, match="WORLD_SIZE=4"):
-        resolve(accelerator="cpu", devices=1)
+        strategy.launcher.launch(lambda: None)
 
 
 def test_ctrl_c_in_the_launching_process_saves_and_stops_every_rank(tmp_path):

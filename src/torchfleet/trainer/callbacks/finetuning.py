@@ -175,7 +175,7 @@ class BaseFinetuning(Callback):
         if not params:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        mean = trainer.strategy.reduce(torch.cat([g.reshape(-1) for g in grads]), "mean", name="unfrozen gradients")
+        mean = trainer.strategy.reduce(torch.cat([g.reshape(-1) for g in grads]), reduce_op="mean")
         for p, piece in zip(params, torch.split(mean, [g.numel() for g in grads])):
             p.grad = piece.view_as(p).to(p.dtype)
 
