@@ -95,10 +95,11 @@ def test_fit_then_test_validate_predict_with_the_same_module(runs, strategy):
     got = result["preds"].flatten().sort().values
     torch.testing.assert_close(got, preds.flatten().sort().values, rtol=0, atol=ATOL)
     assert result["global_step"] == 8
-    # trainer.model is the strategy's model: the DDP wrapper under ddp, the engine under DeepSpeed; under fsdp the
-    # module itself, an ordinary Regressor again once fit has ended
-    wrapper = {"ddp": "DistributedDataParallel", "fsdp": "Regressor"}.get(strategy, "DeepSpeedEngine")
-    assert result["model_type"] == wrapper
+    # during fit trainer.model is the strategy's model: the DDP wrapper under ddp, the engine under DeepSpeed, the
+    # module itself under fsdp (fully_shard's FSDPRegressor class); the stage's teardown releases them (as
+    # Lightning's), so after fit it is the plain Module
+    wrapper = {"ddp": "DistributedDataParallel", "fsdp": "FSDPRegressor"}.get(strategy, "DeepSpeedEngine")
+    assert result["model_type"] == {"during_fit": wrapper, "after_fit": "Regressor"}
 
 
 @pytest.mark.parametrize("name", ["gan_ddp", "gan_ddp_unused", "gan_fsdp"])
@@ -139,7 +140,8 @@ def batchnorm_reference() -> tuple[nn.Module, nn.BatchNorm1d]:
 def test_sync_batchnorm_uses_the_whole_batch_statistics(runs, name):
     model, bn = batchnorm_reference()
     result = runs[name]
-    assert result["bn_type"] == "CPUSyncBatchNorm"  # torch's SyncBatchNorm refuses the CPU
+    assert result["bn_type"] == "CPUSyncBatchNorm"  # in training (torch's SyncBatchNorm refuses the CPU)
+    assert result["bn_type_after_fit"] == "BatchNorm1d"  # the strategy's teardown gave the user's layer back
     torch.testing.assert_close(result["running_mean"], bn.running_mean, rtol=0, atol=1e-6)
     torch.testing.assert_close(result["running_var"], bn.running_var, rtol=0, atol=1e-6)
     torch.testing.assert_close(result["gathered_mean"][1], result["gathered_mean"][0], rtol=0, atol=0)

@@ -138,6 +138,16 @@ class ConfiguredModel(Regressor):
         self.sharding = (isinstance(weight, DTensor), (weight.to_local() if isinstance(weight, DTensor) else weight).numel())
 
 
+class SeenInTraining(tf.Callback):
+    """What the strategy ran during fit (its teardown releases the wrappers when the stage ends)."""
+
+    def __init__(self) -> None:
+        self.seen: dict = {}
+
+    def on_train_end(self, trainer, pl_module):
+        self.seen = {"model": type(trainer.model).__name__, "second_layer": type(pl_module.net[1]).__name__}
+
+
 def trainer_for(strategy, devices: int, **kw) -> tf.Trainer:
     return tf.Trainer(strategy=strategy, accelerator="cpu", devices=devices, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, **kw)
@@ -152,14 +162,15 @@ def make_strategy(run: dict):
 
 
 def fit_test(run: dict, devices: int) -> dict:
-    trainer = trainer_for(run["strategy"], devices, max_epochs=2)
+    seen = SeenInTraining()
+    trainer = trainer_for(run["strategy"], devices, max_epochs=2, callbacks=[seen])
     model = Regressor()
     batch = GLOBAL_BATCH // devices
     train = DataLoader(regression_data(), batch_size=batch)
     evaluate = DataLoader(regression_data(16, seed=1), batch_size=batch)
     trainer.fit(model, train)
     weights = full_weights(model)
-    wrapped = type(trainer.model).__name__
+    wrapped = {"during_fit": seen.seen["model"], "after_fit": type(trainer.model).__name__}
     test = trainer.test(model, evaluate, verbose=False)[0]["test_loss"]
     val = trainer.validate(model, evaluate, verbose=False)[0]["val_loss"]
     preds = torch.cat(trainer.predict(model, evaluate))
@@ -176,12 +187,13 @@ def gan(run: dict, devices: int) -> dict:
 
 
 def sync_bn(run: dict, devices: int) -> dict:
-    trainer = trainer_for(run["strategy"], devices, max_steps=1, sync_batchnorm=run["sync"])
+    seen = SeenInTraining()
+    trainer = trainer_for(run["strategy"], devices, max_steps=1, sync_batchnorm=run["sync"], callbacks=[seen])
     model = BatchNormModel()
     trainer.fit(model, DataLoader(regression_data(), batch_size=GLOBAL_BATCH // devices))
     bn = model.net[1]
     return {"running_mean": bn.running_mean.clone(), "running_var": bn.running_var.clone(),
-            "bn_type": type(bn).__name__, "weights": full_weights(model),
+            "bn_type": seen.seen["second_layer"], "bn_type_after_fit": type(bn).__name__, "weights": full_weights(model),
             "gathered_mean": trainer.all_gather(bn.running_mean.clone()).cpu()}
 
 
