@@ -23,7 +23,9 @@ def run_in_rank(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl
                 kw: dict) -> Any:
     """Run the stage in this rank; rank 0 also returns the snapshot that ``restore`` applies in the parent."""
     from torchfleet.trainer.stage import run_stage
+    from torchfleet.trainer.trainer import show_info_lines
 
+    show_info_lines()  # a spawned rank built no Trainer: its rank 0 prints the stage's info lines as the parent would
     out = run_stage(trainer, stage, model, train_dl, eval_dl, ckpt_path, kw)
     if not trainer.is_global_zero:
         return None

@@ -25,18 +25,16 @@ from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, labelled, parse_hang_tim
 log = logging.getLogger("torchfleet")
 
 
-def _setup_logging() -> None:
-    # Show torchfleet's info messages (model summary, strategy choice) like a training tool should,
-    # unless the user configured logging for the "torchfleet" logger themselves.
+def show_info_lines() -> None:
+    """Print torchfleet's info messages (model summary, strategy choice) like a training tool should, once a Trainer
+    is built or runs a stage in a new process, unless the program configured logging for them itself (a handler of
+    its own on the "torchfleet" logger or on the root logger). Importing torchfleet configures no logging."""
     if not log.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
-
-
-_setup_logging()
 
 
 def _state_field(name: str, doc: str) -> property:
@@ -161,6 +159,7 @@ class Trainer(TrainerProperties):
     ) -> None:
         from torchfleet.connector import resolve
 
+        show_info_lines()
         args.check_switches(barebones=barebones, detect_anomaly=detect_anomaly)
         #: every feature that costs speed switched off (arguments.barebones_overrides lists them)
         self.barebones = barebones
