@@ -267,8 +267,3 @@ def atomic_checkpoint_dir(path: str | os.PathLike, ranks: Ranks) -> Iterator[str
         _move_into_place(tmp, target)
     ranks.barrier("sharded_checkpoint_done")
 
-
-def is_partial_dir(path: str | os.PathLike) -> bool:
-    """Whether ``path`` is the temporary directory of an unfinished (or crashed) sharded save."""
-    name = os.path.basename(os.fspath(path).rstrip(os.sep))
-    return name.startswith(".") and (name.endswith(_PARTIAL_SUFFIX) or name.endswith(_OLD_SUFFIX))
