@@ -195,3 +195,16 @@ def test_strategy_names_are_matched_in_lower_case_after_an_exact_match():
     assert resolve(accelerator="cpu", strategy="DDP_Spawn", devices=2).start_method == "spawn"
     with pytest.raises(ConfigurationError, match="Unknown strategy 'DPP'. Did you mean 'ddp'"):
         resolve(accelerator="cpu", strategy="DPP")
+
+
+def test_hang_timeout_is_given_to_the_strategy_it_resolves_a_declared_attribute_of_every_strategy():
+    from torchfleet.strategies import Strategy
+    from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S
+
+    assert "hang_timeout" in vars(Strategy)  # declared on the base class: nobody probes for it
+    assert resolve(accelerator="cpu", strategy="ddp", devices=2).hang_timeout == DEFAULT_HANG_TIMEOUT_S
+    assert resolve(accelerator="cpu", strategy="ddp", devices=2, hang_timeout=7.0).hang_timeout == 7.0
+    assert resolve(accelerator="cpu", strategy="ddp_spawn", devices=2, hang_timeout=None).hang_timeout is None
+    # a strategy object of one's own (a subclass of one device, as third-party strategies are) receives it as well
+    given = SingleDeviceStrategy()
+    assert resolve(strategy=given, hang_timeout=12.5) is given and given.hang_timeout == 12.5

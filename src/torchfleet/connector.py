@@ -13,6 +13,7 @@ from typing import Any
 
 from torchfleet.errors import ConfigurationError, unknown_name
 from torchfleet.launchers.base import check_max_restarts
+from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -136,8 +137,7 @@ def _strategies_worth_suggesting(accelerator: Any) -> list[str]:
     from torchfleet.strategies.registry import StrategyRegistry
 
     cuda = accelerator in ("cuda", "gpu") or (accelerator in ("auto", None) and torch.cuda.is_available())
-    return [e.name for e in StrategyRegistry.entries()
-            if not hasattr(e.cls, "unusable_here") or e.cls.unusable_here(cuda) is None]
+    return [e.name for e in StrategyRegistry.entries() if e.cls.unusable_here(cuda) is None]
 
 
 def resolve(
@@ -148,6 +148,7 @@ def resolve(
     num_nodes: int = 1,
     plugins: Any = None,
     max_restarts: int = 0,
+    hang_timeout: float | None = DEFAULT_HANG_TIMEOUT_S,
 ) -> Any:
     """Build the Strategy that the Trainer/Fleet arguments describe, with all its parts attached.
 
@@ -155,7 +156,10 @@ def resolve(
     Accelerator; ``devices`` as in the devices table of docs/strategies.md; ``precision`` a precision
     string/number or None (32-true unless a Precision plugin is given); ``plugins`` Precision,
     CheckpointIO or ClusterEnvironment objects, at most one of each kind. ``max_restarts`` (0: not asked)
-    goes to a strategy that starts processes (ddp, fsdp, deepspeed and their variants).
+    goes to a strategy that starts processes (ddp, fsdp, deepspeed and their variants). ``hang_timeout``: seconds
+    (already checked by ``watchdog.parse_hang_timeout``; None: no watchdog) that the strategy's watchdog lets a rank
+    wait in one collective, set on every strategy (a strategy object's own value is replaced, as for the other
+    run settings); those of one process run no collective and ignore it.
     """
     from torchfleet.accelerators import AcceleratorRegistry, select_accelerator
     from torchfleet.environments import detect_environment
@@ -254,6 +258,7 @@ def resolve(
         built.precision = precision_for(precision_name or DEFAULT_PRECISION, device_type)
     if max_restarts:
         _apply_max_restarts(built, max_restarts)
+    built.hang_timeout = hang_timeout
     return built
 
 

@@ -116,8 +116,11 @@ class Fleet:
         accelerator, strategy, devices = (_from_run_env(n, v) for n, v in
                                           (("accelerator", accelerator), ("strategy", strategy), ("devices", devices)))
         num_nodes, precision = _from_run_env("num_nodes", num_nodes), _from_run_env("precision", precision)
+        #: seconds a rank may wait in one collective before the watchdog stops the run (None: no watchdog)
+        self.hang_timeout = parse_hang_timeout(hang_timeout, "Fleet")
         self._strategy = resolve(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
-                                 num_nodes=num_nodes, plugins=plugins, max_restarts=max_restarts)
+                                 num_nodes=num_nodes, plugins=plugins, max_restarts=max_restarts,
+                                 hang_timeout=self.hang_timeout)
         if training is not None and not isinstance(training, TrainingSettings):
             raise ConfigurationError(
                 f"training={training!r} is not valid: give a torchfleet.TrainingSettings (accumulate_grad_batches, "
@@ -135,10 +138,6 @@ class Fleet:
         self._backward_module: Any = _NOT_SET_UP
         #: SIGTERM/SIGUSR1/SIGINT, agreed across ranks after optimizer steps, once the loop reads preemption_requested
         self._preemption = PreemptionWatch()
-        #: seconds a rank may wait in one collective before the watchdog stops the run (None: no watchdog)
-        self.hang_timeout = parse_hang_timeout(hang_timeout, "Fleet")
-        if hasattr(self._strategy, "hang_timeout"):
-            self._strategy.hang_timeout = self.hang_timeout
 
     def __getstate__(self) -> dict[str, Any]:
         # ddp_spawn pickles the Fleet into every rank; what was set up here stays here (a WeakSet cannot travel)

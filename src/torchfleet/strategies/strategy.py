@@ -65,6 +65,9 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
     reseeds_for: frozenset[str] = frozenset()
     #: the optional package this strategy runs on (``torchfleet strategies`` says when it is not installed)
     requires_package: str | None = None
+    #: seconds a rank may wait in one collective before the watchdog stops the run (None: no watchdog): the Trainer's or
+    #: Fleet's ``hang_timeout``, given by ``connector.resolve``; only strategies that run collectives read it
+    hang_timeout: float | None = None
 
     @classmethod
     def unusable_here(cls, cuda: bool) -> str | None:

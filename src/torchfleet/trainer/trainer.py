@@ -173,6 +173,8 @@ class Trainer(TrainerProperties):
             "reload_dataloaders_every_n_epochs", reload_dataloaders_every_n_epochs, 0, "Trainer",
             meaning="epochs between requests of the dataloaders; 0: once per fit")
 
+        #: seconds a rank may wait in one collective before the watchdog stops the run (None: no watchdog)
+        self.hang_timeout = parse_hang_timeout(hang_timeout, "Trainer")
         # Every argument error is raised here, before anything runs.
         self.strategy = resolve(
             accelerator=accelerator,
@@ -182,6 +184,7 @@ class Trainer(TrainerProperties):
             num_nodes=num_nodes,
             plugins=plugins,
             max_restarts=max_restarts,
+            hang_timeout=self.hang_timeout,
         )
         #: seconds between validations when val_check_interval is a duration, else None
         self.val_check_seconds: float | None = None
@@ -260,10 +263,6 @@ class Trainer(TrainerProperties):
                                      "from its newest checkpoint) or False.")
         #: a restarted run (TORCHELASTIC_RESTART_COUNT or SLURM_RESTART_COUNT > 0) resumes from its newest checkpoint
         self.auto_resume = auto_resume
-        #: seconds a rank may wait in one collective before the watchdog stops the run (None: no watchdog)
-        self.hang_timeout = parse_hang_timeout(hang_timeout, "Trainer")
-        if hasattr(self.strategy, "hang_timeout"):
-            self.strategy.hang_timeout = self.hang_timeout
         self.default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
         self.enable_progress_bar = default("enable_progress_bar", enable_progress_bar)
         self.enable_checkpointing = default("enable_checkpointing", enable_checkpointing)
