@@ -127,7 +127,7 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: Any, stage: str) -> str | Non
     In fit, None on a restarted run (``auto_resume``) means "last". All ranks get global rank 0's choice.
     """
     if ckpt_path is None:
-        if stage != "fit" or not getattr(trainer, "auto_resume", False) or not is_restart():
+        if stage != "fit" or not trainer.auto_resume or not is_restart():
             return None
         found = trainer.strategy.broadcast(find_last_checkpoint(trainer) if trainer.is_global_zero else None)
         if trainer.is_global_zero:

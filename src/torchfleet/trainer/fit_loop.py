@@ -87,7 +87,7 @@ class FitLoop:
         self._batches_before = 0  # training batches of the earlier epochs (check_val_every_n_epoch=None)
         self._val_loop = trainer.fit_loop.epoch_loop.val_loop  # fit validates through its run() (replaceable)
         # SIGTERM/SIGUSR1: polled after every optimizer step (trainer/preemption.py); None outside run_stage
-        self._preemption = getattr(trainer, "_preemption", None)
+        self._preemption = trainer._preemption
 
     # -- progress, saved in checkpoints as loops["fit"] ----------------------------------------
     def _set_progress(self, **kw: Any) -> None:
