@@ -7,7 +7,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import torchfleet as tf
-from torchfleet.trainer.state import RunState, TrainerFn
+from torchfleet.trainer.state import FitPosition, ResumePoint, RunState, TrainerFn
 
 
 class Tiny(tf.Module):
@@ -34,17 +34,36 @@ def test_public_counters_read_and_write_the_state():
 
 
 def test_state_dict_round_trip_and_stage_start():
-    state = RunState(current_epoch=3, global_step=40, progress={"epoch": 3, "batches_done": 5})
+    position = FitPosition(epoch=3, batches_done=5, steps_before=35)
+    state = RunState(current_epoch=3, global_step=40, fit_position=position)
     saved = {**state.state_dict(), "rng": {"torch": None}}
-    assert saved["loops"] == {"fit": {"epoch": 3, "batches_done": 5}}
+    # on disk a plain dict, keyed by the fields' names
+    assert saved["loops"] == {"fit": {"epoch": 3, "batches_done": 5, "epoch_done": False, "val_pending": False,
+                                      "epoch_start_rng": None, "stopped_mid_epoch": False, "resume_rng": None,
+                                      "epoch_stepped": False, "batches_before": 0, "steps_before": 35}}
     other = RunState()
     other.load_state_dict(saved)
     assert (other.current_epoch, other.global_step) == (3, 40)
-    assert other.resume == {"loops": {"epoch": 3, "batches_done": 5}, "rng": {"torch": None}}
+    assert other.resume == ResumePoint(position, {"torch": None})
     other.should_stop = True
     other.start_stage("validate")
-    assert other.stage == "validate" and not other.should_stop and other.resume is None and other.progress is None
+    assert other.stage == "validate" and not other.should_stop and other.resume is None and other.fit_position is None
     assert RunState().state_dict()["loops"] == {}
+
+
+def test_a_fit_position_of_an_older_checkpoint_loads_with_what_it_lacks_unknown():
+    # written before batches_before and steps_before were saved: both read as not known (None), and stay unsaved
+    old = {"epoch": 2, "batches_done": 4, "epoch_done": True, "val_pending": False, "epoch_start_rng": None,
+           "resume_rng": None, "some_future_key": 1}
+    state = RunState()
+    state.load_state_dict({"epoch": 2, "global_step": 12, "loops": {"fit": old}})
+    position = state.resume.position
+    assert (position.epoch, position.batches_done, position.epoch_done) == (2, 4, True)
+    assert position.batches_before is None and position.steps_before is None and not position.stopped_mid_epoch
+    assert position.to_checkpoint() == {k: v for k, v in old.items() if k != "some_future_key"} | {
+        "stopped_mid_epoch": False, "epoch_stepped": False}
+    state.load_state_dict({"epoch": 0, "global_step": 0, "loops": {}})  # a checkpoint saved outside fit
+    assert state.resume == ResumePoint(None, None)
 
 
 def test_snapshot_carries_counters_and_metrics():
@@ -62,7 +81,7 @@ def test_fit_advances_the_state():
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(Tiny(), DataLoader(TensorDataset(torch.randn(6, 2)), batch_size=2))
     assert (trainer.state.current_epoch, trainer.state.global_step) == (2, 6)
-    assert trainer.state.progress["epoch_done"] and trainer.state.stage is None
+    assert trainer.state.fit_position.epoch_done and trainer.state.stage is None
     assert "loss" in trainer.callback_metrics
 
 

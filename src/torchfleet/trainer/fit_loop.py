@@ -5,6 +5,7 @@ Strategy-agnostic: everything device- or process-specific goes through ``trainer
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import sys
@@ -26,6 +27,7 @@ from torchfleet.trainer.loop_shape import (
     val_every_fraction,
 )
 from torchfleet.trainer.progress import note_held_stop
+from torchfleet.trainer.state import FitPosition
 from torchfleet.trainer.training_step import AutomaticStep
 from torchfleet.watchdog import set_position
 
@@ -89,36 +91,36 @@ class FitLoop:
         # SIGTERM/SIGUSR1: polled after every optimizer step (trainer/preemption.py); None outside run_stage
         self._preemption = trainer._preemption
 
-    # -- progress, saved in checkpoints as loops["fit"] ----------------------------------------
-    def _set_progress(self, **kw: Any) -> None:
-        self.trainer.state.progress.update(kw)
+    # -- the fit position (trainer.state.fit_position), saved in checkpoints as loops["fit"] -----
+    def _validation_ran(self) -> None:
+        self.trainer.state.fit_position.val_pending = False
 
     def run(self) -> None:
         trainer = self.trainer
-        resume = trainer.state.resume or {}
-        progress = resume.get("loops") or None
-        trainer.state.progress = {"epoch": trainer.state.current_epoch, "batches_done": 0, "epoch_done": False,
-                             "val_pending": False, "epoch_start_rng": None, "stopped_mid_epoch": False,
-                             "resume_rng": None, "epoch_stepped": False, "batches_before": 0}
+        resume = trainer.state.resume
+        saved = resume.position if resume is not None else None
+        trainer.state.fit_position = FitPosition(epoch=trainer.state.current_epoch)
         start_batch, mid_epoch, resume_rng = 0, None, None
-        if progress is not None:
+        if resume is not None and saved is not None:
             # the RNG where the run stopped, if it stopped; else the one at the save (a save inside the loop)
-            resume_rng = progress.get("resume_rng") or resume.get("rng")
+            resume_rng = saved.resume_rng or resume.rng
             restored_epoch = trainer.state.current_epoch
             n = trainer.num_training_batches
-            self._batches_before = progress.get("batches_before", 0 if math.isinf(n) else progress["epoch"] * n)
-            if progress["epoch_done"] and not progress.get("stopped_mid_epoch", False):
-                trainer.state.current_epoch = progress["epoch"] + 1
-                self._batches_before += progress["batches_done"]
+            before = saved.batches_before  # None: a checkpoint older than that field
+            self._batches_before = before if before is not None else 0 if math.isinf(n) else saved.epoch * n
+            if saved.epoch_done and not saved.stopped_mid_epoch:
+                trainer.state.current_epoch = saved.epoch + 1
+                self._batches_before += saved.batches_done
                 if resume_rng is not None:
                     restore_rng(resume_rng)
             else:
-                trainer.state.current_epoch = progress["epoch"]
-                start_batch, mid_epoch = progress["batches_done"], progress
+                trainer.state.current_epoch = saved.epoch
+                start_batch, mid_epoch = saved.batches_done, saved
             if self._done():
                 # nothing left to run: a checkpoint saved now must still say where the first run stopped
                 trainer.state.current_epoch = restored_epoch
-                trainer.state.progress = {**trainer.state.progress, **progress, "resume_rng": resume_rng}
+                trainer.state.fit_position = dataclasses.replace(saved, resume_rng=resume_rng,
+                                                                 batches_before=saved.batches_before or 0)
         if trainer.num_training_batches == 0:  # as Lightning: no training hooks, fit ends after the sanity check
             no_training_warning(trainer)
             return
@@ -136,7 +138,7 @@ class FitLoop:
             else:
                 self._reload(self, "train")
                 empty = self.run_epoch(0, None, None)
-            self._batches_before += trainer.state.progress["batches_done"]
+            self._batches_before += trainer.state.fit_position.batches_done
             stop = trainer.state.should_stop and self._may_stop(trainer.state.current_epoch + 1)
             if empty:  # data without a length that gave no batch: the next epoch would not either
                 no_training_warning(trainer, trainer.state.current_epoch)
@@ -144,9 +146,9 @@ class FitLoop:
             trainer.state.current_epoch += 1
             if stop or empty:
                 break
-        if ran and trainer.state.progress["resume_rng"] is None:
+        if ran and trainer.state.fit_position.resume_rng is None:
             # stopped at an epoch end: the next epoch would start from this RNG state
-            trainer.state.progress["resume_rng"] = capture_rng()
+            trainer.state.fit_position.resume_rng = capture_rng()
         trainer._hooks.call("on_train_end", trainer)
         self.strategy.on_train_end()
 
@@ -166,21 +168,21 @@ class FitLoop:
             note_held_stop(t)
         return may
 
-    def run_epoch(self, start_batch: int, resume_at: dict | None, rng: dict | None) -> bool:
+    def run_epoch(self, start_batch: int, resume_at: FitPosition | None, rng: dict | None) -> bool:
         """One epoch from ``start_batch``; True when the data gave no batch at all (an iterable that is empty)."""
         trainer, strategy, model, hooks = self.trainer, self.strategy, self.model, self.trainer._hooks
         state = trainer.state
         set_sampler_epoch(self.loader, state.current_epoch)
         # The iterator's shuffle order and worker seeds come from the global RNG when it is created:
         # remember that state so a resumed run recreates the same order.
-        if resume_at is not None and resume_at.get("epoch_start_rng") is not None:
-            restore_rng(resume_at["epoch_start_rng"])
+        if resume_at is not None and resume_at.epoch_start_rng is not None:
+            restore_rng(resume_at.epoch_start_rng)
         epoch_start_rng = capture_rng()
-        self._set_progress(epoch=state.current_epoch, batches_done=start_batch, epoch_done=False,
-                           val_pending=False, epoch_start_rng=epoch_start_rng, stopped_mid_epoch=False,
-                           resume_rng=None, batches_before=self._batches_before,
-                           epoch_stepped=bool(resume_at and resume_at.get("epoch_stepped")),
-                           steps_before=resume_at.get("steps_before", state.global_step) if resume_at else state.global_step)
+        steps_before = resume_at.steps_before if resume_at is not None else None
+        state.fit_position = FitPosition(
+            epoch=state.current_epoch, batches_done=start_batch, epoch_start_rng=epoch_start_rng,
+            batches_before=self._batches_before, epoch_stepped=resume_at is not None and resume_at.epoch_stepped,
+            steps_before=steps_before if steps_before is not None else state.global_step)
         if resume_at is None:  # as Lightning: val_loop's total counts the validation batches of this epoch
             self._val_loop.batch_progress.total.reset()
         results = train_epoch_results(state, strategy.root_device)
@@ -194,7 +196,7 @@ class FitLoop:
             next(iterator, None)
         if rng is not None:
             restore_rng(rng)
-        if resume_at is not None and resume_at.get("val_pending"):
+        if resume_at is not None and resume_at.val_pending:
             self._validate()
 
         limit = trainer.num_training_batches
@@ -213,7 +215,7 @@ class FitLoop:
         batch_end_cbs = hooks.cb("on_train_batch_end")
         batch_end_mod = hooks.mod("on_train_batch_end")
         transfer = batch_transfer_fn(trainer, 0)
-        progress = state.progress
+        position = state.fit_position
         preemption = self._preemption
         agreement = preemption.agreement or preemption.start_loop() if preemption is not None else None
         trainer._current_fx("training_step")
@@ -242,9 +244,9 @@ class FitLoop:
             else:
                 outputs = manual_step(batch, batch_idx)  # type: ignore[misc]
                 boundary = True
-            progress["batches_done"] = batch_idx + 1
+            position.batches_done = batch_idx + 1
             validate_now = self._should_validate(batch_idx, is_last)
-            progress["val_pending"] = validate_now
+            position.val_pending = validate_now
             if boundary and state.global_step % log_every == 0 and state.global_step > 0 and (
                 automatic or outputs is not None
             ):
@@ -257,7 +259,7 @@ class FitLoop:
                 # the whole epoch ran: its schedulers step now, before the epoch-end validation, so that a
                 # checkpoint ModelCheckpoint writes there holds their state after this epoch's step
                 self._step_schedulers("epoch", plateau=False)
-                progress["epoch_stepped"] = True
+                position.epoch_stepped = True
             if validate_now:
                 self._validate()
             # inside an epoch only the epochs before it count towards min_epochs: that one runs to its end
@@ -280,7 +282,7 @@ class FitLoop:
         # RNG as it is here, before the end-of-epoch work below (an uninterrupted run would not do it here).
         cut_short = stopped and not is_last
         if cut_short:
-            self._set_progress(stopped_mid_epoch=True, resume_rng=capture_rng())
+            position.stopped_mid_epoch, position.resume_rng = True, capture_rng()
         # epoch end: ordinary callbacks and the Module, then epoch metrics and epoch schedulers,
         # then ModelCheckpoint/EarlyStopping, which see all of that.
         model._results = results
@@ -291,8 +293,8 @@ class FitLoop:
             if not cut_short:  # as Lightning: epoch schedulers step only after a whole epoch
                 # ReduceLROnPlateau steps here, on the epoch's metrics; the others stepped after the last batch
                 # (unless the epoch's length is unknown)
-                self._step_schedulers("epoch", plateau=None if not progress["epoch_stepped"] else True)
-            self._set_progress(epoch_done=True, val_pending=False)
+                self._step_schedulers("epoch", plateau=None if not position.epoch_stepped else True)
+            position.epoch_done, position.val_pending = True, False
 
         hooks.call_module_between("on_train_epoch_end", trainer, between=finish_epoch)
         model._results = None
@@ -395,7 +397,7 @@ class FitLoop:
         self._reload(self, "val")
         trainer.state.in_train = False
         EvalLoop(trainer, self.model, "validate", self.val_loaders, trainer.num_val_batches,
-                 on_metrics=lambda: self._set_progress(val_pending=False)).run()
+                 on_metrics=self._validation_ran).run()
         trainer._current_fx("training_step")
         trainer.state.in_train = True
         self._last_val_time = _now()  # a duration interval counts from the end of a validation

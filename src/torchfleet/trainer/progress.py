@@ -312,16 +312,17 @@ class EpochLoopProgress:
     @property
     def batch_progress(self) -> BatchProgress:
         """Training batches: ``current`` in this epoch, ``total`` since the run began (a snapshot)."""
-        progress = self._trainer.state.progress or {}
-        in_epoch = progress.get("batches_done", 0)
-        total = progress.get("batches_before", 0) + in_epoch
+        position = self._trainer.state.fit_position
+        in_epoch = position.batches_done if position is not None else 0
+        total = ((position.batches_before or 0) if position is not None else 0) + in_epoch
         return BatchProgress(_same(total), _same(in_epoch), is_last_batch=bool(self._trainer.is_last_batch))
 
     def _steps(self) -> tuple[int, int]:
         """Optimizer steps in the whole run, and in this epoch."""
         t = self._trainer
-        progress = t.state.progress or {}
-        return t.global_step, t.global_step - progress.get("steps_before", t.global_step)
+        position = t.state.fit_position
+        before = position.steps_before if position is not None else None
+        return t.global_step, t.global_step - (before if before is not None else t.global_step)
 
     @property
     def global_step(self) -> int:
@@ -335,7 +336,8 @@ class EpochLoopProgress:
     @property
     def batch_idx(self) -> int:
         """Index of the last training batch reached in this epoch (-1 before the first)."""
-        return (self._trainer.state.progress or {}).get("batches_done", 0) - 1
+        position = self._trainer.state.fit_position
+        return (position.batches_done if position is not None else 0) - 1
 
     @property
     def min_steps(self) -> int | None:
@@ -380,8 +382,8 @@ class FitProgress:
     def epoch_progress(self) -> Progress:
         """Epochs: ``completed`` is the number of whole epochs done; during an epoch it is started, not done."""
         state = self._trainer.state
-        progress: dict[str, Any] = state.progress or {}
-        running = state.fn == "fit" and bool(progress) and not progress.get("epoch_done", True)
+        position = state.fit_position
+        running = state.fn == "fit" and position is not None and not position.epoch_done
         return _progress(state.current_epoch, state.current_epoch, running=running)
 
     @property

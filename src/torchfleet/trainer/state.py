@@ -7,7 +7,7 @@ state travels back to the launching process under ddp_spawn / ddp_fork.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +95,61 @@ class TrainerState(_Status):
 
 
 @dataclass(slots=True)
+class FitPosition:
+    """Where fit is among its epochs and batches: what a checkpoint saves as ``loops["fit"]`` (a plain dict whose keys
+    are these fields' names) and a resumed fit continues from.
+
+    Not Lightning's loop progress counters (``trainer.fit_loop``, trainer/progress.py), which are read from it.
+    """
+
+    #: the epoch this position is in
+    epoch: int = 0
+    #: the training batches of ``epoch`` already run
+    batches_done: int = 0
+    #: ``epoch`` ran to its end (its end-of-epoch hooks too)
+    epoch_done: bool = False
+    #: a validation is due after the last batch run (it was interrupted, or the save happened before it)
+    val_pending: bool = False
+    #: the RNG state at the start of ``epoch``: a resumed run recreates the same shuffle order from it
+    epoch_start_rng: dict[str, Any] | None = None
+    #: the run stopped before ``epoch``'s last batch: a resumed run continues inside it
+    stopped_mid_epoch: bool = False
+    #: the RNG state where the run stopped (None: the save happened inside the loop; the checkpoint's "rng" holds it)
+    resume_rng: dict[str, Any] | None = None
+    #: ``epoch``'s epoch-interval LR schedulers already stepped (after its last batch)
+    epoch_stepped: bool = False
+    #: training batches of the epochs before ``epoch`` (None: a checkpoint written before this was saved)
+    batches_before: int | None = 0
+    #: ``global_step`` when ``epoch`` started (None: not known yet, or not saved)
+    steps_before: int | None = None
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        """The plain dict saved as ``loops["fit"]`` (the fields that are None because unknown are left out)."""
+        saved = {f.name: getattr(self, f.name) for f in fields(self)}
+        for optional in ("batches_before", "steps_before"):
+            if saved[optional] is None:
+                del saved[optional]
+        return saved
+
+    @classmethod
+    def from_checkpoint(cls, saved: dict[str, Any]) -> FitPosition:
+        """The position a checkpoint's ``loops["fit"]`` holds; keys an older checkpoint lacks take their defaults
+        (``batches_before`` and ``steps_before``: None, not known), keys this version does not know are ignored."""
+        known = {f.name: saved[f.name] for f in fields(cls) if f.name in saved}
+        known.setdefault("batches_before", None)
+        return cls(**known)
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """What a restored checkpoint says about where fit continues: its fit position (None: it saved none) and the RNG
+    state at the save (None: it saved none)."""
+
+    position: FitPosition | None
+    rng: dict[str, Any] | None
+
+
+@dataclass(slots=True)
 class RunState(_Status):
     """The state of a Trainer run that the loops read and write (the Trainer's public counters read it).
 
@@ -113,10 +168,10 @@ class RunState(_Status):
     in_train: bool = False
     #: the model as the strategy set it up (wrapped: DDP, FSDP, the DeepSpeed engine)
     wrapped: nn.Module | None = None
-    #: the fit loop's position, saved in checkpoints as loops["fit"]
-    progress: dict[str, Any] | None = None
-    #: what a restored checkpoint says about where fit continues: {"loops": progress, "rng": rng}
-    resume: dict[str, Any] | None = None
+    #: where the running (or last) fit is among its epochs and batches, saved in checkpoints as loops["fit"]
+    fit_position: FitPosition | None = None
+    #: where fit continues, from a restored checkpoint (None: from the start)
+    resume: ResumePoint | None = None
     #: the current training epoch's self.log values
     train_results: Results | None = None
     epoch_metrics: dict[str, Tensor] = field(default_factory=dict)
@@ -157,7 +212,7 @@ class RunState(_Status):
         self.status = TrainerStatus.RUNNING
         self.should_stop = False
         self.resume = None
-        self.progress = None
+        self.fit_position = None
         # as Lightning: each stage starts with no metrics (none left from an earlier fit, validate or test)
         self.train_results = None
         self.epoch_metrics, self.bar_metrics, self.logged_metrics = {}, {}, {}
@@ -169,18 +224,19 @@ class RunState(_Status):
         self.status = TrainerStatus.INTERRUPTED if failed else TrainerStatus.FINISHED
 
     def state_dict(self) -> dict[str, Any]:
-        """The checkpoint entries of the run's position: epoch, global_step and the fit loop's progress."""
+        """The checkpoint entries of the run's position: epoch, global_step and the fit loop's position."""
         return {
             "epoch": self.current_epoch,
             "global_step": self.global_step,
-            "loops": {"fit": dict(self.progress)} if self.progress is not None else {},
+            "loops": {"fit": self.fit_position.to_checkpoint()} if self.fit_position is not None else {},
         }
 
     def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
         """Continue from ``checkpoint``'s position: the fit loop reads ``resume`` when it starts."""
         self.current_epoch = checkpoint["epoch"]
         self.global_step = checkpoint["global_step"]
-        self.resume = {"loops": checkpoint.get("loops", {}).get("fit"), "rng": checkpoint.get("rng")}
+        saved = checkpoint.get("loops", {}).get("fit")
+        self.resume = ResumePoint(FitPosition.from_checkpoint(saved) if saved else None, checkpoint.get("rng"))
 
     def snapshot(self, callback_metrics: dict[str, Any], progress_bar_metrics: dict[str, Any]) -> dict[str, Any]:
         """What the launching process's Trainer shows after a stage that ran in child processes (tensors as given)."""
