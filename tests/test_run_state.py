@@ -31,6 +31,10 @@ def test_public_counters_read_and_write_the_state():
     assert (trainer.state.global_step, trainer.state.current_epoch, trainer.state.should_stop) == (7, 2, True)
     trainer.state.fn = TrainerFn.FITTING
     assert trainer.stage == "fit" and tf.Trainer.global_step.__doc__
+    # one name per concept: trainer.stage is the entry point (state.fn); state.stage what runs inside it
+    assert trainer.stage is trainer.state.fn and trainer.state.stage == "validate"
+    trainer.state.stage = "train"
+    assert trainer.stage == "fit" and trainer.training and not trainer.validating
 
 
 def test_state_dict_round_trip_and_stage_start():

@@ -126,19 +126,19 @@ class TrainerProperties:
 
     @property
     def training(self) -> bool:
-        return self.stage == "fit" and not self.sanity_checking and self.state.in_train
+        return self.state.fn == "fit" and not self.sanity_checking and self.state.in_train
 
     @property
     def validating(self) -> bool:
-        return self.stage == "validate" or (self.stage == "fit" and not self.state.in_train)
+        return self.state.fn == "validate" or (self.state.fn == "fit" and not self.state.in_train)
 
     @property
     def testing(self) -> bool:
-        return self.stage == "test"
+        return self.state.fn == "test"
 
     @property
     def predicting(self) -> bool:
-        return self.stage == "predict"
+        return self.state.fn == "predict"
 
     @property
     def evaluating(self) -> bool:

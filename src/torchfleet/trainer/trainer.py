@@ -361,8 +361,9 @@ class Trainer(TrainerProperties):
     current_epoch = _state_field("current_epoch", "Epochs done; during an epoch, its index.")
     global_step = _state_field("global_step", "Optimizer steps taken.")
     should_stop = _state_field("should_stop", "Set True (a callback, the model) to end fit at the next check.")
-    stage = _state_field("fn", 'The running entry point: "fit", "validate", "test", "predict", or None '
-                               '(``trainer.state.fn``; ``trainer.state.stage`` says what runs inside it).')
+    stage = _state_field("fn", 'The running entry point: "fit", "validate", "test", "predict", or None. Another name of '
+                               '``trainer.state.fn``, which torchfleet reads; not ``trainer.state.stage``, which says '
+                               'what runs inside the entry point ("train", "sanity_check", "validate", ...).')
     sanity_checking = _state_field("sanity_checking", "Whether the sanity check's validation is running.")
     logged_metrics = _state_field("logged_metrics", "What was last sent to the loggers.")
 

@@ -209,7 +209,7 @@ class ModelCheckpoint(Callback):
         self._save(trainer)
 
     def on_validation_end(self, trainer: Any, module: Any) -> None:
-        if trainer.stage == "fit" and not trainer.sanity_checking:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
             self._validated = True
         if self._skip(trainer) or self._on_train_epoch_end(trainer):
             return
@@ -232,7 +232,7 @@ class ModelCheckpoint(Callback):
     def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
         """With ``save_on_exception=True``: when training raises, save the state it reached (the file the template
         names, and last.ckpt with ``save_last``), atomically as every save; the Trainer then re-raises."""
-        if not self.save_on_exception or trainer.stage != "fit" or trainer.sanity_checking or self._skip(trainer):
+        if not self.save_on_exception or trainer.state.fn != "fit" or trainer.sanity_checking or self._skip(trainer):
             return
         if trainer.world_size > 1:
             # saving is collective (a barrier, sharded writes): a rank that raised alone would wait for the
@@ -253,7 +253,7 @@ class ModelCheckpoint(Callback):
 
     def _skip(self, trainer: Any) -> bool:
         # as Lightning: nothing is saved under fast_dev_run, outside fit, in the sanity check, nor twice at one step
-        return (bool(trainer.fast_dev_run) or trainer.stage != "fit" or trainer.sanity_checking
+        return (bool(trainer.fast_dev_run) or trainer.state.fn != "fit" or trainer.sanity_checking
                 or trainer.global_step == self._last_global_step_saved)
 
     def _validation_next(self, trainer: Any) -> bool:

@@ -94,7 +94,7 @@ class EarlyStopping(Callback):
             self._check(trainer)
 
     def on_validation_end(self, trainer: Any, module: Any) -> None:
-        if not trainer.sanity_checking and trainer.stage == "fit" and not self._on_train_end_check(trainer):
+        if not trainer.sanity_checking and trainer.state.fn == "fit" and not self._on_train_end_check(trainer):
             self._check(trainer)
 
     def _improved(self, current: torch.Tensor) -> bool:

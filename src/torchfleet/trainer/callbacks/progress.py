@@ -152,7 +152,7 @@ class ProgressBar(Callback):
         if self._eval_bar is not None:
             self._close(self._eval_bar)
             self._eval_bar = None
-            if self._bar is not None and trainer.stage == "fit":
+            if self._bar is not None and trainer.state.fn == "fit":
                 self._redraw(trainer)
 
     def on_validation_start(self, trainer: Any, module: Any) -> None:

@@ -106,11 +106,11 @@ class RichProgressBar(ProgressBar):
         if self._eval_task is None:
             return
         self._progress.update(self._eval_task, completed=self._eval_n)
-        if self._train_task is not None and trainer.stage == "fit":
+        if self._train_task is not None and trainer.state.fn == "fit":
             self._progress.remove_task(self._eval_task)  # the epoch's bar stays; validation's goes
             self._redraw(trainer)
         self._eval_task = None
-        if trainer.stage != "fit":
+        if trainer.state.fn != "fit":
             self._stop()
 
     def on_exception(self, trainer: Any, module: Any, exception: BaseException) -> None:
