@@ -108,7 +108,7 @@ class EvalLoop:
             res = results if not multi else Results(self.stage)
             res.device = strategy.root_device
             results_by_loader.append(res)
-            model._results = res
+            model.loop_door.results = res
             preds: list[Any] = []
             transfer = batch_transfer_fn(trainer, dl_idx)
             extra = (dl_idx,) if multi else ()
@@ -144,7 +144,7 @@ class EvalLoop:
             self.predictions.append(preds)
         # every rank's epoch end, however many batches it ran (loop_shape.py): its reductions are matched
         set_position((self.stage, epoch, "end"))
-        model._results = results_by_loader[0] if results_by_loader else results
+        model.loop_door.results = results_by_loader[0] if results_by_loader else results
         if self.stage != "predict":
             def publish() -> None:
                 per_loader.clear()
@@ -156,7 +156,7 @@ class EvalLoop:
             hooks.call_module_between(f"on_{hook}_epoch_end", trainer, between=publish)
         else:
             hooks.call(f"on_{hook}_epoch_end", trainer)
-        model._results = None
+        model.loop_door.results = None
         hooks.call(f"on_{hook}_end", trainer)
         if self.stage == "sanity_check":  # as Lightning: the sanity check's batches are not counted
             progress.reset()

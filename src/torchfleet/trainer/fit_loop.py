@@ -185,7 +185,7 @@ class FitLoop:
             self._val_loop.batch_progress.total.reset()
         results = train_epoch_results(state, strategy.root_device)
         state.train_results = results
-        model._results = results
+        model.loop_door.results = results
         model.train()
         state.in_train = True
         hooks.call("on_train_epoch_start", trainer)
@@ -283,7 +283,7 @@ class FitLoop:
             self._set_progress(stopped_mid_epoch=True, resume_rng=capture_rng())
         # epoch end: ordinary callbacks and the Module, then epoch metrics and epoch schedulers,
         # then ModelCheckpoint/EarlyStopping, which see all of that.
-        model._results = results
+        model.loop_door.results = results
 
         def finish_epoch() -> None:
             self._sync_latest(results)
@@ -295,7 +295,7 @@ class FitLoop:
             self._set_progress(epoch_done=True, val_pending=False)
 
         hooks.call_module_between("on_train_epoch_end", trainer, between=finish_epoch)
-        model._results = None
+        model.loop_door.results = None
         set_position(None)
         return batch_idx is None and start_batch == 0
 
@@ -399,7 +399,7 @@ class FitLoop:
         trainer._current_fx("training_step")
         trainer.state.in_train = True
         self._last_val_time = _now()  # a duration interval counts from the end of a validation
-        self.model._results = trainer.state.train_results
+        self.model.loop_door.results = trainer.state.train_results
         self.model.train()
 
     def _log_step(self, results: Results) -> None:

@@ -159,7 +159,7 @@ def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl:
     finally:
         strategy.precision.module_backward = None
         trainer._current_fx("")
-        model._results = None
+        model.loop_door.results = None
         trainer.state.end_stage(failed)
         if end_profiling is not None:
             end_profiling()
@@ -230,12 +230,13 @@ def configure_model_once(trainer: Trainer, model: Any, context: Any) -> None:
     # Lightning's legacy configure_sharded_model first, as Lightning calls them
     hooks = [name for name in ("configure_sharded_model", "configure_model")
              if getattr(type(model), name, None) not in (None, getattr(Module, name))]
-    if not hooks or model.__dict__.get("_torchfleet_configured"):
+    door = model.loop_door
+    if not hooks or door.configured:
         return
     if "configure_sharded_model" in hooks and trainer.is_global_zero:
         warnings.warn(f"{type(model).__name__} overrides configure_sharded_model, which Lightning deprecated: it "
                       "runs as configure_model does. Rename it to configure_model.", DeprecationWarning, stacklevel=2)
-    previous = model._current_fx
+    previous = door.current_fx
     try:
         with context():
             for name in hooks:
@@ -243,7 +244,7 @@ def configure_model_once(trainer: Trainer, model: Any, context: Any) -> None:
                 getattr(model, name)()
     finally:
         trainer._current_fx(previous)
-    object.__setattr__(model, "_torchfleet_configured", True)
+    door.configured = True
 
 
 def _merge_callbacks(trainer: Trainer, extra: Any) -> None:
@@ -429,10 +430,10 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
 def _hparams_to_log(model: Any, dm: Any) -> dict[str, Any] | None:
     """The Module's and the DataModule's saved hyperparameters; None when both saved theirs with ``logger=False``
     (then, as in Lightning, the loggers are not called)."""
-    dm_logs = dm is not None and getattr(dm, "_log_hyperparams", False)
-    if not (model._log_hyperparams or dm_logs):
+    dm_logs = dm is not None and getattr(dm, "logs_hparams", False)
+    if not (model.logs_hparams or dm_logs):
         return None
-    out = dict(model.hparams) if model._log_hyperparams else {}
+    out = dict(model.hparams) if model.logs_hparams else {}
     if dm_logs:
         theirs = dict(getattr(dm, "hparams", {}))
         clash = sorted(k for k in theirs.keys() & out.keys() if theirs[k] != out[k])
