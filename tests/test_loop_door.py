@@ -16,6 +16,7 @@ from torchfleet import Fleet, Module, Trainer
 from torchfleet.data import DataModule
 from torchfleet.errors import ConfigurationError
 from torchfleet.running import FleetRunner, LoopDoor, ModuleRunner
+from torchfleet.trainer.loop_trainer import LoopTrainer
 
 
 def _members(protocol: type) -> set[str]:
@@ -50,6 +51,14 @@ def test_the_trainer_and_the_fleet_answer_everything_the_module_asks():
                 declared = list(inspect.signature(value).parameters)
                 assert list(inspect.signature(getattr(owner, name)).parameters)[: len(declared)] == declared, name
     assert issubclass(ModuleRunner, Protocol) and issubclass(FleetRunner, Protocol)
+
+
+def test_the_trainer_has_everything_its_loops_name():
+    trainer = Trainer(**quiet())
+    declared = _members(LoopTrainer) | {name for name, value in vars(LoopTrainer).items()
+                                        if name.startswith("_") and not name.startswith("__") and callable(value)}
+    assert {"state", "strategy", "_hooks", "_current_fx", "save_checkpoint", "fit_loop"} <= declared
+    assert not [name for name in declared if not hasattr(trainer, name)]
 
 
 def test_self_log_records_into_the_door_with_the_running_hook():

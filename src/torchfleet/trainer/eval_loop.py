@@ -17,7 +17,7 @@ from torchfleet.trainer.progress import evaluation_loop
 from torchfleet.watchdog import set_position
 
 if TYPE_CHECKING:
-    from torchfleet.trainer.trainer import Trainer
+    from torchfleet.trainer.loop_trainer import LoopTrainer
 
 _STEP_NAME = {"validate": "validation_step", "test": "test_step", "sanity_check": "validation_step", "predict": "predict_step"}
 _HOOK_STAGE = {"validate": "validation", "sanity_check": "validation", "test": "test", "predict": "predict"}
@@ -26,7 +26,7 @@ _STRATEGY_START = {"validation": "on_validation_start", "test": "on_test_start",
 _STRATEGY_END = {"validation": "on_validation_end", "test": "on_test_end", "predict": "on_predict_end"}
 
 
-def _switch_mode(trainer: Trainer, model: Any, name: str, default: Any) -> None:
+def _switch_mode(trainer: LoopTrainer, model: Any, name: str, default: Any) -> None:
     """The Module's ``on_<stage>_model_eval`` / ``_train`` override if it has one, else ``default()``."""
     fn = trainer._hooks.mod(name)
     if fn is None:
@@ -35,7 +35,7 @@ def _switch_mode(trainer: Trainer, model: Any, name: str, default: Any) -> None:
         trainer._hooks.call_module(trainer, name, fn)
 
 
-def publish_epoch(trainer: Trainer, results: Results, suffix: str = "") -> dict[str, float]:
+def publish_epoch(trainer: LoopTrainer, results: Results, suffix: str = "") -> dict[str, float]:
     """Reduce ``results`` to epoch metrics, record them on the trainer and send them to the loggers."""
     callback, logged, bar = results.collect_epoch(trainer.strategy, trainer.lightning_module)
     if suffix:
@@ -57,7 +57,7 @@ def publish_epoch(trainer: Trainer, results: Results, suffix: str = "") -> dict[
 class EvalLoop:
     """One pass of validation_step/test_step/predict_step over dataloaders, without gradients."""
 
-    def __init__(self, trainer: Trainer, model: Any, stage: str, loaders: list[Any], limits: list[Any],
+    def __init__(self, trainer: LoopTrainer, model: Any, stage: str, loaders: list[Any], limits: list[Any],
                  on_metrics: Any = None, collect: bool = False) -> None:
         self.trainer, self.model, self.stage = trainer, model, stage
         self.loaders, self.limits = loaders, limits

@@ -30,7 +30,7 @@ from torchfleet.trainer.training_step import AutomaticStep
 from torchfleet.watchdog import set_position
 
 if TYPE_CHECKING:
-    from torchfleet.trainer.trainer import Trainer
+    from torchfleet.trainer.loop_trainer import LoopTrainer
 
 def _now() -> float:  # a duration val_check_interval's clock, looked up at each call (as Lightning: a patch drives it)
     return time.monotonic()
@@ -39,7 +39,7 @@ def _now() -> float:  # a duration val_check_interval's clock, looked up at each
 class FitLoop:
     """Epochs of training batches, with validation, logging, checkpoint callbacks and exact resume."""
 
-    def __init__(self, trainer: Trainer, model: Any, train_loader: Any, val_loaders: list[Any],
+    def __init__(self, trainer: LoopTrainer, model: Any, train_loader: Any, val_loaders: list[Any],
                  lockstep: bool = False, reload: Any = None) -> None:
         self.trainer = trainer
         self._reload = reload or (lambda loop, kind: None)  # reload_dataloaders_every_n_epochs, when due (stage.py)

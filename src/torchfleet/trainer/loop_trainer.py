@@ -1,0 +1,125 @@
+"""The Trainer as its loops see it: the Protocol the stage, loop, checkpoint and preemption code names.
+
+trainer/trainer.py calls the loops (stage.py, spawned.py, checkpointing.py, ...); they are handed the Trainer and
+read or write what is declared here. Naming this Protocol rather than the Trainer class keeps them from importing
+trainer/trainer.py back (even for annotations). It names types only from modules below the loops; the Trainer
+has every member (tests/test_loop_door.py checks it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import os
+
+    import torch
+
+    from torchfleet.module import Module
+    from torchfleet.settings import TrainingSettings
+    from torchfleet.strategies.strategy import Strategy
+    from torchfleet.trainer.hooks import HookDispatcher
+    from torchfleet.trainer.state import RunState
+
+
+class LoopTrainer(Protocol):
+    """What the Trainer's loops read and write on it (the public names are Lightning's, documented on Trainer)."""
+
+    # where the run is, what runs it, who is told
+    state: RunState
+    strategy: Strategy
+    module: Module
+    datamodule: Any
+    callbacks: list[Any]
+    loggers: list[Any]
+    profiler: Any
+    _hooks: HookDispatcher
+    #: the per-batch Lightning hooks the strategy's class overrides (Trainer.__init__)
+    _strategy_overrides: frozenset[str]
+    _manual_optimizers: list[Any] | None
+    #: the running fit's preemption watch (trainer/preemption.py's FitPreemption), else None
+    _preemption: Any
+    _received_sigterm: bool
+    _detect_anomaly: bool
+    _max_epochs_defaulted: bool
+
+    # the arguments, as the Trainer checked them
+    max_epochs: int
+    min_epochs: int
+    max_steps: int
+    min_steps: int
+    limit_train_batches: int | float
+    limit_val_batches: int | float
+    limit_test_batches: int | float
+    limit_predict_batches: int | float
+    overfit_batches: int | float
+    val_check_interval: int | float
+    val_check_seconds: float | None
+    check_val_every_n_epoch: int | None
+    num_sanity_val_steps: int
+    log_every_n_steps: int
+    accumulate_grad_batches: int
+    gradient_clip_val: float | None
+    gradient_clip_algorithm: str | None
+    deterministic: Any
+    benchmark: bool | None
+    use_distributed_sampler: bool
+    inference_mode: bool
+    enable_model_summary: bool
+    reload_dataloaders_every_n_epochs: int
+    default_root_dir: str
+    ckpt_path: str | None
+
+    # what the loops set up and the callbacks read
+    optimizers: list[torch.optim.Optimizer]
+    lr_scheduler_configs: list[Any]
+    num_training_batches: int | float
+    num_val_batches: list[int]
+    num_test_batches: list[int]
+    num_predict_batches: list[int]
+    num_sanity_val_batches: list[int]
+    train_dataloader: Any
+    val_dataloaders: Any
+    test_dataloaders: Any
+    predict_dataloaders: Any
+    is_last_batch: bool
+    current_epoch: int
+    global_step: int
+    should_stop: bool
+    sanity_checking: bool
+
+    # read-only views (trainer/properties.py)
+    @property
+    def lightning_module(self) -> Any: ...
+
+    @property
+    def fit_loop(self) -> Any: ...
+
+    @property
+    def global_rank(self) -> int: ...
+
+    @property
+    def is_global_zero(self) -> bool: ...
+
+    @property
+    def callback_metrics(self) -> dict[str, Any]: ...
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, Any]: ...
+
+    @property
+    def checkpoint_callback(self) -> Any: ...
+
+    @property
+    def checkpoint_callbacks(self) -> list[Any]: ...
+
+    @property
+    def log_dir(self) -> str | None: ...
+
+    # what the loops call
+    def _current_fx(self, name: str) -> None: ...
+
+    def training_settings(self, micro_batch_size: int | None = None) -> TrainingSettings: ...
+
+    def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False,
+                        storage_options: Any = None) -> None: ...
