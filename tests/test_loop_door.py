@@ -20,10 +20,12 @@ from torchfleet.trainer.loop_trainer import LoopTrainer
 
 
 def _members(protocol: type) -> set[str]:
-    """The names a Protocol declares: its attributes, properties and methods."""
-    names = set(getattr(protocol, "__annotations__", {}))
-    names |= {name for name, value in vars(protocol).items()
-              if not name.startswith("_") and (callable(value) or isinstance(value, property))}
+    """The names a Protocol declares, its own and its bases': attributes, properties and methods."""
+    names: set[str] = set()
+    for cls in (c for c in protocol.__mro__ if c.__module__.startswith("torchfleet")):
+        names |= set(vars(cls).get("__annotations__", {}))
+        names |= {name for name, value in vars(cls).items()
+                  if not name.startswith("__") and (callable(value) or isinstance(value, property))}
     return names
 
 
@@ -55,9 +57,9 @@ def test_the_trainer_and_the_fleet_answer_everything_the_module_asks():
 
 def test_the_trainer_has_everything_its_loops_name():
     trainer = Trainer(**quiet())
-    declared = _members(LoopTrainer) | {name for name, value in vars(LoopTrainer).items()
-                                        if name.startswith("_") and not name.startswith("__") and callable(value)}
-    assert {"state", "strategy", "_hooks", "_current_fx", "save_checkpoint", "fit_loop"} <= declared
+    declared = _members(LoopTrainer)
+    assert {"state", "strategy", "_hooks", "_current_fx", "save_checkpoint", "fit_loop", "global_rank",
+            "manual_optimizers"} <= declared
     assert not [name for name in declared if not hasattr(trainer, name)]
 
 

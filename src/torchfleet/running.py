@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from torch import Tensor
     from torch.optim import Optimizer
 
-__all__ = ["FleetRunner", "LoopDoor", "ModuleRunner", "ResultsSink"]
+__all__ = ["FleetRunner", "LoopDoor", "ModuleRunner", "ResultsSink", "Runner"]
 
 
 class ResultsSink(Protocol):
@@ -59,52 +59,8 @@ class LoopDoor:
         return f"LoopDoor(current_fx={self.current_fx!r}, results={type(self.results).__name__})"
 
 
-class ModuleRunner(Protocol):
-    """What a Module asks of the Trainer that runs it (``self.trainer``).
-
-    Ported code reads more of ``self.trainer`` (it is the Trainer itself); the Module's own code reads only these.
-    """
-
-    strategy: Any
-    #: ``Trainer(barebones=True)``: ``self.log`` does nothing
-    barebones: bool
-    optimizers: list[Optimizer]
-    lr_scheduler_configs: list[Any]
-
-    @property
-    def global_step(self) -> int: ...
-
-    @property
-    def current_epoch(self) -> int: ...
-
-    @property
-    def global_rank(self) -> int: ...
-
-    @property
-    def local_rank(self) -> int: ...
-
-    @property
-    def logger(self) -> Any: ...
-
-    @property
-    def loggers(self) -> list[Any]: ...
-
-    def manual_optimizers(self) -> list[Optimizer]:
-        """The optimizers as ``self.optimizers()`` returns them under manual optimisation."""
-        ...
-
-    def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
-        """The backward of ``self.manual_backward(loss)``."""
-        ...
-
-    def gradient_clip_arguments(self, gradient_clip_val: float | None,
-                                gradient_clip_algorithm: str | None) -> tuple[float | None, str]:
-        """What ``self.clip_gradients`` clips with: the arguments given, else the Trainer's settings."""
-        ...
-
-
-class FleetRunner(Protocol):
-    """What a Module asks of the Fleet that set it up (``self.fabric``), when a user's loop runs it."""
+class Runner(Protocol):
+    """What a Module asks of whichever runs it, a Trainer or a Fleet (``self.global_rank``, ``self.logger``, ...)."""
 
     @property
     def strategy(self) -> Any: ...
@@ -120,6 +76,37 @@ class FleetRunner(Protocol):
 
     @property
     def loggers(self) -> list[Any]: ...
+
+
+class ModuleRunner(Runner, Protocol):
+    """What a Module asks of the Trainer that runs it (``self.trainer``).
+
+    Ported code reads more of ``self.trainer`` (it is the Trainer itself); the Module's own code reads only these.
+    """
+
+    #: ``Trainer(barebones=True)``: ``self.log`` does nothing
+    barebones: bool
+    optimizers: list[Optimizer]
+    lr_scheduler_configs: list[Any]
+    global_step: int
+    current_epoch: int
+
+    def manual_optimizers(self) -> list[Optimizer]:
+        """The optimizers as ``self.optimizers()`` returns them under manual optimisation."""
+        ...
+
+    def manual_backward(self, loss: Tensor, *args: Any, **kwargs: Any) -> None:
+        """The backward of ``self.manual_backward(loss)``."""
+        ...
+
+    def gradient_clip_arguments(self, gradient_clip_val: float | None,
+                                gradient_clip_algorithm: str | None) -> tuple[float | None, str]:
+        """What ``self.clip_gradients`` clips with: the arguments given, else the Trainer's settings."""
+        ...
+
+
+class FleetRunner(Runner, Protocol):
+    """What a Module asks of the Fleet that set it up (``self.fabric``), when a user's loop runs it."""
 
     def log(self, name: str, value: Any, step: int | None = None) -> None: ...
 

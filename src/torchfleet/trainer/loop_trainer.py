@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from torchfleet.running import ModuleRunner
+
 if TYPE_CHECKING:
     import os
-
-    import torch
 
     from torchfleet.module import Module
     from torchfleet.settings import TrainingSettings
@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from torchfleet.trainer.state import RunState
 
 
-class LoopTrainer(Protocol):
-    """What the Trainer's loops read and write on it (the public names are Lightning's, documented on Trainer)."""
+class LoopTrainer(ModuleRunner, Protocol):
+    """What the Trainer's loops read and write on it (the public names are Lightning's, documented on Trainer), on
+    top of what the Module asks of it (``ModuleRunner``: the ranks, loggers, optimizers, global step, ...)."""
 
     # where the run is, what runs it, who is told
     state: RunState
@@ -31,7 +32,6 @@ class LoopTrainer(Protocol):
     module: Module
     datamodule: Any
     callbacks: list[Any]
-    loggers: list[Any]
     profiler: Any
     _hooks: HookDispatcher
     #: the per-batch Lightning hooks the strategy's class overrides (Trainer.__init__)
@@ -71,8 +71,6 @@ class LoopTrainer(Protocol):
     ckpt_path: str | None
 
     # what the loops set up and the callbacks read
-    optimizers: list[torch.optim.Optimizer]
-    lr_scheduler_configs: list[Any]
     num_training_batches: int | float
     num_val_batches: list[int]
     num_test_batches: list[int]
@@ -83,38 +81,18 @@ class LoopTrainer(Protocol):
     test_dataloaders: Any
     predict_dataloaders: Any
     is_last_batch: bool
-    current_epoch: int
-    global_step: int
     should_stop: bool
     sanity_checking: bool
 
-    # read-only views (trainer/properties.py)
-    @property
-    def lightning_module(self) -> Any: ...
-
-    @property
-    def fit_loop(self) -> Any: ...
-
-    @property
-    def global_rank(self) -> int: ...
-
-    @property
-    def is_global_zero(self) -> bool: ...
-
-    @property
-    def callback_metrics(self) -> dict[str, Any]: ...
-
-    @property
-    def progress_bar_metrics(self) -> dict[str, Any]: ...
-
-    @property
-    def checkpoint_callback(self) -> Any: ...
-
-    @property
-    def checkpoint_callbacks(self) -> list[Any]: ...
-
-    @property
-    def log_dir(self) -> str | None: ...
+    # read-only views (trainer/properties.py's properties; the loops only read them)
+    lightning_module: Any
+    fit_loop: Any
+    is_global_zero: bool
+    callback_metrics: dict[str, Any]
+    progress_bar_metrics: dict[str, Any]
+    checkpoint_callback: Any
+    checkpoint_callbacks: list[Any]
+    log_dir: str | None
 
     # what the loops call
     def _current_fx(self, name: str) -> None: ...
