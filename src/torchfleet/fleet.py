@@ -305,7 +305,7 @@ class Fleet:
         from torchfleet.module import Module
 
         if isinstance(module, Module):
-            object.__setattr__(module, "_fleet", self)
+            module.fabric = self  # the Module's door to the Fleet (running.FleetRunner)
         strategy = self._strategy
         strategy.configure_training(self.training)
         if move_to_device:

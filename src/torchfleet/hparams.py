@@ -26,6 +26,12 @@ class HyperparametersMixin:
     CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
 
     @property
+    def logs_hparams(self) -> bool:
+        """Whether the Trainer sends ``hparams`` to its loggers: once ``save_hyperparameters()`` was called, unless
+        with ``logger=False`` (Lightning keeps this in ``_log_hyperparams``, as here)."""
+        return bool(self._log_hyperparams)
+
+    @property
     def hparams(self) -> AttributeDict:
         found = self.__dict__.get("_hparams")
         if found is None:  # a subclass whose __init__ did not call ours

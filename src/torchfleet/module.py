@@ -6,9 +6,7 @@ ports by changing its imports and its base class.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -18,27 +16,31 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from torchfleet.compiled import jit_scan, jit_scanning
+from torchfleet.compiled import jit_scanning
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.hparams import AttributeDict, HyperparametersMixin
-from torchfleet.settings import clip_arguments
+from torchfleet.module_export import ModuleExport
+from torchfleet.running import LoopDoor
 from torchfleet.watchdog import labelled
 
 if TYPE_CHECKING:
-    from torchfleet.trainer.trainer import Trainer
+    from torchfleet.running import FleetRunner, ModuleRunner
 
 log = logging.getLogger(__name__)
 
 
-class Module(nn.Module, HyperparametersMixin):
-    """A model plus what the Trainer needs to train it: steps, optimizers, hooks and logging."""
+class Module(nn.Module, HyperparametersMixin, ModuleExport):
+    """A model plus what the Trainer needs to train it: steps, optimizers, hooks and logging.
+
+    The Trainer or Fleet running it reaches it only through its public names and its ``loop_door``
+    (torchfleet/running.py); it asks them only what ``ModuleRunner`` and ``FleetRunner`` name.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._trainer: Trainer | None = None
-        self._fleet: Any = None
-        self._results: Any = None
-        self._current_fx: str = ""
+        self._trainer: ModuleRunner | None = None
+        self._fleet: FleetRunner | None = None
+        self._door = LoopDoor()
         self._hparams: AttributeDict = AttributeDict()
         self._hparams_initial: AttributeDict = AttributeDict()
         self.automatic_optimization: bool = True
@@ -195,14 +197,14 @@ class Module(nn.Module, HyperparametersMixin):
 
     # -------------------------------------------------------------- accessors
     @property
-    def trainer(self) -> Trainer:
+    def trainer(self) -> ModuleRunner:
         if self._trainer is None and not jit_scanning():  # TorchScript reads every attribute: no error then
             raise RuntimeError(f"{type(self).__qualname__} is not attached to a `Trainer`: self.trainer exists inside "
                                "Trainer.fit/validate/test/predict.")  # Lightning's words first
         return self._trainer
 
     @trainer.setter
-    def trainer(self, trainer: Trainer | None) -> None:
+    def trainer(self, trainer: ModuleRunner | None) -> None:
         for child in (c for c in self.children() if isinstance(c, Module)):  # as Lightning: inner Modules too
             child.trainer = trainer
         object.__setattr__(self, "_trainer", trainer)
@@ -229,9 +231,28 @@ class Module(nn.Module, HyperparametersMixin):
         return self.device.type == "cuda"
 
     @property
-    def fabric(self) -> Any:
-        """The Fleet this module was set up with (Lightning's name: Fabric), or None."""
+    def fabric(self) -> FleetRunner | None:
+        """The Fleet this module was set up with (Lightning's name: Fabric), or None; ``fleet.setup`` sets it."""
         return self._fleet
+
+    @fabric.setter
+    def fabric(self, fleet: FleetRunner | None) -> None:
+        object.__setattr__(self, "_fleet", fleet)
+
+    @property
+    def loop_door(self) -> LoopDoor:
+        """What the loop running this module tells it (where ``self.log`` records, the running hook): the loop
+        writes its attributes, the module reads them (torchfleet/running.py). Set a new one only for a copy of the
+        module that must record apart (a dp replica)."""
+        door = self.__dict__.get("_door")
+        if door is None:  # a subclass whose __init__ did not call ours
+            door = LoopDoor()
+            object.__setattr__(self, "_door", door)
+        return door
+
+    @loop_door.setter
+    def loop_door(self, door: LoopDoor) -> None:
+        object.__setattr__(self, "_door", door)
 
     @property
     def strict_loading(self) -> bool:
@@ -282,7 +303,7 @@ class Module(nn.Module, HyperparametersMixin):
     def optimizers(self, use_pl_optimizer: bool = True) -> Optimizer | list[Optimizer]:
         """The optimizers from configure_optimizers (one object when there is one)."""
         trainer = self.trainer
-        opts = trainer._manual_optimizer_list() if use_pl_optimizer else trainer.optimizers
+        opts = trainer.manual_optimizers() if use_pl_optimizer else trainer.optimizers
         return opts[0] if len(opts) == 1 else opts
 
     def lr_schedulers(self) -> Any:
@@ -317,7 +338,8 @@ class Module(nn.Module, HyperparametersMixin):
         ``reduce_fx``; ``rank_zero_only=True`` logs only on rank 0 (do not monitor such values
         with callbacks that must decide alike on every rank).
         """
-        results = self._results
+        door = self.loop_door
+        results = door.results
         if results is None or getattr(self._trainer, "barebones", False) is True:
             if self._trainer is None:
                 if self._fleet is not None and logger:  # in a Fleet loop: straight to the Fleet's loggers
@@ -326,7 +348,7 @@ class Module(nn.Module, HyperparametersMixin):
             if self._trainer.barebones is True:  # "`Trainer(barebones=True)` is configured": Lightning's words
                 return warnings.warn("self.log() does nothing: `Trainer(barebones=True)` is configured.", stacklevel=2)
             raise ConfigurationError(
-                f"self.log({name!r}, ...) was called from {self._current_fx or 'a hook'} where the Trainer records "
+                f"self.log({name!r}, ...) was called from {door.current_fx or 'a hook'} where the Trainer records "
                 "nothing. Log from training_step, validation_step, test_step or the batch/epoch hooks."
             )
         if rank_zero_only:
@@ -337,11 +359,11 @@ class Module(nn.Module, HyperparametersMixin):
                 )
             if self.global_rank != 0:
                 return
-        results.log(self._current_fx, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size)
+        results.log(door.current_fx, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size)
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
         """``self.log`` each item of ``dictionary`` with the same options."""
-        if self._results is None and self._trainer is None and self._fleet is not None:
+        if self.loop_door.results is None and self._trainer is None and self._fleet is not None:
             if kwargs.get("logger", True):  # in a Fleet loop: one call to the loggers for them all, as in Fabric
                 self._fleet.log_dict(dict(dictionary))
             return
@@ -399,7 +421,7 @@ class Module(nn.Module, HyperparametersMixin):
                 "manual_backward() is for manual optimisation. Set self.automatic_optimization = False in "
                 "__init__, or return the loss from training_step and let the Trainer call backward."
             )
-        trainer._manual_backward(self, loss, *args, **kwargs)
+        trainer.manual_backward(loss, *args, **kwargs)
 
     def toggle_optimizer(self, optimizer: Optimizer) -> None:
         """Let only ``optimizer``'s parameters get gradients (multi-optimizer setups such as GANs).
@@ -462,9 +484,8 @@ class Module(nn.Module, HyperparametersMixin):
             return self._fleet.clip_gradients(self, optimizer, clip_val=gradient_clip_val if by_value else None,
                                               max_norm=None if by_value else gradient_clip_val)
         if self._trainer is not None:
-            gradient_clip_val, gradient_clip_algorithm = clip_arguments(
-                gradient_clip_val, gradient_clip_algorithm, self._trainer.gradient_clip_val,
-                self._trainer._gradient_clip_algorithm_given)
+            gradient_clip_val, gradient_clip_algorithm = self._trainer.gradient_clip_arguments(
+                gradient_clip_val, gradient_clip_algorithm)
         if gradient_clip_val is None or gradient_clip_val <= 0:
             return
         algorithm = gradient_clip_algorithm or "norm"
@@ -490,50 +511,6 @@ class Module(nn.Module, HyperparametersMixin):
         for p in self.parameters():
             p.requires_grad = True
         self.train()
-
-    def to_torchscript(self, file_path: str | os.PathLike | None = None, method: str = "script",
-                       example_inputs: Any = None, **kwargs: Any) -> Any:
-        """The module compiled by TorchScript (``method="script"``, or ``"trace"`` with ``example_inputs``, default
-        ``example_input_array``), in eval mode; saved to ``file_path`` when given. The module's mode is kept."""
-        if method not in ("script", "trace"):
-            raise ConfigurationError(f"to_torchscript(method={method!r}): accepted are 'script' and 'trace'.")
-        if method == "trace" and example_inputs is None and self.example_input_array is None:
-            raise ConfigurationError(
-                "to_torchscript(method='trace') needs example inputs: pass example_inputs=..., or set "
-                "self.example_input_array."
-            )
-        training = self.training
-        try:
-            with torch.no_grad(), jit_scan():
-                if method == "script":
-                    compiled = torch.jit.script(self.eval(), **kwargs)
-                else:
-                    inputs = self.example_input_array if example_inputs is None else example_inputs
-                    compiled = torch.jit.trace(self.eval(), example_inputs=inputs, **kwargs)
-        finally:
-            self.train(training)
-        if file_path is not None:
-            torch.jit.save(compiled, os.fspath(file_path))
-        return compiled
-
-    def to_onnx(self, file_path: str | os.PathLike | Any, input_sample: Any = None, **kwargs: Any) -> Any:
-        """Export the module (in eval mode) to ONNX with ``torch.onnx.export`` and ``input_sample`` (default
-        ``example_input_array``); needs the onnx package (and onnxscript for torch's default exporter)."""
-        if importlib.util.find_spec("onnx") is None:
-            raise ModuleNotFoundError("to_onnx needs the onnx package, which is not installed: `pip install onnx "
-                                      "onnxscript`.")
-        if input_sample is None and self.example_input_array is None:
-            raise ConfigurationError(
-                "to_onnx needs an input to trace the model with: pass input_sample=..., or set "
-                "self.example_input_array."
-            )
-        sample = self.example_input_array if input_sample is None else input_sample
-        training = self.training
-        try:
-            return torch.onnx.export(self.eval(), sample if isinstance(sample, tuple) else (sample,), file_path,
-                                     **kwargs)
-        finally:
-            self.train(training)
 
     @classmethod
     def load_from_checkpoint(

@@ -265,8 +265,8 @@ def _replica_of(redirect: _HookRedirect, scale: float) -> _HookRedirect:
 def test_redirect_replica_calls_the_hook_on_its_own_copy_and_records_its_logs():
     model = Tiny()
     results = Results("train")
-    model._results = results
-    model._current_fx = "training_step"
+    model.loop_door.results = results
+    model.loop_door.current_fx = "training_step"
     redirect = _HookRedirect(model, "training_step", REPLICA_LOGGING)
     replicas = [_replica_of(redirect, 1.0), _replica_of(redirect, 10.0)]
     batch = next(iter(data()))
@@ -286,14 +286,14 @@ def test_redirect_replica_calls_the_hook_on_its_own_copy_and_records_its_logs():
         assert call["name"] == "train_loss" and call["fx"] == "training_step"
         assert torch.allclose(call["value"], expected * scale)
     # the shared Results was not written from the threads, and the original still holds it
-    assert results.values == {} and model._results is results
+    assert results.values == {} and model.loop_door.results is results
     assert model.scale == 1.0 and len(model.seen) == 2  # the shared list saw both replicas
 
 
 def test_redirect_on_the_original_module_calls_the_hook_directly():
     model = Tiny()
     results = Results("train")
-    model._results, model._current_fx = results, "training_step"
+    model.loop_door.results, model.loop_door.current_fx = results, "training_step"
     batch = next(iter(data()))
     out = _HookRedirect(model, "training_step", REPLICA_LOGGING)(batch, 0)
     assert isinstance(out, Tensor) and out.dim() == 0
@@ -301,7 +301,7 @@ def test_redirect_on_the_original_module_calls_the_hook_directly():
 
 
 def test_replica_without_results_records_nothing():
-    model = Tiny()  # outside a Trainer: _results is None, self.log is a no-op
+    model = Tiny()  # outside a Trainer: the door's results is None, self.log is a no-op
     replica = _replica_of(_HookRedirect(model, "training_step", REPLICA_LOGGING), 2.0)
     out = replica(next(iter(data())), 0)
     assert out.collected is None and out.output.dim() == 0
@@ -309,7 +309,7 @@ def test_replica_without_results_records_nothing():
 
 def test_replica_without_hooks_collects_nothing():
     model = Tiny()
-    model._results, model._current_fx = Results("train"), "training_step"
+    model.loop_door.results, model.loop_door.current_fx = Results("train"), "training_step"
     out = _replica_of(_HookRedirect(model, "training_step"), 2.0)(next(iter(data())), 0)
     assert out.collected is None and out.output.dim() == 0
 
@@ -380,7 +380,7 @@ def test_losses_that_are_not_single_numbers_and_other_hooks_are_only_gathered():
 
 def test_combine_logs_what_the_replicas_logged_once():
     model = Tiny()
-    results = model._results = Results("train")
+    results = model.loop_door.results = Results("train")
     logs = []
     for value in (1.0, 3.0):
         log = ReplicaLog()

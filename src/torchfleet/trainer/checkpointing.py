@@ -19,12 +19,12 @@ from torchfleet.seed import capture_rng
 from torchfleet.trainer.preemption import preemption_checkpoint_path
 
 if TYPE_CHECKING:
-    from torchfleet.trainer.trainer import Trainer
+    from torchfleet.trainer.loop_trainer import LoopTrainer
 
 log = logging.getLogger("torchfleet")
 
 
-def dump_checkpoint(trainer: Trainer, weights_only: bool = False) -> dict[str, Any]:
+def dump_checkpoint(trainer: LoopTrainer, weights_only: bool = False) -> dict[str, Any]:
     """The checkpoint dict of the current run, modules and optimizers already turned into state dicts.
 
     As Lightning's: the strategy's ``lightning_module_state_dict()``, then ``optimizer_state(optimizer)`` for each
@@ -85,7 +85,7 @@ def _complete_checkpoints(folder: str) -> list[str]:
     return found
 
 
-def checkpoint_folders(trainer: Trainer) -> list[str]:
+def checkpoint_folders(trainer: LoopTrainer) -> list[str]:
     """The folders torchfleet itself writes this run's checkpoints into, where "last" and a restart look.
 
     Each ModelCheckpoint's dirpath; the preemption checkpoint's folder; and, for a ModelCheckpoint in the
@@ -103,7 +103,7 @@ def checkpoint_folders(trainer: Trainer) -> list[str]:
     return list(dict.fromkeys(os.path.normpath(f) for f in folders))
 
 
-def find_last_checkpoint(trainer: Trainer) -> str | None:
+def find_last_checkpoint(trainer: LoopTrainer) -> str | None:
     """The checkpoint ``ckpt_path="last"`` (and a restart) means: the newest complete one, by modification time,
     in ``checkpoint_folders`` (``preempted.ckpt``, ``last.ckpt`` and ModelCheckpoint's files alike; on a tie
     ``last.ckpt`` (or ``last-vN.ckpt``) and ``preempted.ckpt`` win)."""
@@ -121,7 +121,7 @@ def find_last_checkpoint(trainer: Trainer) -> str | None:
     return max(sorted(candidates), key=newest)
 
 
-def resolve_ckpt_path(trainer: Trainer, ckpt_path: Any, stage: str) -> str | None:
+def resolve_ckpt_path(trainer: LoopTrainer, ckpt_path: Any, stage: str) -> str | None:
     """Turn ``ckpt_path`` ("best", "last", a path or None) into a file path; CheckpointError for a missing file.
 
     In fit, None on a restarted run (``auto_resume``) means "last". All ranks get global rank 0's choice.
@@ -169,7 +169,7 @@ def resolve_ckpt_path(trainer: Trainer, ckpt_path: Any, stage: str) -> str | Non
     return path
 
 
-def restore_before_setup(trainer: Trainer, path: str | None, full: bool, weights_only: bool | None) -> dict[str, Any] | None:
+def restore_before_setup(trainer: LoopTrainer, path: str | None, full: bool, weights_only: bool | None) -> dict[str, Any] | None:
     """Lightning's first restore point, before ``Strategy.setup``: the module (and, in fit, the callbacks) from
     ``path``, unless the strategy's ``restore_checkpoint_after_setup`` says after. Returns the checkpoint read."""
     if trainer.strategy.restore_checkpoint_after_setup or path is None:
@@ -177,7 +177,7 @@ def restore_before_setup(trainer: Trainer, path: str | None, full: bool, weights
     return _restore_module(trainer, path, full, weights_only)
 
 
-def restore_after_setup(trainer: Trainer, path: str | None, checkpoint: dict[str, Any] | None, full: bool,
+def restore_after_setup(trainer: LoopTrainer, path: str | None, checkpoint: dict[str, Any] | None, full: bool,
                         weights_only: bool | None) -> None:
     """Lightning's second restore point, after ``setup`` and ``on_fit_start``: the module when the strategy
     restores after setup (sharded ones), then, in fit (``full``), the training state (``restore_training_state``)."""
@@ -188,7 +188,7 @@ def restore_after_setup(trainer: Trainer, path: str | None, checkpoint: dict[str
         restore_training_state(trainer, checkpoint, path)
 
 
-def _restore_module(trainer: Trainer, path: str, full: bool, weights_only: bool | None) -> dict[str, Any]:
+def _restore_module(trainer: LoopTrainer, path: str, full: bool, weights_only: bool | None) -> dict[str, Any]:
     """``load_checkpoint``, the Module's ``on_load_checkpoint``, ``load_model_state_dict``; in fit, the callbacks'
     ``on_load_checkpoint`` and states and the DataModule's state (``weights_only``: see Strategy.load_checkpoint)."""
     strategy = trainer.strategy
@@ -222,7 +222,7 @@ def _restore_module(trainer: Trainer, path: str, full: bool, weights_only: bool 
     return checkpoint
 
 
-def restore_training_state(trainer: Trainer, checkpoint: dict[str, Any], path: str) -> None:
+def restore_training_state(trainer: LoopTrainer, checkpoint: dict[str, Any], path: str) -> None:
     """What a fit resumes with besides the module: optimizers and schedulers (unless the strategy's
     ``lightning_restore_optimizer`` says it restores them), the precision's state and the loops' position."""
     strategy = trainer.strategy

@@ -17,7 +17,7 @@ from torchfleet.trainer.progress import evaluation_loop
 from torchfleet.watchdog import set_position
 
 if TYPE_CHECKING:
-    from torchfleet.trainer.trainer import Trainer
+    from torchfleet.trainer.loop_trainer import LoopTrainer
 
 _STEP_NAME = {"validate": "validation_step", "test": "test_step", "sanity_check": "validation_step", "predict": "predict_step"}
 _HOOK_STAGE = {"validate": "validation", "sanity_check": "validation", "test": "test", "predict": "predict"}
@@ -26,7 +26,7 @@ _STRATEGY_START = {"validation": "on_validation_start", "test": "on_test_start",
 _STRATEGY_END = {"validation": "on_validation_end", "test": "on_test_end", "predict": "on_predict_end"}
 
 
-def _switch_mode(trainer: Trainer, model: Any, name: str, default: Any) -> None:
+def _switch_mode(trainer: LoopTrainer, model: Any, name: str, default: Any) -> None:
     """The Module's ``on_<stage>_model_eval`` / ``_train`` override if it has one, else ``default()``."""
     fn = trainer._hooks.mod(name)
     if fn is None:
@@ -35,7 +35,7 @@ def _switch_mode(trainer: Trainer, model: Any, name: str, default: Any) -> None:
         trainer._hooks.call_module(trainer, name, fn)
 
 
-def publish_epoch(trainer: Trainer, results: Results, suffix: str = "") -> dict[str, float]:
+def publish_epoch(trainer: LoopTrainer, results: Results, suffix: str = "") -> dict[str, float]:
     """Reduce ``results`` to epoch metrics, record them on the trainer and send them to the loggers."""
     callback, logged, bar = results.collect_epoch(trainer.strategy, trainer.lightning_module)
     if suffix:
@@ -57,7 +57,7 @@ def publish_epoch(trainer: Trainer, results: Results, suffix: str = "") -> dict[
 class EvalLoop:
     """One pass of validation_step/test_step/predict_step over dataloaders, without gradients."""
 
-    def __init__(self, trainer: Trainer, model: Any, stage: str, loaders: list[Any], limits: list[Any],
+    def __init__(self, trainer: LoopTrainer, model: Any, stage: str, loaders: list[Any], limits: list[Any],
                  on_metrics: Any = None, collect: bool = False) -> None:
         self.trainer, self.model, self.stage = trainer, model, stage
         self.loaders, self.limits = loaders, limits
@@ -108,7 +108,7 @@ class EvalLoop:
             res = results if not multi else Results(self.stage)
             res.device = strategy.root_device
             results_by_loader.append(res)
-            model._results = res
+            model.loop_door.results = res
             preds: list[Any] = []
             transfer = batch_transfer_fn(trainer, dl_idx)
             extra = (dl_idx,) if multi else ()
@@ -144,7 +144,7 @@ class EvalLoop:
             self.predictions.append(preds)
         # every rank's epoch end, however many batches it ran (loop_shape.py): its reductions are matched
         set_position((self.stage, epoch, "end"))
-        model._results = results_by_loader[0] if results_by_loader else results
+        model.loop_door.results = results_by_loader[0] if results_by_loader else results
         if self.stage != "predict":
             def publish() -> None:
                 per_loader.clear()
@@ -156,7 +156,7 @@ class EvalLoop:
             hooks.call_module_between(f"on_{hook}_epoch_end", trainer, between=publish)
         else:
             hooks.call(f"on_{hook}_epoch_end", trainer)
-        model._results = None
+        model.loop_door.results = None
         hooks.call(f"on_{hook}_end", trainer)
         if self.stage == "sanity_check":  # as Lightning: the sanity check's batches are not counted
             progress.reset()

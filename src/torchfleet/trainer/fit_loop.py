@@ -32,7 +32,7 @@ from torchfleet.trainer.training_step import AutomaticStep
 from torchfleet.watchdog import set_position
 
 if TYPE_CHECKING:
-    from torchfleet.trainer.trainer import Trainer
+    from torchfleet.trainer.loop_trainer import LoopTrainer
 
 def _now() -> float:  # a duration val_check_interval's clock, looked up at each call (as Lightning: a patch drives it)
     return time.monotonic()
@@ -41,7 +41,7 @@ def _now() -> float:  # a duration val_check_interval's clock, looked up at each
 class FitLoop:
     """Epochs of training batches, with validation, logging, checkpoint callbacks and exact resume."""
 
-    def __init__(self, trainer: Trainer, model: Any, train_loader: Any, val_loaders: list[Any],
+    def __init__(self, trainer: LoopTrainer, model: Any, train_loader: Any, val_loaders: list[Any],
                  lockstep: bool = False, reload: Any = None) -> None:
         self.trainer = trainer
         self._reload = reload or (lambda loop, kind: None)  # reload_dataloaders_every_n_epochs, when due (stage.py)
@@ -187,7 +187,7 @@ class FitLoop:
             self._val_loop.batch_progress.total.reset()
         results = train_epoch_results(state, strategy.root_device)
         state.train_results = results
-        model._results = results
+        model.loop_door.results = results
         model.train()
         state.in_train = True
         hooks.call("on_train_epoch_start", trainer)
@@ -285,7 +285,7 @@ class FitLoop:
             position.stopped_mid_epoch, position.resume_rng = True, capture_rng()
         # epoch end: ordinary callbacks and the Module, then epoch metrics and epoch schedulers,
         # then ModelCheckpoint/EarlyStopping, which see all of that.
-        model._results = results
+        model.loop_door.results = results
 
         def finish_epoch() -> None:
             self._sync_latest(results)
@@ -297,7 +297,7 @@ class FitLoop:
             position.epoch_done, position.val_pending = True, False
 
         hooks.call_module_between("on_train_epoch_end", trainer, between=finish_epoch)
-        model._results = None
+        model.loop_door.results = None
         set_position(None)
         return batch_idx is None and start_batch == 0
 
@@ -401,7 +401,7 @@ class FitLoop:
         trainer._current_fx("training_step")
         trainer.state.in_train = True
         self._last_val_time = _now()  # a duration interval counts from the end of a validation
-        self.model._results = trainer.state.train_results
+        self.model.loop_door.results = trainer.state.train_results
         self.model.train()
 
     def _log_step(self, results: Results) -> None:

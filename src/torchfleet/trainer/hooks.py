@@ -83,7 +83,7 @@ class HookDispatcher:
     def call_module(self, trainer: Any, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Run the Module hook ``fn`` with ``self.log`` defaults of ``name``, then restore the running hook's."""
         module = self.module
-        previous = module._current_fx
+        previous = module.loop_door.current_fx
         trainer._current_fx(name)
         try:
             return fn(*args)
@@ -108,7 +108,7 @@ class HookDispatcher:
             for fn in fns:
                 fn(trainer, module, *args)
             return
-        previous = module._current_fx
+        previous = module.loop_door.current_fx
         trainer._current_fx(name)
         try:
             for fn in fns:

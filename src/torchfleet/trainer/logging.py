@@ -279,7 +279,7 @@ def open_train_results(state: Any, model: Any, device: torch.device) -> None:
     """
     results = Results("train")
     results.device, results.waiting = device, True
-    state.train_results = model._results = results
+    state.train_results = model.loop_door.results = results
 
 
 def train_epoch_results(state: Any, device: torch.device) -> Results:

@@ -10,7 +10,7 @@ from torch.optim import Optimizer
 from torchfleet.optim_wrapper import OptimizerWrapper
 
 if TYPE_CHECKING:
-    from torchfleet.trainer.trainer import Trainer
+    from torchfleet.trainer.loop_trainer import LoopTrainer
 
 
 class ManualOptimizer(OptimizerWrapper):
@@ -20,7 +20,7 @@ class ManualOptimizer(OptimizerWrapper):
     Like Lightning's, it is an instance of the wrapped optimizer's class (``isinstance(opt, torch.optim.SGD)``).
     """
 
-    def __init__(self, optimizer: Optimizer, trainer: Trainer) -> None:
+    def __init__(self, optimizer: Optimizer, trainer: LoopTrainer) -> None:
         super().__init__(optimizer)
         self.__dict__["_trainer"] = trainer
 

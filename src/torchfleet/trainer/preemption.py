@@ -35,7 +35,7 @@ from torchfleet.preemption import (
 from torchfleet.signals import SignalFlag, exit_without_agreement
 
 if TYPE_CHECKING:
-    from torchfleet.trainer.trainer import Trainer
+    from torchfleet.trainer.loop_trainer import LoopTrainer
 
 log = logging.getLogger("torchfleet")
 
@@ -43,7 +43,7 @@ log = logging.getLogger("torchfleet")
 PREEMPTED_NAME = "preempted.ckpt"
 
 
-def preemption_checkpoint_path(trainer: Trainer) -> str:
+def preemption_checkpoint_path(trainer: LoopTrainer) -> str:
     """Where a preempted fit saves: the first ModelCheckpoint's folder, else ``<default_root_dir>/checkpoints``."""
     ck = trainer.checkpoint_callback
     folder = ck.dirpath if ck is not None and ck.dirpath else os.path.join(trainer.default_root_dir, "checkpoints")
@@ -53,7 +53,7 @@ def preemption_checkpoint_path(trainer: Trainer) -> str:
 class FitPreemption:
     """The preemption signals recorded while one rank's fit runs (installed on enter, restored on exit)."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: LoopTrainer) -> None:
         self.trainer = trainer
         self.flag = SignalFlag(self._overdue, single_process=trainer.strategy.world_size == 1)
         self.agreement: StopAgreement | None = None
@@ -153,7 +153,7 @@ class FitPreemption:
         return f"the last complete one stays: {kept}" if kept else "none was saved before"
 
 
-def _newest_checkpoint(trainer: Trainer) -> str | None:
+def _newest_checkpoint(trainer: LoopTrainer) -> str | None:
     """The newest file or directory this fit's checkpoint callbacks wrote that still exists (None when none)."""
     paths = []
     for cb in trainer.checkpoint_callbacks:
@@ -162,7 +162,7 @@ def _newest_checkpoint(trainer: Trainer) -> str | None:
     return max(found, key=os.path.getmtime) if found else None
 
 
-def _cluster_environment(trainer: Trainer) -> Any:
+def _cluster_environment(trainer: LoopTrainer) -> Any:
     env = getattr(trainer.strategy, "cluster_environment", None)
     if env is None:
         from torchfleet.environments import detect_environment

@@ -13,14 +13,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from torchfleet.trainer.trainer import Trainer
+    from torchfleet.trainer.loop_trainer import LoopTrainer
 
 #: strategy methods the loops call per batch, timed under these names (``run_backward`` is the backward itself,
 #: which Lightning's ``backward`` hook runs when a strategy overrides it)
 _STRATEGY_METHODS = {"run_backward": "backward", "optimizer_step": "optimizer_step", "batch_to_device": "batch_to_device"}
 
 
-def attach(trainer: Trainer, stage: str) -> Callable[[], None] | None:
+def attach(trainer: LoopTrainer, stage: str) -> Callable[[], None] | None:
     """Start profiling ``stage``; returns the function that ends it (None when there is nothing to record)."""
     profiler = trainer.profiler
     if not profiler.records:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from torchfleet.trainer.trainer import Trainer
+    from torchfleet.trainer.loop_trainer import LoopTrainer
 
 
 # ---------------------------------------------------------------------------- Lightning's progress classes
@@ -255,7 +255,7 @@ class EvaluationLoopProgress:
     themselves) ``run()`` does nothing.
     """
 
-    def __init__(self, trainer: Trainer, stage: str) -> None:
+    def __init__(self, trainer: LoopTrainer, stage: str) -> None:
         self._trainer = trainer
         self._stage = stage
         self.batch_progress = BatchProgress()
@@ -303,7 +303,7 @@ class _Optimization:
 class EpochLoopProgress:
     """``trainer.fit_loop.epoch_loop``: the batches of the running (or last) epoch, the steps, and ``val_loop``."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: LoopTrainer) -> None:
         self._trainer = trainer
         self.val_loop = EvaluationLoopProgress(trainer, "validate")
         self.automatic_optimization = _Optimization(self)
@@ -356,7 +356,7 @@ class EpochLoopProgress:
         return bool(t.should_stop) and _can_stop(t, t.current_epoch)
 
 
-def _can_stop(trainer: Trainer, epochs_done: int) -> bool:
+def _can_stop(trainer: LoopTrainer, epochs_done: int) -> bool:
     return epochs_done >= (trainer.min_epochs or 0) and trainer.global_step >= (trainer.min_steps or 0)
 
 
@@ -373,7 +373,7 @@ class FitProgress:
     max_steps = _trainer_attribute("max_steps", "Optimizer steps fit takes at most (-1: no limit); settable.")
     min_steps = _trainer_attribute("min_steps", "Optimizer steps fit takes at least; settable.")
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: LoopTrainer) -> None:
         self._trainer = trainer
         self.epoch_loop = EpochLoopProgress(trainer)
         self._held_stop_noted = False  # note_held_stop said it
@@ -403,7 +403,7 @@ class FitProgress:
         )
 
 
-def note_held_stop(trainer: Trainer) -> None:
+def note_held_stop(trainer: LoopTrainer) -> None:
     """Rank 0 says, once per Trainer (as Lightning), that min_epochs/min_steps hold a requested stop back."""
     loop = trainer.fit_loop
     if loop._held_stop_noted or not trainer.is_global_zero:
@@ -414,7 +414,7 @@ def note_held_stop(trainer: Trainer) -> None:
         "will continue...", trainer.min_epochs, trainer.min_steps)
 
 
-def trainer_loops(trainer: Trainer) -> dict[str, Any]:
+def trainer_loops(trainer: LoopTrainer) -> dict[str, Any]:
     """The Trainer's loop objects, made once: "fit", and "validate"/"test"/"predict" (the stand-alone stages)."""
     loops = trainer.__dict__.get("_loops")
     if loops is None:
@@ -423,7 +423,7 @@ def trainer_loops(trainer: Trainer) -> dict[str, Any]:
     return loops
 
 
-def evaluation_loop(trainer: Trainer, stage: str) -> EvaluationLoopProgress:
+def evaluation_loop(trainer: LoopTrainer, stage: str) -> EvaluationLoopProgress:
     """The loop object whose counters an evaluation of ``stage`` ("validate", "sanity_check", ...) advances."""
     loops = trainer_loops(trainer)
     if trainer.state.fn == "fit":

@@ -25,16 +25,18 @@ class ReplicaLogging:
     """The Trainer's ReplicaHooks: a ReplicaLog per replica while the hook runs, then one replay into Results."""
 
     def enter(self, replica: Module) -> ReplicaLog | None:
-        """Give ``replica`` (its own copy of the module's attribute dict) a ReplicaLog in place of the Results."""
-        if replica._results is None:
+        """Give ``replica`` (its own copy of the module's attribute dict) a door of its own that records into a
+        ReplicaLog in place of the Results (the copied door is the original module's)."""
+        door = replica.loop_door
+        if door.results is None:
             return None  # outside a Trainer stage: self.log records nothing
         log = ReplicaLog()
-        replica._results = log
+        replica.loop_door = door.with_results(log)
         return log
 
     def merge(self, module: Module, collected: list[Any], device: torch.device) -> None:
         """Log what the replicas recorded into the original ``module``'s Results."""
-        results = module._results
+        results = module.loop_door.results
         if results is not None:
             replay_replica_logs(collected, results, device)
 

@@ -16,10 +16,10 @@ from torchfleet.loggers.base import use_versions
 from torchfleet.strategies.utils import move_to_device
 
 if TYPE_CHECKING:
-    from torchfleet.trainer.trainer import Trainer
+    from torchfleet.trainer.loop_trainer import LoopTrainer
 
 
-def run_in_rank(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any,
+def run_in_rank(trainer: LoopTrainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any,
                 kw: dict) -> Any:
     """Run the stage in this rank; rank 0 also returns the snapshot that ``restore`` applies in the parent."""
     from torchfleet.trainer.stage import run_stage
@@ -40,7 +40,7 @@ def run_in_rank(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl
     }
 
 
-def restore(trainer: Trainer, model: Any, snapshot: dict[str, Any] | None) -> Any:
+def restore(trainer: LoopTrainer, model: Any, snapshot: dict[str, Any] | None) -> Any:
     """Apply rank 0's snapshot to the parent's trainer and model; returns the stage's result."""
     if snapshot is None:  # not the main node: its rank 0 reports nothing back
         return None

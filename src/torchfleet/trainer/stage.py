@@ -31,12 +31,12 @@ from torchfleet.trainer.stage_strategy import prepare_loader, setup_strategy, te
 from torchfleet.utilities.combined_loader import BatchView, CombinedLoader
 
 if TYPE_CHECKING:
-    from torchfleet.trainer.trainer import Trainer
+    from torchfleet.trainer.loop_trainer import LoopTrainer
 
 log = logging.getLogger("torchfleet")
 
 
-def _source(trainer: Trainer, model: Any, kind: str, given: Any) -> Any:
+def _source(trainer: LoopTrainer, model: Any, kind: str, given: Any) -> Any:
     if given is not None:
         return given
     name = f"{kind}_dataloader"
@@ -104,7 +104,7 @@ def set_torch_flags(deterministic: bool | str | None, benchmark: bool | None) ->
         torch.backends.cudnn.benchmark = benchmark
 
 
-def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any, kw: dict) -> Any:
+def run_stage(trainer: LoopTrainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any, kw: dict) -> Any:
     """Run one of fit/validate/test/predict in this process (called directly or by the launcher in each rank)."""
     # in each rank's process: anomaly mode is per thread, and spawned ranks start without it
     with torch.autograd.set_detect_anomaly(True) if trainer._detect_anomaly else contextlib.nullcontext():
@@ -114,7 +114,7 @@ def run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: 
         return _run_stage(trainer, stage, model, train_dl, eval_dl, ckpt_path, kw)
 
 
-def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any, kw: dict) -> Any:
+def _run_stage(trainer: LoopTrainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any, kw: dict) -> Any:
     strategy = trainer.strategy
     trainer.state.start_stage(stage)
     model.trainer = trainer
@@ -159,13 +159,13 @@ def _run_stage(trainer: Trainer, stage: str, model: Any, train_dl: Any, eval_dl:
     finally:
         strategy.precision.module_backward = None
         trainer._current_fx("")
-        model._results = None
+        model.loop_door.results = None
         trainer.state.end_stage(failed)
         if end_profiling is not None:
             end_profiling()
 
 
-def _prepare(trainer: Trainer, stage: str, model: Any) -> None:
+def _prepare(trainer: LoopTrainer, stage: str, model: Any) -> None:
     """The rank's environment, prepare_data, the setup hooks and configure_model: what comes before the data."""
     strategy = trainer.strategy
     dm = trainer.datamodule
@@ -207,7 +207,7 @@ def _creation_contexts(strategy: Any) -> contextlib.ExitStack:
     return stack
 
 
-def _end_stage(trainer: Trainer, stage: str, model: Any) -> None:
+def _end_stage(trainer: LoopTrainer, stage: str, model: Any) -> None:
     """A stage that returned: the strategy's teardown first (Lightning's order), then on_fit_end and the teardown hooks."""
     teardown_strategy(trainer)
     if stage == "fit":
@@ -223,19 +223,20 @@ def _end_stage(trainer: Trainer, stage: str, model: Any) -> None:
         trainer.datamodule.teardown(stage)
 
 
-def configure_model_once(trainer: Trainer, model: Any, context: Any) -> None:
+def configure_model_once(trainer: LoopTrainer, model: Any, context: Any) -> None:
     """``configure_model()`` once per module and process, inside ``context()``: where the strategy creates models
     (meta under fsdp) in a rank; on the CPU in the process that spawned the ranks, before it takes their weights.
     ``context`` is a factory: creation contexts take effect when made (an ExitStack), so one is made only if used."""
     # Lightning's legacy configure_sharded_model first, as Lightning calls them
     hooks = [name for name in ("configure_sharded_model", "configure_model")
              if getattr(type(model), name, None) not in (None, getattr(Module, name))]
-    if not hooks or model.__dict__.get("_torchfleet_configured"):
+    door = model.loop_door
+    if not hooks or door.configured:
         return
     if "configure_sharded_model" in hooks and trainer.is_global_zero:
         warnings.warn(f"{type(model).__name__} overrides configure_sharded_model, which Lightning deprecated: it "
                       "runs as configure_model does. Rename it to configure_model.", DeprecationWarning, stacklevel=2)
-    previous = model._current_fx
+    previous = door.current_fx
     try:
         with context():
             for name in hooks:
@@ -243,17 +244,17 @@ def configure_model_once(trainer: Trainer, model: Any, context: Any) -> None:
                 getattr(model, name)()
     finally:
         trainer._current_fx(previous)
-    object.__setattr__(model, "_torchfleet_configured", True)
+    door.configured = True
 
 
-def _merge_callbacks(trainer: Trainer, extra: Any) -> None:
+def _merge_callbacks(trainer: LoopTrainer, extra: Any) -> None:
     extra = list(extra) if isinstance(extra, (list, tuple)) else [extra]
     types = {type(c) for c in extra}
     # a callback type the model configures replaces the Trainer's of the same type, as in Lightning
     trainer.callbacks = [c for c in trainer.callbacks if type(c) not in types] + extra
 
 
-def _log_summary(trainer: Trainer, model: Any) -> None:
+def _log_summary(trainer: LoopTrainer, model: Any) -> None:
     from torchfleet.trainer.callbacks.model_summary import ModelSummary
 
     # a ModelSummary among the callbacks logs its own table when fit starts
@@ -269,7 +270,7 @@ def _each_loader(loader: Any, fn: Any, *args: Any) -> Any:
     return fn(loader, *args)
 
 
-def _for_strategy(trainer: Trainer, loader: Any, stage: str) -> Any:
+def _for_strategy(trainer: LoopTrainer, loader: Any, stage: str) -> Any:
     if isinstance(loader, CombinedLoader):  # each of its loaders is prepared; the loops read its combined batches
         return BatchView(_each_loader(loader, lambda one: _for_strategy(trainer, one, stage)))
     return prepare_loader(trainer, loader, stage)
@@ -302,7 +303,7 @@ def _defines_step(model: Any, name: str) -> bool:
     return impl is not None and impl is not getattr(Module, name)
 
 
-def _fit_sources(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any) -> tuple[Any, list[Any]]:
+def _fit_sources(trainer: LoopTrainer, model: Any, train_dl: Any, val_dl: Any) -> tuple[Any, list[Any]]:
     """The training data (several loaders combined) and the validation loaders, asked for as Lightning does:
     ``val_dataloader()`` only when validation runs, first and inside ``isolate_rng`` when the sanity check will
     run (there Lightning calls it), then ``train_dataloader()``; so data the hooks draw from the global
@@ -319,7 +320,7 @@ def _fit_sources(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any) -> tu
     return train_loader, val_source
 
 
-def _train_source(trainer: Trainer, model: Any, train_dl: Any) -> Any:
+def _train_source(trainer: LoopTrainer, model: Any, train_dl: Any) -> Any:
     """The training data, several loaders combined; refused where there are none or they cannot train."""
     train_loader = _source(trainer, model, "train", train_dl)
     if train_loader is None:
@@ -338,14 +339,14 @@ def _train_source(trainer: Trainer, model: Any, train_dl: Any) -> Any:
     return train_loader
 
 
-def _prepared(trainer: Trainer, loader: Any, stage: str) -> Any:
+def _prepared(trainer: LoopTrainer, loader: Any, stage: str) -> Any:
     """A fit loader as the loops read it: unshuffled under overfit_batches, then the strategy's (its sampler)."""
     if trainer.overfit_batches:
         loader = _each_loader(loader, without_shuffle, "train" if stage == "fit" else "val")
     return _for_strategy(trainer, loader, stage)
 
 
-def _reloader(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any) -> Any:
+def _reloader(trainer: LoopTrainer, model: Any, train_dl: Any, val_dl: Any) -> Any:
     """For ``reload_dataloaders_every_n_epochs``: ``reload(loop, kind)`` gives the fit loop the training loader (at an
     epoch's start) or the validation loaders (before validating) anew when that many epochs passed since they were
     last asked for, as Lightning, their batch counts agreed again; ``kind=None`` marks the loaders fit started with."""
@@ -376,7 +377,7 @@ def _reloader(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any) -> Any:
     return reload if every else None
 
 
-def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: Any, weights_only: bool | None) -> None:
+def _fit(trainer: LoopTrainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: Any, weights_only: bool | None) -> None:
     strategy = trainer.strategy
     _check_training_step_signature(model)
     train_loader, val_source = _fit_sources(trainer, model, train_dl, val_dl)
@@ -429,10 +430,10 @@ def _fit(trainer: Trainer, model: Any, train_dl: Any, val_dl: Any, ckpt_path: An
 def _hparams_to_log(model: Any, dm: Any) -> dict[str, Any] | None:
     """The Module's and the DataModule's saved hyperparameters; None when both saved theirs with ``logger=False``
     (then, as in Lightning, the loggers are not called)."""
-    dm_logs = dm is not None and getattr(dm, "_log_hyperparams", False)
-    if not (model._log_hyperparams or dm_logs):
+    dm_logs = dm is not None and getattr(dm, "logs_hparams", False)
+    if not (model.logs_hparams or dm_logs):
         return None
-    out = dict(model.hparams) if model._log_hyperparams else {}
+    out = dict(model.hparams) if model.logs_hparams else {}
     if dm_logs:
         theirs = dict(getattr(dm, "hparams", {}))
         clash = sorted(k for k in theirs.keys() & out.keys() if theirs[k] != out[k])
@@ -446,7 +447,7 @@ def _hparams_to_log(model: Any, dm: Any) -> dict[str, Any] | None:
     return out
 
 
-def _sanity_check(trainer: Trainer, model: Any, val_loaders: list[Any]) -> None:
+def _sanity_check(trainer: LoopTrainer, model: Any, val_loaders: list[Any]) -> None:
     trainer.state.sanity_checking = True
     n = trainer.num_sanity_val_steps
     limits = [b if n == -1 else min(n, b) for b in trainer.num_val_batches]
@@ -459,7 +460,7 @@ def _sanity_check(trainer: Trainer, model: Any, val_loaders: list[Any]) -> None:
     trainer.state.bar_metrics.clear()
 
 
-def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path: Any, verbose: bool,
+def _evaluate_stage(trainer: LoopTrainer, model: Any, stage: str, dl: Any, ckpt_path: Any, verbose: bool,
                     weights_only: bool | None) -> list[dict[str, float]]:
     kind = "val" if stage == "validate" else "test"
     step = "validation_step" if stage == "validate" else "test_step"
@@ -494,7 +495,7 @@ def _evaluate_stage(trainer: Trainer, model: Any, stage: str, dl: Any, ckpt_path
     return results
 
 
-def _predict(trainer: Trainer, model: Any, dl: Any, ckpt_path: Any, return_predictions: bool,
+def _predict(trainer: LoopTrainer, model: Any, dl: Any, ckpt_path: Any, return_predictions: bool,
              weights_only: bool | None) -> Any:
     sources = _as_list(_source(trainer, model, "predict", dl))
     if any(isinstance(v, CombinedLoader) for v in sources):
@@ -518,7 +519,7 @@ def _predict(trainer: Trainer, model: Any, dl: Any, ckpt_path: Any, return_predi
     return loop.predictions[0] if len(loop.predictions) == 1 else loop.predictions
 
 
-def _setup_for_evaluation(trainer: Trainer, model: Any, stage: str, ckpt_path: Any, weights_only: bool | None) -> None:
+def _setup_for_evaluation(trainer: LoopTrainer, model: Any, stage: str, ckpt_path: Any, weights_only: bool | None) -> None:
     """validate/test/predict: the module restored from ``ckpt_path`` before or after ``setup(trainer)``, as the
     strategy's ``restore_checkpoint_after_setup`` says."""
     path = resolve_ckpt_path(trainer, ckpt_path, stage)

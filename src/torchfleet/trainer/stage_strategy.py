@@ -21,10 +21,10 @@ from torchfleet.trainer.optim import parse_optimizers, validate_schedulers
 from torchfleet.trainer.replica_logging import REPLICA_LOGGING
 
 if TYPE_CHECKING:
-    from torchfleet.trainer.trainer import Trainer
+    from torchfleet.trainer.loop_trainer import LoopTrainer
 
 
-def prepare_loader(trainer: Trainer, loader: Any, stage: str) -> Any:
+def prepare_loader(trainer: LoopTrainer, loader: Any, stage: str) -> Any:
     """``loader`` for this rank: its share of the data (``distributed_sampler_kwargs``, unless
     ``use_distributed_sampler=False``: the user shards the data themselves), then ``Strategy.process_dataloader``."""
     strategy = trainer.strategy
@@ -36,7 +36,7 @@ def prepare_loader(trainer: Trainer, loader: Any, stage: str) -> Any:
     return add_worker_init_fn(loader, trainer.global_rank)  # seed_everything(workers=True)
 
 
-def setup_strategy(trainer: Trainer, model: Any, stage: str, micro_batch_size: int | None = None) -> None:
+def setup_strategy(trainer: LoopTrainer, model: Any, stage: str, micro_batch_size: int | None = None) -> None:
     """``strategy.setup(trainer)`` for ``stage``, told first how the Trainer trains and what the stage needs."""
     strategy = trainer.strategy
     fitting = stage == "fit"
@@ -85,7 +85,7 @@ def setup_strategy(trainer: Trainer, model: Any, stage: str, micro_batch_size: i
     trainer._manual_optimizers = None
 
 
-def teardown_strategy(trainer: Trainer) -> None:
+def teardown_strategy(trainer: LoopTrainer) -> None:
     """``strategy.teardown()``: the end of every stage (after an error too); the Trainer's ``model`` is then what the
     strategy leaves (the Module, unwrapped)."""
     strategy = trainer.strategy

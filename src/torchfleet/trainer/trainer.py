@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from torchfleet.errors import ConfigurationError, check_int
-from torchfleet.settings import TrainingSettings
+from torchfleet.settings import TrainingSettings, clip_arguments
 from torchfleet.trainer import arguments as args
 from torchfleet.trainer.arguments import default
 from torchfleet.trainer.hooks import HookDispatcher
@@ -303,16 +303,29 @@ class Trainer(TrainerProperties):
         self._strategy_overrides: frozenset[str] = frozenset()
 
     def _current_fx(self, name: str) -> None:
-        # which hook is running decides where self.log records by default; a plain attribute
-        # write (nn.Module.__setattr__ costs microseconds, and this runs every step)
-        object.__setattr__(self.module, "_current_fx", name)
+        # which hook is running decides where self.log records by default: the Module's door says it (a plain
+        # attribute write: this runs every step)
+        self.module.loop_door.current_fx = name
 
-    def _manual_backward(self, module: nn.Module, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        # Lightning's manual_backward: the strategy's backward, without an optimizer; its default runs the
-        # Module's and callbacks' on_before_backward / on_after_backward around the backward itself
+    # ------------------------------------------------------------------ the Module's door (running.ModuleRunner)
+    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """The backward of the running Module's ``self.manual_backward(loss)`` (manual optimisation).
+
+        Lightning's: the strategy's backward, without an optimizer; its default runs the Module's and callbacks'
+        ``on_before_backward`` / ``on_after_backward`` around the backward itself.
+        """
         self.strategy.backward(loss, None, *args, **kwargs)
 
-    def _manual_optimizer_list(self) -> list[Any]:
+    def gradient_clip_arguments(self, gradient_clip_val: float | None,
+                                gradient_clip_algorithm: str | None) -> tuple[float | None, str]:
+        """What the running Module's ``self.clip_gradients`` clips with: the arguments given, else this Trainer's
+        ``gradient_clip_val`` / ``gradient_clip_algorithm`` (a value that differs from one given here is refused)."""
+        return clip_arguments(gradient_clip_val, gradient_clip_algorithm, self.gradient_clip_val,
+                              self._gradient_clip_algorithm_given)
+
+    def manual_optimizers(self) -> list[Any]:
+        """The optimizers as the running Module's ``self.optimizers()`` returns them: each step goes through the
+        strategy and counts a global step (trainer/manual.py)."""
         from torchfleet.trainer.manual import ManualOptimizer
 
         if self._manual_optimizers is None or len(self._manual_optimizers) != len(self.optimizers):

@@ -22,7 +22,7 @@ from torchfleet.strategies.trainer_contract import CLOSURE_HOOKS
 from torchfleet.trainer.hooks import step_capacity
 
 if TYPE_CHECKING:
-    from torchfleet.trainer.trainer import Trainer
+    from torchfleet.trainer.loop_trainer import LoopTrainer
 
 
 def _needs_closure(optimizer: Any) -> bool:
@@ -69,7 +69,7 @@ class Closure:
 class AutomaticStep:
     """The training step of one batch, for the fit loop (``run``); what it needs is resolved once per fit."""
 
-    def __init__(self, trainer: Trainer, model: Any, after_step: Callable[[Any, int], None]) -> None:
+    def __init__(self, trainer: LoopTrainer, model: Any, after_step: Callable[[Any, int], None]) -> None:
         self.trainer, self.model, self.strategy = trainer, model, trainer.strategy
         self._after_step = after_step
         hooks = trainer._hooks
