@@ -17,6 +17,19 @@ log = logging.getLogger("torchfleet")
 
 T = TypeVar("T")
 
+
+def show_info_lines() -> None:
+    """Print torchfleet's info messages (model summary, strategy choice) like a training tool should, once a Trainer
+    is built or runs a stage in a new process, unless the program configured logging for them itself (a handler of
+    its own on the "torchfleet" logger or on the root logger). Importing torchfleet configures no logging."""
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 # where launchers other than ours put the global rank before the process group exists
 _RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "JSM_NAMESPACE_RANK")
 

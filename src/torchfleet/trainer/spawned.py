@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 def run_in_rank(trainer: LoopTrainer, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any,
                 kw: dict) -> Any:
     """Run the stage in this rank; rank 0 also returns the snapshot that ``restore`` applies in the parent."""
+    from torchfleet.rank_zero import show_info_lines
     from torchfleet.trainer.stage import run_stage
-    from torchfleet.trainer.trainer import show_info_lines
 
     show_info_lines()  # a spawned rank built no Trainer: its rank 0 prints the stage's info lines as the parent would
     out = run_stage(trainer, stage, model, train_dl, eval_dl, ckpt_path, kw)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from torchfleet.errors import ConfigurationError, check_int
+from torchfleet.rank_zero import show_info_lines
 from torchfleet.settings import TrainingSettings, clip_arguments
 from torchfleet.trainer import arguments as args
 from torchfleet.trainer.arguments import default
@@ -23,18 +24,6 @@ from torchfleet.trainer.state import RunState, TrainerStatus
 from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, labelled, parse_hang_timeout
 
 log = logging.getLogger("torchfleet")
-
-
-def show_info_lines() -> None:
-    """Print torchfleet's info messages (model summary, strategy choice) like a training tool should, once a Trainer
-    is built or runs a stage in a new process, unless the program configured logging for them itself (a handler of
-    its own on the "torchfleet" logger or on the root logger). Importing torchfleet configures no logging."""
-    if not log.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
 
 
 def _state_field(name: str, doc: str) -> property:
