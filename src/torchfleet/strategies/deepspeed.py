@@ -25,7 +25,6 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -57,13 +56,12 @@ from torchfleet.strategies._deepspeed_checkpoint import (
 )
 from torchfleet.strategies._deepspeed_optimizer import _EngineOptimizer
 from torchfleet.strategies._deepspeed_unshard import Before, Detached, unshard
-from torchfleet.strategies.ddp import _HOOK_KWARG, DEFAULT_TIMEOUT, DDPStrategy, _HookDispatch
+from torchfleet.strategies.arguments import takes
+from torchfleet.strategies.ddp import _HOOK_KWARG, DDPStrategy, _HookDispatch
 from torchfleet.strategies.utils import check_keep_sharded, stays_sharded
 
 if TYPE_CHECKING:
-    from torchfleet.accelerators.base import Accelerator
-    from torchfleet.environments.base import ClusterEnvironment
-    from torchfleet.precision import Precision
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +91,20 @@ class DeepSpeedStrategy(DDPStrategy):
     reseeds_for = frozenset({"trainer", "fleet"})  # as Lightning's and Fabric's
     requires_package = "deepspeed"
 
+    @takes("accelerator", "zero_optimization", "stage", "remote_device", "offload_optimizer",
+           "offload_parameters", "offload_params_device", "nvme_path", "params_buffer_count",
+           "params_buffer_size", "max_in_cpu", "offload_optimizer_device", "optimizer_buffer_count",
+           "block_size", "queue_depth", "single_submit", "overlap_events", "thread_count", "pin_memory",
+           "sub_group_size", "contiguous_gradients", "overlap_comm", "allgather_partitions",
+           "reduce_scatter", "allgather_bucket_size", "reduce_bucket_size", "zero_allow_untested_optimizer",
+           "logging_batch_size_per_gpu", "config", "logging_level", "parallel_devices",
+           "cluster_environment", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+           "min_loss_scale", "partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
+           "synchronize_checkpoint_boundary", "load_full_weights", "precision", "process_group_backend",
+           "timeout", "start_method", "precision_plugin", "max_restarts", "keep_sharded")
     def __init__(
         self,
-        accelerator: Accelerator | None = None,
+        given: dict[str, Any],
         zero_optimization: bool = True,
         stage: int = 2,
         remote_device: str | None = None,
@@ -125,8 +134,6 @@ class DeepSpeedStrategy(DDPStrategy):
         logging_batch_size_per_gpu: str | int = "auto",
         config: str | os.PathLike[str] | Mapping[str, object] | None = None,
         logging_level: int = logging.WARN,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
         loss_scale: float = 0,
         initial_scale_power: int = 16,
         loss_scale_window: int = 1000,
@@ -137,20 +144,11 @@ class DeepSpeedStrategy(DDPStrategy):
         contiguous_memory_optimization: bool = False,
         synchronize_checkpoint_boundary: bool = False,
         load_full_weights: bool = False,
-        precision: Precision | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | float | None = DEFAULT_TIMEOUT,
-        start_method: str = "popen",
-        precision_plugin: Precision | None = None,
-        max_restarts: int = 0,
         keep_sharded: bool = False,
     ) -> None:
         if not deepspeed_available():
             raise not_installed("A DeepSpeed strategy")
-        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
-                         cluster_environment=cluster_environment, precision=precision,
-                         process_group_backend=process_group_backend, timeout=timeout, start_method=start_method,
-                         precision_plugin=precision_plugin, max_restarts=max_restarts)
+        super().__init__(**given)
         # every config-building keyword is checked, also when a given config replaces what they would build
         options = dsc.DeepSpeedOptions.from_arguments(locals())
         if remote_device not in (None, "cpu", "nvme"):
