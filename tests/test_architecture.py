@@ -57,17 +57,14 @@ MAX_LINES = 550
 #: the set only shrinks
 LONG_FILES_PENDING = {"module.py"}
 
-#: groups of modules that still import each other (issue 21: the Module <-> loop door; the strategies' checkpoint
-#: helpers); a cycle must lie inside one group, and every module listed must still be in a cycle, so they only shrink
+#: groups of modules that still import each other (issue 21: the Module <-> loop door); a cycle must lie inside one
+#: group, and every module listed must still be in a cycle, so they only shrink
 _TRAINER_CYCLE = {"data", "module", "trainer.arguments", "trainer.checkpointing", "trainer.eval_loop", "trainer.fit_loop",
                   "trainer.hooks", "trainer.manual", "trainer.preemption", "trainer.profiling", "trainer.progress",
                   "trainer.properties", "trainer.replica_logging", "trainer.spawned", "trainer.stage",
                   "trainer.stage_strategy", "trainer.trainer", "trainer.training_step"}
 CYCLES_PENDING: list[set[str]] = [
     {f"torchfleet.{name}" for name in _TRAINER_CYCLE},
-    {"torchfleet.strategies.fsdp", "torchfleet.strategies._fsdp_checkpoint"},
-    {"torchfleet.strategies.deepspeed", "torchfleet.strategies._deepspeed_checkpoint",
-     "torchfleet.strategies._deepspeed_optimizer"},
 ]
 
 
