@@ -25,13 +25,14 @@ from torchfleet.checkpoint.deepspeed import (
     read_full_optimizer,
     save_deepspeed_checkpoint,
 )
+from torchfleet.checkpoint.distributed import Ranks
 from torchfleet.checkpoint.state import load_state_dict_checked
 from torchfleet.checkpoint.zero import check_engine_files
 from torchfleet.errors import CheckpointError
 from torchfleet.strategies._zero_state import load_into_engine
 
 
-class EngineStrategy(Protocol):
+class EngineStrategy(Ranks, Protocol):
     """What these functions read of DeepSpeedStrategy (a Protocol, so that deepspeed.py alone imports this module)."""
 
     _half: str | None
@@ -43,9 +44,6 @@ class EngineStrategy(Protocol):
     def zero_stage(self) -> int: ...
     @property
     def world_size(self) -> int: ...
-    @property
-    def is_global_zero(self) -> bool: ...
-    def barrier(self, name: str | None = None) -> None: ...
     def unwrap(self, module: nn.Module) -> nn.Module: ...
 
 log = logging.getLogger(__name__)

@@ -446,19 +446,6 @@ class FSDPStrategy(ParallelStrategy):
         # FSDP gathers parameters into buffers it reuses in training; inference tensors cannot be written to later
         return False
 
-    def clip_gradients_norm(
-        self,
-        module: nn.Module | None,
-        optimizer: Optimizer | None,
-        max_norm: float,
-        norm_type: float = 2.0,
-        error_if_nonfinite: bool = False,
-    ) -> Tensor:
-        """Clip the sharded gradients to a total norm over all ranks; returns that norm as a plain tensor."""
-        norm = super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
-        full = getattr(norm, "full_tensor", None)
-        return full() if callable(full) else norm
-
     # ----------------------------------------------------------------- checkpoints
     def module_state_dict(self, module: nn.Module) -> dict[str, Any]:
         """Sharded: this rank's shards (DTensors) under the user's names. Full: the whole state on rank 0, {} elsewhere."""

@@ -18,6 +18,7 @@ from torchfleet.errors import ConfigurationError, TorchfleetError
 from torchfleet.strategies.arguments import PARALLEL, PARTS, pick, takes
 from torchfleet.strategies.processes import (
     ProcessOptions,
+    Rank,
     apply_max_restarts,
     join_process_group,
     launcher_for,
@@ -52,6 +53,16 @@ def _mismatch(record: collective) -> CollectiveMismatchError:
         "by a different collective on another rank, so the ranks no longer issue the same collectives in the same "
         f"order. {watchdog._DESYNC_HINT}"
     )
+
+
+def _option(name: str, doc: str) -> property:
+    """A property for the process option ``name``: read from ``processes``; set anew (checked), the launcher told."""
+
+    def set_option(self: ParallelStrategy, value: Any) -> None:
+        self.processes = dataclasses.replace(self.processes, **{name: value})
+        apply_max_restarts(self._launcher, self.processes, self.cluster_environment, self.num_processes, self.num_nodes)
+
+    return property(lambda self: getattr(self.processes, name), set_option, doc=doc)
 
 
 class ParallelStrategy(Strategy, ABC):
@@ -102,7 +113,7 @@ class ParallelStrategy(Strategy, ABC):
         # the pre-flight check (a launch that disagrees with devices x num_nodes) runs where Lightning runs it: in
         # launcher.launch, before any process starts or waits in init_process_group for ranks that never come
         self.set_world_ranks()
-        self._launcher = launcher_for(self)
+        self._launcher = launcher_for(self.processes, self._cluster_environment, self.num_processes, num_nodes)
 
     @property
     def num_nodes(self) -> int:
@@ -160,33 +171,10 @@ class ParallelStrategy(Strategy, ABC):
 
         return dist.Backend.default_device_backend_map.get(self.root_device.type, "gloo")
 
-    @property
-    def timeout(self) -> timedelta | None:
-        """How long a collective may wait (``ProcessOptions.timeout``)."""
-        return self.processes.timeout
-
-    @timeout.setter
-    def timeout(self, value: timedelta | float | None) -> None:
-        self.processes = dataclasses.replace(self.processes, timeout=value)
-
-    @property
-    def start_method(self) -> str:
-        """How the launcher starts the ranks: "popen", "spawn", "fork" or "forkserver"."""
-        return self.processes.start_method
-
-    @start_method.setter
-    def start_method(self, value: str) -> None:
-        self.processes = dataclasses.replace(self.processes, start_method=value)
-
-    @property
-    def max_restarts(self) -> int:
-        """How many times every rank is started again after one fails (resuming from the newest checkpoint)."""
-        return self.processes.max_restarts
-
-    @max_restarts.setter
-    def max_restarts(self, value: int) -> None:
-        self.processes = dataclasses.replace(self.processes, max_restarts=value)
-        apply_max_restarts(self, self._launcher)
+    timeout = _option("timeout", "How long a collective may wait (a timedelta; None: torch's default).")
+    start_method = _option("start_method", 'How the launcher starts the ranks: "popen", "spawn", "fork" or "forkserver".')
+    max_restarts = _option("max_restarts", "How many times every rank is started again after one fails (resuming "
+                                           "from the newest checkpoint).")
 
     @property
     def is_distributed(self) -> bool:
@@ -216,7 +204,10 @@ class ParallelStrategy(Strategy, ABC):
     def setup_distributed(self) -> None:
         """Record this process's ranks (``set_world_ranks``) and join the process group, once per process."""
         self.set_world_ranks()
-        join_process_group(self)
+        env = self.cluster_environment
+        assert env is not None
+        join_process_group(Rank(env, self.world_size, self.global_rank, self.num_nodes, self.root_device,
+                                self.process_group_backend, self.timeout, self.hang_timeout))
 
     @property
     def distributed_ready(self) -> bool:

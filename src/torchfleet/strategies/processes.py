@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -77,56 +77,46 @@ def _as_timeout(timeout: Any) -> timedelta | None:
     return timedelta(seconds=timeout)
 
 
-class Ranks(Protocol):
-    """What launching and joining read of the strategy (ParallelStrategy has it all)."""
+@dataclasses.dataclass(frozen=True)
+class Rank:
+    """This process in the run, as joining the process group needs it (ParallelStrategy.setup_distributed)."""
 
-    processes: ProcessOptions
+    environment: ClusterEnvironment
+    world_size: int
+    global_rank: int
+    num_nodes: int
+    device: torch.device
+    backend: str
+    timeout: timedelta | None
     hang_timeout: float | None
 
-    @property
-    def cluster_environment(self) -> ClusterEnvironment | None: ...
-    @property
-    def num_processes(self) -> int: ...
-    @property
-    def num_nodes(self) -> int: ...
-    @property
-    def world_size(self) -> int: ...
-    @property
-    def global_rank(self) -> int: ...
-    @property
-    def root_device(self) -> torch.device: ...
-    @property
-    def process_group_backend(self) -> str: ...
 
-
-def launcher_for(ranks: Ranks) -> Launcher:
-    """The launcher that starts this node's ranks as ``start_method`` says, with ``max_restarts`` applied."""
-    env = ranks.cluster_environment
-    assert env is not None
+def launcher_for(options: ProcessOptions, env: ClusterEnvironment, num_processes: int, num_nodes: int) -> Launcher:
+    """The launcher that starts this node's ranks as ``options.start_method`` says, with ``max_restarts`` applied."""
     launcher: Launcher
-    if ranks.processes.start_method == "popen":
+    if options.start_method == "popen":
         from torchfleet.launchers.script import ScriptLauncher
 
-        launcher = ScriptLauncher(env, ranks.num_processes, ranks.num_nodes)
+        launcher = ScriptLauncher(env, num_processes, num_nodes)
     else:
         from torchfleet.launchers.processes import ProcessLauncher
 
-        launcher = ProcessLauncher(env, ranks.num_processes, ranks.num_nodes, ranks.processes.start_method)
-    apply_max_restarts(ranks, launcher)
+        launcher = ProcessLauncher(env, num_processes, num_nodes, options.start_method)
+    apply_max_restarts(launcher, options, env, num_processes, num_nodes)
     return launcher
 
 
-def apply_max_restarts(ranks: Ranks, launcher: Launcher | None) -> None:
+def apply_max_restarts(launcher: Launcher | None, options: ProcessOptions, env: ClusterEnvironment | None,
+                       num_processes: int, num_nodes: int) -> None:
     """Give ``launcher`` the options' ``max_restarts``, and check restarts can apply to this launch."""
     if launcher is None:  # not configured yet: launcher_for applies it
         return
-    launcher.max_restarts = ranks.processes.max_restarts
-    check_restarts_apply(ranks.processes.max_restarts, ranks.cluster_environment, ranks.num_processes,
-                         ranks.num_nodes)
+    launcher.max_restarts = options.max_restarts
+    check_restarts_apply(options.max_restarts, env, num_processes, num_nodes)
 
 
-def join_process_group(ranks: Ranks) -> None:
-    """Join the process group of ``ranks.world_size`` as ``ranks.global_rank``, once per process; start the watchdog.
+def join_process_group(rank: Rank) -> None:
+    """Join the process group of ``rank.world_size`` as ``rank.global_rank``, once per process; start the watchdog.
 
     A process already in a group of this world size (an earlier Trainer or Fleet in the script) keeps it.
     """
@@ -134,43 +124,43 @@ def join_process_group(ranks: Ranks) -> None:
 
     if dist.is_initialized():
         have = dist.get_world_size()
-        if have != ranks.world_size:
+        if have != rank.world_size:
             raise ConfigurationError(
                 f"This process already belongs to a process group of {have} processes, but this run asks for "
-                f"{ranks.world_size}. One script trains with one world size: give every Trainer/Fleet the same "
+                f"{rank.world_size}. One script trains with one world size: give every Trainer/Fleet the same "
                 "devices and num_nodes, or call torch.distributed.destroy_process_group() between them."
             )
-        _start_watchdog(ranks, None)
+        _start_watchdog(rank, None)
         return
-    env = ranks.cluster_environment
+    env = rank.environment
     assert env is not None
-    backend = ranks.process_group_backend
+    backend = rank.backend
     # env:// rendezvous with explicit ranks; torchrun's agent store is used when torchrun provides one
     os.environ.setdefault("MASTER_ADDR", env.main_address)
     os.environ.setdefault("MASTER_PORT", str(env.main_port))
     if backend == "gloo":
         _warn_if_gloo_would_advertise_loopback(os.environ["MASTER_ADDR"])
     kwargs: dict[str, Any] = {}
-    if ranks.processes.timeout is not None:
-        kwargs["timeout"] = ranks.processes.timeout
-    if ranks.root_device.type == "cuda":
-        kwargs["device_id"] = ranks.root_device
-    log.debug("init_process_group(%s) rank %d of %d at %s:%s", backend, ranks.global_rank, ranks.world_size,
+    if rank.timeout is not None:
+        kwargs["timeout"] = rank.timeout
+    if rank.device.type == "cuda":
+        kwargs["device_id"] = rank.device
+    log.debug("init_process_group(%s) rank %d of %d at %s:%s", backend, rank.global_rank, rank.world_size,
               os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"])
     nccl_prefix = None
-    if backend == "nccl" and ranks.hang_timeout is not None:
+    if backend == "nccl" and rank.hang_timeout is not None:
         from torchfleet.launchers.supervise import rank_error_dir
 
         nccl_prefix = watchdog.nccl_flight_recorder_env(run_dir=rank_error_dir())
-    store = _loopback_store(ranks)
+    store = _loopback_store(rank)
     if store is not None:
         kwargs["store"] = store
-    dist.init_process_group(backend, world_size=ranks.world_size, rank=ranks.global_rank, **kwargs)
+    dist.init_process_group(backend, world_size=rank.world_size, rank=rank.global_rank, **kwargs)
     atexit.register(_destroy_process_group)
-    _start_watchdog(ranks, nccl_prefix)
+    _start_watchdog(rank, nccl_prefix)
 
 
-def _loopback_store(ranks: Ranks) -> Any:
+def _loopback_store(rank: Rank) -> Any:
     """The rendezvous store of a one-machine run our launchers started, listening on 127.0.0.1 only; else None.
 
     torch's env:// store listens on every interface (``*:MASTER_PORT``) though every rank is on this machine.
@@ -179,21 +169,21 @@ def _loopback_store(ranks: Ranks) -> Any:
     from torchfleet.environments.local import LocalEnvironment
 
     # LocalEnvironment: our launchers (or a hand start) on this machine; the others' launchers own the rendezvous
-    if ranks.num_nodes != 1 or not isinstance(ranks.cluster_environment, LocalEnvironment):
+    if rank.num_nodes != 1 or not isinstance(rank.environment, LocalEnvironment):
         return None
     import socket
 
     from torch.distributed import TCPStore
 
     port = int(os.environ["MASTER_PORT"])
-    timeout = ranks.processes.timeout if ranks.processes.timeout is not None else DEFAULT_TIMEOUT
-    if ranks.global_rank != 0:
-        return TCPStore("127.0.0.1", port, ranks.world_size, False, timeout)
+    timeout = rank.timeout if rank.timeout is not None else DEFAULT_TIMEOUT
+    if rank.global_rank != 0:
+        return TCPStore("127.0.0.1", port, rank.world_size, False, timeout)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's: a restart's port may linger
     try:
         listener.bind(("127.0.0.1", port))
-        listener.listen(max(128, ranks.world_size))
+        listener.listen(max(128, rank.world_size))
     except OSError as exc:
         listener.close()
         raise ConfigurationError(
@@ -201,12 +191,12 @@ def _loopback_store(ranks: Ranks) -> Any:
             "MASTER_PORT to let torchfleet pick a free port, or export one that is free."
         ) from None
     # the store takes the socket over (detach: Python must not close it under the store)
-    return TCPStore("127.0.0.1", port, ranks.world_size, True, timeout, master_listen_fd=listener.detach())
+    return TCPStore("127.0.0.1", port, rank.world_size, True, timeout, master_listen_fd=listener.detach())
 
 
-def _start_watchdog(ranks: Ranks, nccl_prefix: str | None) -> None:
+def _start_watchdog(rank: Rank, nccl_prefix: str | None) -> None:
     """Open this rank's collectives record and start its hang watchdog (watchdog.py), once per process."""
-    if ranks.world_size == 1:
+    if rank.world_size == 1:
         return
     from torch.distributed import distributed_c10d
 
@@ -216,7 +206,7 @@ def _start_watchdog(ranks: Ranks, nccl_prefix: str | None) -> None:
         store = distributed_c10d._get_default_store()
     except Exception:  # noqa: BLE001 - torchrun's agent store may not be reachable this way
         store = None
-    watchdog.start(ranks.global_rank, ranks.world_size, ranks.hang_timeout, rank_error_dir(), store, nccl_prefix)
+    watchdog.start(rank.global_rank, rank.world_size, rank.hang_timeout, rank_error_dir(), store, nccl_prefix)
 
 
 def _is_loopback(address: str) -> bool:

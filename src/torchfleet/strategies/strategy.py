@@ -343,7 +343,8 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
     ) -> Tensor:
         """Scale gradients so their total ``norm_type`` norm is at most ``max_norm``; returns the norm before.
 
-        Under a loss scaler (16-mixed) an inf/nan norm is never an error: the scaler skips that step
+        The norm is a plain tensor also where the gradients are sharded DTensors (fsdp). Under a loss scaler
+        (16-mixed) an inf/nan norm is never an error: the scaler skips that step
         and lowers the scale, so ``error_if_nonfinite`` applies only to precisions without one.
         """
         if optimizer is not None:
@@ -351,9 +352,9 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
         if error_if_nonfinite and self.precision.skips_nonfinite_steps:
             error_if_nonfinite = False
         params = self._gradient_params(module, optimizer)
-        return torch.nn.utils.clip_grad_norm_(
-            params, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
-        )
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite)
+        full = getattr(norm, "full_tensor", None)  # sharded gradients (DTensors): the norm over all ranks, whole
+        return full() if callable(full) else norm
 
     def clip_gradients_value(self, module: nn.Module | None, optimizer: Optimizer | None, clip_val: float) -> None:
         """Clamp every gradient element to ``[-clip_val, clip_val]``."""
