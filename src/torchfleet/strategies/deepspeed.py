@@ -1,7 +1,7 @@
 """DeepSpeedStrategy: ZeRO stages 0-3 with optional CPU/NVMe offload, through ``deepspeed.initialize``.
 
-It is DDPStrategy's process handling (launchers, the process group, sampler injection) with the
-model, optimizer, backward and step handed to a DeepSpeed engine instead of DistributedDataParallel.
+It is ParallelStrategy's process handling (processes.py: launchers, the process group; sampler injection) with
+the model, optimizer, backward and step handed to a DeepSpeed engine instead of DistributedDataParallel.
 We create the torch.distributed process group ourselves and DeepSpeed joins it.
 
 The Trainer's loop stays as it is: it divides the loss by ``accumulate_grad_batches`` and calls
@@ -79,7 +79,13 @@ class DeepSpeedStrategy(DDPStrategy):
     ``remote_device`` is where ``init_module`` creates a ZeRO stage-3 model (``"cpu"``/``"nvme"``;
     None: the training device). ``logging_level`` sets DeepSpeed's logger. ``load_full_weights`` is
     accepted for compatibility: a single-file checkpoint is always loaded as full weights, also
-    under stage 3. ``timeout``, ``start_method`` and ``max_restarts`` are DDPStrategy's.
+    under stage 3. ``process_group_backend``, ``timeout``, ``start_method`` and ``max_restarts`` are the shared
+    process options (processes.ProcessOptions).
+
+    Why DDPStrategy is its base: Lightning's DeepSpeedStrategy subclasses DDPStrategy, and ported programs check
+    ``isinstance(trainer.strategy, DDPStrategy)``. It borrows nothing of DDP's wrapping (setup, steps, backward,
+    synchronisation are its own, overriding DDP's); launching and the process group are ParallelStrategy's pieces,
+    the same that FSDPStrategy uses; from DDPStrategy it keeps the teardown that gives ``model`` back as the Module.
 
     When a Trainer stage ends, the module is made an ordinary one again on every rank (``unshard_module``):
     the trained (float32 master) weights, whole, on the CPU, in the dtypes it had before, without DeepSpeed's
@@ -506,7 +512,8 @@ class DeepSpeedStrategy(DDPStrategy):
             engine.destroy()
 
     def teardown(self) -> None:
-        """Make the module whole as at a stage's end, destroy an engine still attached to it, then DDPStrategy's.
+        """Make the module whole as at a stage's end, destroy an engine still attached to it, then DDPStrategy's
+        (``model`` is the Module again, then ParallelStrategy's teardown).
 
         The engine of a module made whole (destroyed already, without hooks) is kept for ``trainer.save_checkpoint``
         after the stage, and with ``keep_sharded`` the engine stays for the next stage; the next ``setup`` drops both.
