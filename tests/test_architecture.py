@@ -57,15 +57,11 @@ MAX_LINES = 550
 #: the set only shrinks
 LONG_FILES_PENDING: set[str] = set()
 
-#: groups of modules that still import each other (issue 21: the strategies' checkpoint helpers); a cycle must lie
-#: inside one group, and every module listed must still be in a cycle, so they only shrink. (The trainer package
-#: with module.py and data.py left them: the Module and the loops meet through running.py, the door, and the loops
-#: name trainer/loop_trainer.py's LoopTrainer, not the Trainer class that calls them.)
-CYCLES_PENDING: list[set[str]] = [
-    {"torchfleet.strategies.fsdp", "torchfleet.strategies._fsdp_checkpoint"},
-    {"torchfleet.strategies.deepspeed", "torchfleet.strategies._deepspeed_checkpoint",
-     "torchfleet.strategies._deepspeed_optimizer"},
-]
+#: groups of modules that still import each other; a cycle must lie inside one group, and every module listed must
+#: still be in a cycle, so they only shrink. Empty (issue 21): the Module and the loops meet through running.py, the
+#: door, the loops name trainer/loop_trainer.py's LoopTrainer, not the Trainer class that calls them, and the
+#: strategies' checkpoint and optimizer helpers read their strategy through Protocols.
+CYCLES_PENDING: list[set[str]] = []
 
 
 def _module_name(path: Path, root: Path = ROOT) -> str:

@@ -139,11 +139,11 @@ def test_ddp_keywords_reach_distributed_data_parallel_in_a_one_process_group():
 def test_gloo_across_machines_warns_when_the_hostname_is_loopback(monkeypatch, caplog):
     import socket
 
-    from torchfleet.strategies import ddp
+    from torchfleet.strategies import processes as ddp
 
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     monkeypatch.setattr(socket, "gethostname", lambda: "localhost")
-    with caplog.at_level("WARNING", logger="torchfleet.strategies.ddp"):
+    with caplog.at_level("WARNING", logger="torchfleet.strategies.processes"):
         ddp._warn_if_gloo_would_advertise_loopback("127.0.0.1")  # one machine: fine
         assert not caplog.records
         ddp._warn_if_gloo_would_advertise_loopback("10.1.2.3")

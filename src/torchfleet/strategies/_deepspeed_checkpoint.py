@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -25,18 +25,31 @@ from torchfleet.checkpoint.deepspeed import (
     read_full_optimizer,
     save_deepspeed_checkpoint,
 )
+from torchfleet.checkpoint.distributed import Ranks
 from torchfleet.checkpoint.state import load_state_dict_checked
 from torchfleet.checkpoint.zero import check_engine_files
 from torchfleet.errors import CheckpointError
 from torchfleet.strategies._zero_state import load_into_engine
 
-if TYPE_CHECKING:
-    from torchfleet.strategies.deepspeed import DeepSpeedStrategy
+
+class EngineStrategy(Ranks, Protocol):
+    """What these functions read of DeepSpeedStrategy (a Protocol, so that deepspeed.py alone imports this module)."""
+
+    _half: str | None
+    optimizer_param_names: list[list[str | None]] | None
+
+    @property
+    def engine(self) -> Any: ...
+    @property
+    def zero_stage(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    def unwrap(self, module: nn.Module) -> nn.Module: ...
 
 log = logging.getLogger(__name__)
 
 
-def save_deepspeed(strategy: DeepSpeedStrategy, path: str | os.PathLike, plain: Mapping[str, Any]) -> None:
+def save_deepspeed(strategy: EngineStrategy, path: str | os.PathLike, plain: Mapping[str, Any]) -> None:
     """Write ``plain`` (modules and optimizers already placeholders) as a "deepspeed" layout directory at ``path``."""
     engine_info = {
         "world_size": strategy.world_size,
@@ -50,7 +63,7 @@ def save_deepspeed(strategy: DeepSpeedStrategy, path: str | os.PathLike, plain: 
 
 # ---------------------------------------------------------------------------- loading into an engine
 def load_engine_checkpoint(
-    strategy: DeepSpeedStrategy, checkpoint: Mapping[str, Any], with_optimizer: bool, strict: bool = True
+    strategy: EngineStrategy, checkpoint: Mapping[str, Any], with_optimizer: bool, strict: bool = True
 ) -> None:
     """Load the engine checkpoint behind ``checkpoint`` into ``strategy.engine``.
 
@@ -91,7 +104,7 @@ def load_engine_checkpoint(
 
 
 # ---------------------------------------------------------------------------- full weights
-def load_full_weights(strategy: DeepSpeedStrategy, module: nn.Module, state: Mapping[str, Any], strict: bool = True) -> None:
+def load_full_weights(strategy: EngineStrategy, module: nn.Module, state: Mapping[str, Any], strict: bool = True) -> None:
     """Load full (unsharded) weights into the engine's user module, at any stage, then refresh ZeRO's float32 masters."""
     engine = strategy.engine
     if strategy.zero_stage == 3 and engine is not None:
@@ -109,7 +122,7 @@ def _full_shape(t: Tensor) -> tuple[int, ...]:
     return tuple(shape) if shape is not None else tuple(t.shape)
 
 
-def _load_into_partitioned(strategy: DeepSpeedStrategy, module: nn.Module, state: Mapping[str, Any], strict: bool) -> None:
+def _load_into_partitioned(strategy: EngineStrategy, module: nn.Module, state: Mapping[str, Any], strict: bool) -> None:
     import deepspeed
 
     own = {**dict(module.named_parameters()), **dict(module.named_buffers())}

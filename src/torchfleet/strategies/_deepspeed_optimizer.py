@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from torch.optim import Optimizer
 
 from torchfleet.checkpoint.deepspeed import InEngine
 
-if TYPE_CHECKING:
-    from torchfleet.strategies.deepspeed import DeepSpeedStrategy
+
+class _Engine(Protocol):
+    """What the optimizer calls of DeepSpeedStrategy (a Protocol, so that deepspeed.py alone imports this module)."""
+
+    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None) -> Any: ...
+    def load_optimizer_state(self, optimizer: Optimizer, state: Mapping[str, Any]) -> None: ...
 
 
 class _EngineOptimizer(Optimizer):
@@ -22,7 +26,7 @@ class _EngineOptimizer(Optimizer):
     ``param_groups`` and ``state`` are the user's (LR schedulers built over it keep working).
     """
 
-    def __init__(self, optimizer: Optimizer, strategy: DeepSpeedStrategy) -> None:
+    def __init__(self, optimizer: Optimizer, strategy: _Engine) -> None:
         # Optimizer.__init__ is not called: the parameters and hyperparameters are the wrapped optimizer's
         self._optimizer = optimizer
         self._strategy = strategy

@@ -12,7 +12,7 @@ What a sharded module loads from:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from torch import nn
 from torch.optim import Optimizer
@@ -33,8 +33,18 @@ from torchfleet.checkpoint.state import (
 )
 from torchfleet.errors import CheckpointError, ConfigurationError
 
-if TYPE_CHECKING:
-    from torchfleet.strategies.fsdp import FSDPStrategy
+
+class ShardedStrategy(Protocol):
+    """What these functions read of FSDPStrategy (a Protocol, so that fsdp.py alone imports this module)."""
+
+    state_dict_type: str
+
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def is_global_zero(self) -> bool: ...
+    def modules_set_up(self) -> list[nn.Module]: ...
+    def all_gather_object(self, obj: Any, name: str | None = None) -> list[Any]: ...
 
 
 def _options(**kwargs: Any) -> Any:
@@ -43,7 +53,7 @@ def _options(**kwargs: Any) -> Any:
     return StateDictOptions(**kwargs)
 
 
-def module_of(strategy: FSDPStrategy, optimizer: Optimizer) -> nn.Module:
+def module_of(strategy: ShardedStrategy, optimizer: Optimizer) -> nn.Module:
     """The sharded module whose parameters ``optimizer`` updates."""
     ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
     for module in strategy.modules_set_up():
@@ -70,7 +80,7 @@ def param_names(module: nn.Module, optimizer: Optimizer) -> list[list[str]]:
     return out
 
 
-def module_state(strategy: FSDPStrategy, module: nn.Module) -> dict[str, Any]:
+def module_state(strategy: ShardedStrategy, module: nn.Module) -> dict[str, Any]:
     """What the checkpoint holds for ``module`` (see FSDPStrategy.module_state_dict)."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
@@ -80,7 +90,7 @@ def module_state(strategy: FSDPStrategy, module: nn.Module) -> dict[str, Any]:
     return DCPStateDict(get_model_state_dict(module), kind="module")
 
 
-def optimizer_state(strategy: FSDPStrategy, optimizer: Optimizer) -> dict[str, Any]:
+def optimizer_state(strategy: ShardedStrategy, optimizer: Optimizer) -> dict[str, Any]:
     """What the checkpoint holds for ``optimizer`` (see FSDPStrategy.optimizer_state_dict)."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
@@ -98,7 +108,7 @@ def optimizer_state(strategy: FSDPStrategy, optimizer: Optimizer) -> dict[str, A
 
 
 def load_into(
-    strategy: FSDPStrategy, checkpoint: Mapping[str, Any], state: Mapping[str, Any], strict: bool = True,
+    strategy: ShardedStrategy, checkpoint: Mapping[str, Any], state: Mapping[str, Any], strict: bool = True,
     path: Any = None,
 ) -> None:
     """Load the entries of ``checkpoint`` into the sharded modules and optimizers under the same keys in ``state``.
@@ -141,7 +151,7 @@ def load_into(
             step()
 
 
-def _agree_files_load(strategy: FSDPStrategy, checkpoint: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+def _agree_files_load(strategy: ShardedStrategy, checkpoint: Mapping[str, Any], state: Mapping[str, Any]) -> None:
     """Raise the same CheckpointError on every rank when the DCP files this load reads cannot be read on any rank.
 
     A rank that failed alone, before DCP's collective read, would leave the others waiting in it; and

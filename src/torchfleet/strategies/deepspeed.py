@@ -1,7 +1,7 @@
 """DeepSpeedStrategy: ZeRO stages 0-3 with optional CPU/NVMe offload, through ``deepspeed.initialize``.
 
-It is DDPStrategy's process handling (launchers, the process group, sampler injection) with the
-model, optimizer, backward and step handed to a DeepSpeed engine instead of DistributedDataParallel.
+It is ParallelStrategy's process handling (processes.py: launchers, the process group; sampler injection) with
+the model, optimizer, backward and step handed to a DeepSpeed engine instead of DistributedDataParallel.
 We create the torch.distributed process group ourselves and DeepSpeed joins it.
 
 The Trainer's loop stays as it is: it divides the loss by ``accumulate_grad_batches`` and calls
@@ -25,8 +25,7 @@ import functools
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -57,13 +56,9 @@ from torchfleet.strategies._deepspeed_checkpoint import (
 )
 from torchfleet.strategies._deepspeed_optimizer import _EngineOptimizer
 from torchfleet.strategies._deepspeed_unshard import Before, Detached, unshard
-from torchfleet.strategies.ddp import _HOOK_KWARG, DEFAULT_TIMEOUT, DDPStrategy, _HookDispatch
+from torchfleet.strategies.arguments import takes
+from torchfleet.strategies.ddp import _HOOK_KWARG, DDPStrategy, _HookDispatch
 from torchfleet.strategies.utils import check_keep_sharded, stays_sharded
-
-if TYPE_CHECKING:
-    from torchfleet.accelerators.base import Accelerator
-    from torchfleet.environments.base import ClusterEnvironment
-    from torchfleet.precision import Precision
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +76,13 @@ class DeepSpeedStrategy(DDPStrategy):
     ``remote_device`` is where ``init_module`` creates a ZeRO stage-3 model (``"cpu"``/``"nvme"``;
     None: the training device). ``logging_level`` sets DeepSpeed's logger. ``load_full_weights`` is
     accepted for compatibility: a single-file checkpoint is always loaded as full weights, also
-    under stage 3. ``timeout``, ``start_method`` and ``max_restarts`` are DDPStrategy's.
+    under stage 3. ``process_group_backend``, ``timeout``, ``start_method`` and ``max_restarts`` are the shared
+    process options (processes.ProcessOptions).
+
+    Why DDPStrategy is its base: Lightning's DeepSpeedStrategy subclasses DDPStrategy, and ported programs check
+    ``isinstance(trainer.strategy, DDPStrategy)``. It borrows nothing of DDP's wrapping (setup, steps, backward,
+    synchronisation are its own, overriding DDP's); launching and the process group are ParallelStrategy's pieces,
+    the same that FSDPStrategy uses; from DDPStrategy it keeps the teardown that gives ``model`` back as the Module.
 
     When a Trainer stage ends, the module is made an ordinary one again on every rank (``unshard_module``):
     the trained (float32 master) weights, whole, on the CPU, in the dtypes it had before, without DeepSpeed's
@@ -93,9 +94,20 @@ class DeepSpeedStrategy(DDPStrategy):
     reseeds_for = frozenset({"trainer", "fleet"})  # as Lightning's and Fabric's
     requires_package = "deepspeed"
 
+    @takes("accelerator", "zero_optimization", "stage", "remote_device", "offload_optimizer",
+           "offload_parameters", "offload_params_device", "nvme_path", "params_buffer_count",
+           "params_buffer_size", "max_in_cpu", "offload_optimizer_device", "optimizer_buffer_count",
+           "block_size", "queue_depth", "single_submit", "overlap_events", "thread_count", "pin_memory",
+           "sub_group_size", "contiguous_gradients", "overlap_comm", "allgather_partitions",
+           "reduce_scatter", "allgather_bucket_size", "reduce_bucket_size", "zero_allow_untested_optimizer",
+           "logging_batch_size_per_gpu", "config", "logging_level", "parallel_devices",
+           "cluster_environment", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis",
+           "min_loss_scale", "partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
+           "synchronize_checkpoint_boundary", "load_full_weights", "precision", "process_group_backend",
+           "timeout", "start_method", "precision_plugin", "max_restarts", "keep_sharded")
     def __init__(
         self,
-        accelerator: Accelerator | None = None,
+        given: dict[str, Any],
         zero_optimization: bool = True,
         stage: int = 2,
         remote_device: str | None = None,
@@ -125,8 +137,6 @@ class DeepSpeedStrategy(DDPStrategy):
         logging_batch_size_per_gpu: str | int = "auto",
         config: str | os.PathLike[str] | Mapping[str, object] | None = None,
         logging_level: int = logging.WARN,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
         loss_scale: float = 0,
         initial_scale_power: int = 16,
         loss_scale_window: int = 1000,
@@ -137,20 +147,11 @@ class DeepSpeedStrategy(DDPStrategy):
         contiguous_memory_optimization: bool = False,
         synchronize_checkpoint_boundary: bool = False,
         load_full_weights: bool = False,
-        precision: Precision | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | float | None = DEFAULT_TIMEOUT,
-        start_method: str = "popen",
-        precision_plugin: Precision | None = None,
-        max_restarts: int = 0,
         keep_sharded: bool = False,
     ) -> None:
         if not deepspeed_available():
             raise not_installed("A DeepSpeed strategy")
-        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
-                         cluster_environment=cluster_environment, precision=precision,
-                         process_group_backend=process_group_backend, timeout=timeout, start_method=start_method,
-                         precision_plugin=precision_plugin, max_restarts=max_restarts)
+        super().__init__(**given)
         # every config-building keyword is checked, also when a given config replaces what they would build
         options = dsc.DeepSpeedOptions.from_arguments(locals())
         if remote_device not in (None, "cpu", "nvme"):
@@ -508,7 +509,8 @@ class DeepSpeedStrategy(DDPStrategy):
             engine.destroy()
 
     def teardown(self) -> None:
-        """Make the module whole as at a stage's end, destroy an engine still attached to it, then DDPStrategy's.
+        """Make the module whole as at a stage's end, destroy an engine still attached to it, then DDPStrategy's
+        (``model`` is the Module again, then ParallelStrategy's teardown).
 
         The engine of a module made whole (destroyed already, without hooks) is kept for ``trainer.save_checkpoint``
         after the stage, and with ``keep_sharded`` the engine stays for the next stage; the next ``setup`` drops both.

@@ -46,14 +46,12 @@ import torch
 from torch import Tensor, nn
 
 from torchfleet.errors import ConfigurationError
+from torchfleet.strategies.arguments import takes
 from torchfleet.strategies.single_device import _as_device
 from torchfleet.strategies.strategy import Strategy
 
 if TYPE_CHECKING:
-    from torchfleet.accelerators.base import Accelerator
-    from torchfleet.checkpoint.io import CheckpointIO
     from torchfleet.environments.base import ClusterEnvironment
-    from torchfleet.precision import Precision
     from torchfleet.settings import ReplicaHooks
 
 
@@ -103,16 +101,9 @@ class DataParallelStrategy(Strategy):
         # the connector refuses dp without CUDA devices: it is torch.nn.DataParallel over GPUs
         return None if cuda else "needs CUDA GPUs (none here); on the CPU use ddp"
 
-    def __init__(
-        self,
-        accelerator: Accelerator | None = None,
-        parallel_devices: Sequence[str | torch.device | int] | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision: Precision | None = None,
-        precision_plugin: Precision | None = None,
-    ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io,
-                         precision_plugin=precision_plugin)
+    @takes("accelerator", "parallel_devices", "checkpoint_io", "precision", "precision_plugin")
+    def __init__(self, given: dict[str, Any], parallel_devices: Sequence[str | torch.device | int] | None = None) -> None:
+        super().__init__(**given)
         self.parallel_devices: list[torch.device] | None = None
         if parallel_devices is not None:
             devices = [_as_cuda_device(d) for d in parallel_devices]

@@ -1,6 +1,6 @@
 """FSDPStrategy: parameters, gradients and optimizer state sharded across processes with FSDP2 (``fully_shard``).
 
-It is DDPStrategy's process set-up (launchers, process group, samplers) with another wrapper: each
+It is ParallelStrategy's process set-up (launchers, process group, samplers) with its own wrapper: each
 submodule the ``auto_wrap_policy`` matches becomes its own FSDP unit, then the root. Between its
 forward and backward a unit's parameters are gathered whole; the rest of the time each rank holds
 1/N of them (FULL_SHARD). Checkpoints are torch.distributed.checkpoint directories by default
@@ -15,7 +15,6 @@ import logging
 import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,17 +32,16 @@ from torchfleet.strategies._fsdp_init import (
     _materialize,
     _on_meta,
 )
-from torchfleet.strategies.ddp import DEFAULT_TIMEOUT, DDPStrategy
+from torchfleet.strategies.arguments import PARALLEL, pick, takes
+from torchfleet.strategies.parallel import ParallelStrategy
+from torchfleet.strategies.processes import ProcessOptions
 from torchfleet.strategies.utils import check_keep_sharded, stays_sharded
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, ShardingStrategy
 
-    from torchfleet.accelerators.base import Accelerator
-    from torchfleet.checkpoint.io import CheckpointIO
     from torchfleet.environments.base import ClusterEnvironment
-    from torchfleet.precision import Precision
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +72,7 @@ def _sharding_name(value: str | ShardingStrategy) -> str:
     )
 
 
-class FSDPStrategy(DDPStrategy):
+class FSDPStrategy(ParallelStrategy):
     """Fully sharded data parallel training with FSDP2 (``torch.distributed.fsdp.fully_shard``).
 
     ``auto_wrap_policy``: layer classes (``{nn.TransformerEncoderLayer}``) or a callable(module) -> bool;
@@ -89,7 +87,8 @@ class FSDPStrategy(DDPStrategy):
     gather parameters in bf16/fp16, reduce gradients in fp32). ``activation_checkpointing_policy``:
     layer classes (or a callable) whose activations are recomputed in backward.
     ``state_dict_type``: "sharded" (a DCP directory, default) or "full" (one file from rank 0).
-    ``process_group_backend``, ``timeout``, ``start_method`` and ``max_restarts`` are as for DDPStrategy.
+    ``process_group_backend``, ``timeout``, ``start_method`` and ``max_restarts``: processes.ProcessOptions (as
+    for DDPStrategy).
 
     When a Trainer stage (fit, validate, test, predict) ends, the module is made whole again on every
     rank (``unshard_module``): ordinary parameters on the CPU with the trained weights, so user code can
@@ -100,16 +99,13 @@ class FSDPStrategy(DDPStrategy):
 
     reseeds_for = frozenset({"trainer", "fleet"})  # as Lightning's and Fabric's
 
+    @takes("accelerator", "parallel_devices", "cluster_environment", "checkpoint_io", "precision",
+           "process_group_backend", "timeout", "start_method", "auto_wrap_policy", "sharding_strategy", "device_mesh",
+           "cpu_offload", "mixed_precision", "activation_checkpointing_policy", "state_dict_type", "precision_plugin",
+           "max_restarts", "keep_sharded")
     def __init__(
         self,
-        accelerator: Accelerator | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision: Precision | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | float | None = DEFAULT_TIMEOUT,
-        start_method: str = "popen",
+        given: dict[str, Any],
         auto_wrap_policy: LayerPolicy = None,
         sharding_strategy: str | ShardingStrategy = "FULL_SHARD",
         device_mesh: DeviceMesh | tuple[int, int] | None = None,
@@ -117,14 +113,10 @@ class FSDPStrategy(DDPStrategy):
         mixed_precision: MixedPrecisionPolicy | None = None,
         activation_checkpointing_policy: LayerPolicy = None,
         state_dict_type: str = "sharded",
-        precision_plugin: Precision | None = None,
-        max_restarts: int = 0,
         keep_sharded: bool = False,
     ) -> None:
-        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
-                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io, precision=precision,
-                         process_group_backend=process_group_backend, timeout=timeout, start_method=start_method,
-                         precision_plugin=precision_plugin, max_restarts=max_restarts)
+        super().__init__(**pick(given, PARALLEL))
+        self.processes = ProcessOptions.of(given)
         from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
 
         self.keep_sharded = check_keep_sharded("FSDPStrategy", keep_sharded)
@@ -177,10 +169,6 @@ class FSDPStrategy(DDPStrategy):
                 "over all %d processes, exactly as 'FULL_SHARD'. Give num_nodes, or device_mesh=(replicate, shard) "
                 "to replicate within the node.", self.world_size,
             )
-
-    def _warn_single_process(self) -> None:
-        # one process is a legitimate fsdp run (e.g. resuming a sharded checkpoint on one device); nothing to say
-        pass
 
     def _mesh_shape(self) -> tuple[int, ...] | None:
         """(replicate, shard) for 2-D meshes, (world,) for 1-D; None when a DeviceMesh object was given."""
@@ -297,11 +285,7 @@ class FSDPStrategy(DDPStrategy):
                 f"The {type(module).__name__} given to the fsdp strategy was already sharded with fully_shard. Pass the "
                 "plain module: the strategy applies fully_shard itself, following auto_wrap_policy."
             )
-        if self.training_settings.sync_batchnorm:
-            from torchfleet.strategies.sync_batchnorm import convert_sync_batchnorm
-
-            self._layers_synced = self._layers_synced or module is self.lightning_module
-            module = convert_sync_batchnorm(module, self.root_device)
+        module = self.sync_batchnorm(module)
         old = {name: p for name, p in module.named_parameters()}
         if self._checkpoint_policy is not None:
             _apply_activation_checkpointing(module, self._checkpoint_policy)
@@ -385,6 +369,13 @@ class FSDPStrategy(DDPStrategy):
         entry = self._replaced.get(id(param))
         return entry[1] if entry is not None and entry[0]() is param else None
 
+    def setup_and_build_optimizers(
+        self, module: nn.Module, build: Callable[[], list[Optimizer]]
+    ) -> tuple[nn.Module, list[Optimizer]]:
+        """Shard first, then build the optimizers: they must hold the sharded parameters (and only 1/N of the state)."""
+        sharded, _, _ = self.setup_module_and_optimizers(module, [])
+        return sharded, [self.setup_optimizer(o) for o in build()]
+
     def setup_for_evaluation(self, module: nn.Module) -> nn.Module:
         """Sharded for evaluation too: every rank holds its shards (the module may not fit in one process)."""
         return self.setup_module_and_optimizers(module, [])[0]
@@ -440,7 +431,7 @@ class FSDPStrategy(DDPStrategy):
         super().on_exception(exception)
 
     def teardown(self) -> None:
-        """Make the modules this strategy sharded whole on the CPU again, then DDPStrategy's teardown.
+        """Make the modules this strategy sharded whole on the CPU again, then ParallelStrategy's teardown.
 
         Not with ``keep_sharded`` (while the ranks outlive the stage), nor after a stage that raised: gathering needs
         every rank. The optimizers keep their sharded state, so ``trainer.save_checkpoint`` after the stage saves it.
@@ -454,19 +445,6 @@ class FSDPStrategy(DDPStrategy):
     def supports_inference_mode(self) -> bool:
         # FSDP gathers parameters into buffers it reuses in training; inference tensors cannot be written to later
         return False
-
-    def clip_gradients_norm(
-        self,
-        module: nn.Module | None,
-        optimizer: Optimizer | None,
-        max_norm: float,
-        norm_type: float = 2.0,
-        error_if_nonfinite: bool = False,
-    ) -> Tensor:
-        """Clip the sharded gradients to a total norm over all ranks; returns that norm as a plain tensor."""
-        norm = super().clip_gradients_norm(module, optimizer, max_norm, norm_type, error_if_nonfinite)
-        full = getattr(norm, "full_tensor", None)
-        return full() if callable(full) else norm
 
     # ----------------------------------------------------------------- checkpoints
     def module_state_dict(self, module: nn.Module) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from abc import ABC
 from collections.abc import Callable, Iterator
@@ -14,15 +15,20 @@ from torch import Tensor
 
 from torchfleet import watchdog
 from torchfleet.errors import ConfigurationError, TorchfleetError
-from torchfleet.strategies.strategy import Strategy
+from torchfleet.strategies.arguments import PARALLEL, PARTS, pick, takes
+from torchfleet.strategies.processes import (
+    ProcessOptions,
+    Rank,
+    apply_max_restarts,
+    join_process_group,
+    launcher_for,
+)
+from torchfleet.strategies.strategy import Strategy, settable
 from torchfleet.strategies.utils import normalize_op
 from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, collective
 
 if TYPE_CHECKING:
-    from torchfleet.accelerators.base import Accelerator
-    from torchfleet.checkpoint.io import CheckpointIO
     from torchfleet.environments.base import ClusterEnvironment
-    from torchfleet.precision import Precision
 
 #: how long ``unbounded_barrier`` waits: about 27 years
 _UNBOUNDED = timedelta(days=10_000)
@@ -49,41 +55,41 @@ def _mismatch(record: collective) -> CollectiveMismatchError:
     )
 
 
+def _option(name: str, doc: str) -> property:
+    """A property for the process option ``name``: read from ``processes``; set anew (checked), the launcher told."""
+
+    def set_option(self: ParallelStrategy, value: Any) -> None:
+        self.processes = dataclasses.replace(self.processes, **{name: value})
+        apply_max_restarts(self._launcher, self.processes, self.cluster_environment, self.num_processes, self.num_nodes)
+
+    return property(lambda self: getattr(self.processes, name), set_option, doc=doc)
+
+
 class ParallelStrategy(Strategy, ABC):
     """A strategy with one process per device, on one or more nodes, joined in a torch.distributed group.
 
-    Holds the ClusterEnvironment (who started the processes, where rank 0 listens) and the
-    launcher. Collectives go through ``torch.distributed``; subclasses decide how the module is
-    wrapped (DDP, fully_shard, DeepSpeed).
+    Holds the ClusterEnvironment (who started the processes, where rank 0 listens), the process options
+    (``processes``: processes.ProcessOptions) and the launcher they choose (``configure``); each rank joins the
+    process group in ``setup_environment`` (processes.join_process_group). Collectives go through
+    ``torch.distributed``; subclasses decide how the module is wrapped (DDP, fully_shard, DeepSpeed). A subclass
+    that takes ``timeout``, ``start_method`` or ``max_restarts`` sets ``self.processes = ProcessOptions.of(given)``.
     """
 
-    def __init__(
-        self,
-        accelerator: Accelerator | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision: Precision | None = None,
-        process_group_backend: str | None = None,
-        precision_plugin: Precision | None = None,
-    ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io,
-                         precision_plugin=precision_plugin)
+    @takes(*PARALLEL)
+    def __init__(self, given: dict[str, Any]) -> None:
+        super().__init__(**pick(given, PARTS))
         #: this node's devices, one per process (Lightning's ``parallel_devices``; set by ``configure`` when not given)
-        self.parallel_devices = parallel_devices
-        self._cluster_environment = cluster_environment
+        self.parallel_devices = given["parallel_devices"]
+        self._cluster_environment = given["cluster_environment"]
         self._num_nodes = 1
-        self._process_group_backend = process_group_backend
+        #: how the ranks start and join (a subclass taking timeout, start_method, max_restarts replaces it)
+        self.processes = ProcessOptions.of(given)
         #: seconds a rank may wait in one collective before the watchdog stops the run with a report (None: off)
         self.hang_timeout: float | None = DEFAULT_HANG_TIMEOUT_S
+        #: sync_batchnorm converted the Module's BatchNorm layers in this stage: teardown converts them back
+        self._layers_synced = False
 
-    @property
-    def cluster_environment(self) -> ClusterEnvironment | None:
-        return self._cluster_environment
-
-    @cluster_environment.setter
-    def cluster_environment(self, env: ClusterEnvironment | None) -> None:
-        self._cluster_environment = env
+    cluster_environment = settable("_cluster_environment", "Who started the processes and where rank 0 listens.")
 
     @property
     def requested_device_type(self) -> str | None:
@@ -104,6 +110,10 @@ class ParallelStrategy(Strategy, ABC):
         self._num_nodes = num_nodes
         if self._cluster_environment is None:
             self._cluster_environment = cluster_environment
+        # the pre-flight check (a launch that disagrees with devices x num_nodes) runs where Lightning runs it: in
+        # launcher.launch, before any process starts or waits in init_process_group for ranks that never come
+        self.set_world_ranks()
+        self._launcher = launcher_for(self.processes, self._cluster_environment, self.num_processes, num_nodes)
 
     @property
     def num_nodes(self) -> int:
@@ -155,17 +165,66 @@ class ParallelStrategy(Strategy, ABC):
     @property
     def process_group_backend(self) -> str:
         """The torch.distributed backend: the one given, else the default for the root device's type."""
-        if self._process_group_backend is not None:
-            return self._process_group_backend
+        if self.processes.process_group_backend is not None:
+            return self.processes.process_group_backend
         import torch.distributed as dist
 
         return dist.Backend.default_device_backend_map.get(self.root_device.type, "gloo")
+
+    timeout = _option("timeout", "How long a collective may wait (a timedelta; None: torch's default).")
+    start_method = _option("start_method", 'How the launcher starts the ranks: "popen", "spawn", "fork" or "forkserver".')
+    max_restarts = _option("max_restarts", "How many times every rank is started again after one fails (resuming "
+                                           "from the newest checkpoint).")
+
+    @property
+    def is_distributed(self) -> bool:
+        """Always True (Lightning's, deprecated there): this strategy runs a process group."""
+        return True
+
+    # ----------------------------------------------------------------- processes
+    def set_world_ranks(self) -> None:
+        """Tell the cluster environment this process's global rank and the world size (from devices x nodes).
+
+        Environments that decide the ranks themselves (torchrun, SLURM, ...) ignore it.
+        """
+        env = self.cluster_environment
+        assert env is not None
+        env.set_world_size(self.num_processes * self.num_nodes)
+        env.set_global_rank(self.node_rank * self.num_processes + self.local_rank)
+
+    def setup_environment(self) -> None:
+        """Select this process's device, then ``setup_distributed`` (ranks and the process group)."""
+        env = self.cluster_environment
+        if env is not None and env.creates_processes_externally:
+            # torchrun/srun started this rank: Fleet may get here without launch(), whose pre-flight check it is
+            env.validate_settings(len(self.parallel_devices or ()), self.num_nodes)
+        super().setup_environment()
+        self.setup_distributed()
+
+    def setup_distributed(self) -> None:
+        """Record this process's ranks (``set_world_ranks``) and join the process group, once per process."""
+        self.set_world_ranks()
+        env = self.cluster_environment
+        assert env is not None
+        join_process_group(Rank(env, self.world_size, self.global_rank, self.num_nodes, self.root_device,
+                                self.process_group_backend, self.timeout, self.hang_timeout))
 
     @property
     def distributed_ready(self) -> bool:
         import torch.distributed as dist
 
         return dist.is_available() and dist.is_initialized()
+
+    def sync_batchnorm(self, module: Any) -> Any:
+        """``module`` with its BatchNorm layers synchronised across the ranks when the caller asked for
+        ``sync_batchnorm``, else as it is; the Module's layers are reverted at teardown."""
+        if not self.training_settings.sync_batchnorm:
+            return module
+        from torchfleet.strategies.sync_batchnorm import convert_sync_batchnorm
+
+        converted = convert_sync_batchnorm(module, self.root_device)
+        self._layers_synced = self._layers_synced or module is self.lightning_module
+        return converted
 
     # A one-process world skips the collective calls entirely: identities, as on SingleDeviceStrategy.
     # Every collective is recorded (watchdog.collective: a number, a name, the user's call site) for the hang and
@@ -334,12 +393,18 @@ class ParallelStrategy(Strategy, ABC):
         return bool(votes == self.world_size) if all else bool(votes > 0)
 
     def teardown(self) -> None:
-        """The cluster environment undoes what it changed for the run, then Strategy's teardown.
+        """SyncBatchNorm layers are reverted, the cluster environment undoes what it changed, then Strategy's teardown.
 
         The process group stays: it is joined once per process (a later Trainer or Fleet in the script reuses it)
         and destroyed when the process exits. What a run created on top of it is its own to give back (the
         collectives' groups of ``unbounded_barrier`` and the preemption agreement end with their use).
         """
+        module = self.lightning_module
+        if self._layers_synced and module is not None:
+            from torchfleet.strategies.sync_batchnorm import revert_sync_batchnorm
+
+            revert_sync_batchnorm(module)
+            self._layers_synced = False
         if self.cluster_environment is not None:
             self.cluster_environment.teardown()
         super().teardown()

@@ -2,33 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from torchfleet.errors import ConfigurationError
+from torchfleet.strategies.arguments import PARTS, takes
 from torchfleet.strategies.strategy import Strategy
 
 if TYPE_CHECKING:
-    from torchfleet.accelerators.base import Accelerator
-    from torchfleet.checkpoint.io import CheckpointIO
     from torchfleet.environments.base import ClusterEnvironment
-    from torchfleet.precision import Precision
 
 
 class SingleDeviceStrategy(Strategy):
     """Train in this one process on one device (CPU, one CUDA GPU or MPS)."""
 
-    def __init__(
-        self,
-        device: str | torch.device | int | None = None,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision_plugin: Precision | None = None,
-    ) -> None:
-        super().__init__(accelerator=accelerator, precision=precision, checkpoint_io=checkpoint_io,
-                         precision_plugin=precision_plugin)
+    @takes("device", *PARTS)
+    def __init__(self, given: dict[str, Any], device: str | torch.device | int | None = None) -> None:
+        super().__init__(**given)
         self._device = _as_device(device) if device is not None else None
 
     def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:

@@ -21,6 +21,7 @@ from torch.optim import Optimizer
 from torchfleet.checkpoint.io import TorchCheckpointIO
 from torchfleet.errors import ConfigurationError
 from torchfleet.settings import TrainingSettings
+from torchfleet.strategies.arguments import PARTS, takes
 from torchfleet.strategies.checkpoint_methods import CheckpointMethods
 from torchfleet.strategies.trainer_contract import TrainerContract
 from torchfleet.strategies.utils import (
@@ -45,6 +46,16 @@ if TYPE_CHECKING:
 #: synchronised between processes (ddp, dp, ZeRO 1-2). "never": the parameters exist whole only inside forward
 #: (fsdp, ZeRO-3).
 OUTSIDE_FORWARD = ("allowed", "without_grad", "never")
+
+
+def settable(name: str, doc: str) -> property:
+    """A property reading and writing the attribute ``name`` (subclasses may override it with their own)."""
+    return property(lambda self: getattr(self, name), lambda self, value: setattr(self, name, value), doc=doc)
+
+
+def constant(value: Any, doc: str) -> property:
+    """A read-only property that is ``value`` here (subclasses with processes override it)."""
+    return property(lambda self: value, doc=doc)
 
 
 class Strategy(TrainerContract, CheckpointMethods, ABC):
@@ -77,49 +88,24 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
         """
         return None
 
-    def __init__(
-        self,
-        accelerator: Accelerator | None = None,
-        precision: Precision | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision_plugin: Precision | None = None,
-    ) -> None:
+    @takes(*PARTS)
+    def __init__(self, given: dict[str, Any]) -> None:
         from torchfleet.precision import Precision as _FullPrecision
 
-        precision = _precision_alias(precision, precision_plugin)
-        self._explicit = {k for k, v in (("accelerator", accelerator), ("precision", precision),
-                                         ("checkpoint_io", checkpoint_io)) if v is not None}
-        self._accelerator = accelerator
+        precision = _precision_alias(given["precision"], given["precision_plugin"])
+        self._explicit = {k for k, v in given.items() if k != "precision_plugin" and v is not None}
+        if precision is not None:
+            self._explicit.add("precision")
+        self._accelerator: Accelerator | None = given["accelerator"]
         # never None, so the per-step methods below read it without a check
         self._precision: Precision = precision if precision is not None else _FullPrecision()
-        self._checkpoint_io = checkpoint_io
+        self._checkpoint_io: CheckpointIO | None = given["checkpoint_io"]
         self._launcher: Launcher | None = None
 
     # ------------------------------------------------------------------ parts
-    @property
-    def accelerator(self) -> Accelerator | None:
-        return self._accelerator
-
-    @accelerator.setter
-    def accelerator(self, accelerator: Accelerator | None) -> None:
-        self._accelerator = accelerator
-
-    @property
-    def precision(self) -> Precision:
-        return self._precision
-
-    @precision.setter
-    def precision(self, precision: Precision) -> None:
-        self._precision = precision
-
-    @property
-    def precision_plugin(self) -> Precision:
-        """Lightning's name for :attr:`precision` (the same object)."""
-        return self._precision
-
-    @precision_plugin.setter
-    def precision_plugin(self, precision: Precision) -> None:
-        self._precision = precision
+    accelerator = settable("_accelerator", "The Accelerator (None until resolved).")
+    precision = settable("_precision", "The Precision.")
+    precision_plugin = settable("_precision", "Lightning's name for :attr:`precision` (the same object).")
 
     @property
     def checkpoint_io(self) -> CheckpointIO:
@@ -158,30 +144,12 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
     def root_device(self) -> torch.device:
         """The device this process computes on."""
 
-    @property
-    def world_size(self) -> int:
-        return 1
-
-    @property
-    def global_rank(self) -> int:
-        return 0
-
-    @property
-    def local_rank(self) -> int:
-        return 0
-
-    @property
-    def node_rank(self) -> int:
-        return 0
-
-    @property
-    def num_nodes(self) -> int:
-        return 1
-
-    @property
-    def num_processes(self) -> int:
-        """Processes per node."""
-        return 1
+    world_size = constant(1, "How many processes the run has.")
+    global_rank = constant(0, "This process's rank among all.")
+    local_rank = constant(0, "This process's rank on its node.")
+    node_rank = constant(0, "This process's node.")
+    num_nodes = constant(1, "How many machines the run has.")
+    num_processes = constant(1, "Processes per node.")
 
     @property
     def is_global_zero(self) -> bool:
@@ -378,7 +346,8 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
     ) -> Tensor:
         """Scale gradients so their total ``norm_type`` norm is at most ``max_norm``; returns the norm before.
 
-        Under a loss scaler (16-mixed) an inf/nan norm is never an error: the scaler skips that step
+        The norm is a plain tensor also where the gradients are sharded DTensors (fsdp). Under a loss scaler
+        (16-mixed) an inf/nan norm is never an error: the scaler skips that step
         and lowers the scale, so ``error_if_nonfinite`` applies only to precisions without one.
         """
         if optimizer is not None:
@@ -386,9 +355,9 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
         if error_if_nonfinite and self.precision.skips_nonfinite_steps:
             error_if_nonfinite = False
         params = self._gradient_params(module, optimizer)
-        return torch.nn.utils.clip_grad_norm_(
-            params, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite
-        )
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite)
+        full = getattr(norm, "full_tensor", None)  # sharded gradients (DTensors): the norm over all ranks, whole
+        return full() if callable(full) else norm
 
     def clip_gradients_value(self, module: nn.Module | None, optimizer: Optimizer | None, clip_val: float) -> None:
         """Clamp every gradient element to ``[-clip_val, clip_val]``."""
