@@ -215,6 +215,12 @@ class Module(nn.Module, HyperparametersMixin):
         return None
 
     @property
+    def device_mesh(self) -> Any:
+        """The DeviceMesh to parallelise over in ``configure_model`` (ModelParallelStrategy's: dimensions
+        "data_parallel" and "tensor_parallel"); None under every other strategy, and outside a run."""
+        return getattr(self._strategy(), "module_device_mesh", None)
+
+    @property
     def device(self) -> torch.device:
         """The device of the module's first parameter or buffer (CPU when it has none)."""
         for t in self.parameters():
