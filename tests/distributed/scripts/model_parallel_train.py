@@ -12,6 +12,7 @@ and must end with the one-process weights. Every run is one entry of ``cfg["runs
 - ``"clip": value``: ``gradient_clip_val``;
 - ``"fleet": true``: a Fleet loop (``ModelParallelStrategy(parallelize, ...)``) that saves at ``SAVE_AT`` with
   ``fleet.save`` and finishes in a fresh model loaded with ``fleet.load``;
+- ``"hidden": n``: the feed-forward's width; ``"unconfigured": true``: a Module without ``configure_model``;
 - ``"expect_error": true``: the run must fail; its entry is ``{"error": message}``.
 
 Rank 0 writes ``cfg["out"]`` (torch.save): per run the final whole weights, global step, val_loss, what each rank
@@ -150,9 +151,9 @@ def build(run: dict, devices: int, callbacks=()):
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         gradient_clip_val=run.get("clip"), callbacks=list(callbacks),
     )
-    model = Unconfigured() if run.get("unconfigured") else Block()
+    model = Unconfigured() if run.get("unconfigured") else Block(run.get("hidden", HIDDEN))
     data = make_data()
-    dp = run.get("dp", devices) if run["strategy"] == "model_parallel" else devices
+    dp = run.get("dp", 1) if run["strategy"] == "model_parallel" else devices  # "auto" on one node: 1
     train = DataLoader(data, batch_size=GLOBAL_BATCH // dp, sampler=InOrder(data))
     val = DataLoader(TensorDataset(*data[:16]), batch_size=4)
     return model, trainer, train, val
