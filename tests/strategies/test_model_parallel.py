@@ -127,6 +127,12 @@ def test_module_device_mesh_is_the_strategys_and_none_elsewhere():
     assert model.device_mesh is mesh and trainer.strategy.device_mesh is mesh
 
 
+def test_max_restarts_reaches_the_launcher():
+    strategy = resolve(accelerator="cpu", devices=2, strategy=ModelParallelStrategy(), max_restarts=2)
+    assert strategy.max_restarts == 2 and strategy.launcher.max_restarts == 2
+    assert ModelParallelStrategy(max_restarts=1).max_restarts == 1
+
+
 def test_optimizers_set_up_with_the_module_are_refused():
     net = nn.Linear(2, 2)
     with pytest.raises(ConfigurationError, match="Set up the model first"):

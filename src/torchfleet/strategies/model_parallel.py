@@ -18,7 +18,7 @@ import contextlib
 import math
 import os
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -26,12 +26,12 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from torchfleet.checkpoint.consolidate import read_keeping_dcp_entries
 from torchfleet.checkpoint.dcp import save_dcp_checkpoint
 from torchfleet.errors import ConfigurationError, not_valid
 from torchfleet.strategies import _fsdp_checkpoint, _fsdp_hooks
 from torchfleet.strategies._fsdp_init import _materialize, _on_meta
 from torchfleet.strategies.ddp import DEFAULT_TIMEOUT, DDPStrategy
+from torchfleet.strategies.fsdp import FSDPStrategy
 from torchfleet.strategies.parallel import ParallelStrategy
 
 if TYPE_CHECKING:
@@ -127,13 +127,12 @@ class ModelParallelStrategy(ParallelStrategy):
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,
         timeout: timedelta | float | None = DEFAULT_TIMEOUT,
-        accelerator: Accelerator | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        checkpoint_io: CheckpointIO | None = None,
-        precision: Precision | None = None,
-        precision_plugin: Precision | None = None,
+        *,
         max_restarts: int = 0,
+        # the parts, as every strategy takes them (resolve() fills in those not given)
+        accelerator: Accelerator | None = None, parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None, checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None, precision_plugin: Precision | None = None,
     ) -> None:
         if parallelize_fn is not None and not callable(parallelize_fn):
             raise ConfigurationError(
@@ -167,18 +166,9 @@ class ModelParallelStrategy(ParallelStrategy):
         self._processes.configure(list(self.parallel_devices or devices), num_nodes, self.cluster_environment)
         self._launcher = self._processes.launcher
 
-    @property
-    def max_restarts(self) -> int:
-        """How many times every rank is started again after one fails (resuming from the newest checkpoint)."""
-        return self._processes.max_restarts
-
-    @max_restarts.setter
-    def max_restarts(self, value: int) -> None:
-        self._processes.max_restarts = value
-
-    @property
-    def timeout(self) -> timedelta | None:
-        return self._processes.timeout
+    #: how many times every rank is started again after one fails (resuming from the newest checkpoint): the launcher's
+    max_restarts = property(lambda self: self._processes.max_restarts,
+                            lambda self, value: setattr(self._processes, "max_restarts", value))
 
     @property
     def data_parallel_size(self) -> int:
@@ -240,17 +230,12 @@ class ModelParallelStrategy(ParallelStrategy):
             )
 
     # ----------------------------------------------------------------- the module
-    @contextlib.contextmanager
-    def tensor_init_context(self, empty_init: bool | None = None) -> Iterator[None]:
+    def tensor_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager:
         """With ``empty_init``, parameters are created on the meta device and materialised after parallelising."""
-        if empty_init:
-            from torchfleet.strategies.utils import creation_context
+        from torchfleet.strategies.utils import creation_context
 
-            with creation_context("meta", self.precision.param_dtype):
-                yield
-        else:
-            with super().tensor_init_context(empty_init):
-                yield
+        meta = creation_context("meta", self.precision.param_dtype) if empty_init else None
+        return meta if meta is not None else super().tensor_init_context(empty_init)
 
     def module_to_device(self, module: nn.Module) -> nn.Module:
         # a module on the meta device is materialised once parallelised, each rank its own parts
@@ -326,24 +311,13 @@ class ModelParallelStrategy(ParallelStrategy):
             for unit in units:
                 unit.set_requires_gradient_sync(True, recurse=False)
 
-    @property
-    def supports_inference_mode(self) -> bool:
-        # FSDP2 gathers parameters into buffers it reuses in training; inference tensors cannot be written to later
-        return False
+    #: FSDP2 gathers parameters into buffers it reuses in training; inference tensors cannot be written to later
+    supports_inference_mode = False
+    #: a checkpoint's entries load into the parallelised module, so after ``setup``
+    restore_checkpoint_after_setup = True
 
-    @property
-    def restore_checkpoint_after_setup(self) -> bool:
-        """True: a checkpoint's entries load into the parallelised module, so after ``setup``."""
-        return True
-
-    def clip_gradients_norm(
-        self,
-        module: nn.Module | None,
-        optimizer: Optimizer | None,
-        max_norm: float,
-        norm_type: float = 2.0,
-        error_if_nonfinite: bool = False,
-    ) -> Tensor:
+    def clip_gradients_norm(self, module: nn.Module | None, optimizer: Optimizer | None, max_norm: float,
+                            norm_type: float = 2.0, error_if_nonfinite: bool = False) -> Tensor:
         """Clip to a total norm over every rank's DTensor gradients; returns that norm as a plain tensor.
 
         Parameters may live on different meshes (tensor-parallel layers on both dimensions, the rest on the
@@ -360,7 +334,7 @@ class ModelParallelStrategy(ParallelStrategy):
         if coefficient < 1.0:
             for p in params:
                 p.grad.mul_(coefficient)
-        return total
+        return total.to(self.root_device)
 
     # ----------------------------------------------------------------- checkpoints (FSDPStrategy's helpers)
     @property
@@ -368,38 +342,29 @@ class ModelParallelStrategy(ParallelStrategy):
         """"sharded" (``save_distributed_checkpoint=True``) or "full", as FSDPStrategy names its layouts."""
         return "sharded" if self._save_distributed_checkpoint else "full"
 
-    def module_state_dict(self, module: nn.Module) -> dict[str, Any]:
-        """Distributed: this rank's DTensors under the user's names. Otherwise the whole state on rank 0, {} elsewhere."""
-        return _fsdp_checkpoint.module_state(self, module)  # type: ignore[arg-type]
+    # FSDPStrategy's, as they are: torch's state dict helpers handle DTensors of any placement
+    #: distributed: this rank's DTensors under the user's names; otherwise the whole state on rank 0, {} elsewhere
+    module_state_dict = _fsdp_checkpoint.module_state
+    #: distributed: FQN-keyed DTensor state; otherwise ``torch.optim``'s positional form, whole, on rank 0
+    optimizer_state_dict = _fsdp_checkpoint.optimizer_state
+    #: any layout; DCP entries stay on disk until ``load_into`` reads them straight into the DTensors
+    load_checkpoint = FSDPStrategy.load_checkpoint
+    #: into the parallelised modules and optimizers in ``state``, from DCP files or whole state dicts
+    load_into = _fsdp_checkpoint.load_into
 
-    def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
-        """Distributed: FQN-keyed DTensor state. Otherwise ``torch.optim``'s positional form, whole, on rank 0."""
-        return _fsdp_checkpoint.optimizer_state(self, optimizer)  # type: ignore[arg-type]
-
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], filepath: str | os.PathLike, storage_options: Any | None = None
-    ) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | os.PathLike,
+                        storage_options: Any | None = None) -> None:
         """Distributed: every rank writes its shards into the checkpoint directory ``filepath``; else rank 0, one file."""
-        if not self._save_distributed_checkpoint:
-            return super().save_checkpoint(checkpoint, filepath, storage_options)
-        if storage_options is not None:
+        distributed = self._save_distributed_checkpoint
+        if distributed and storage_options is not None:
             raise TypeError(
                 f"ModelParallelStrategy(save_distributed_checkpoint=True) writes checkpoint directories itself and "
                 f"takes no storage_options (got {storage_options!r}); use save_distributed_checkpoint=False."
             )
-        save_dcp_checkpoint(filepath, checkpoint, self)
-        return None
-
-    def load_checkpoint(self, checkpoint_path: str | os.PathLike, weights_only: bool | None = None) -> dict[str, Any]:
-        """Read a checkpoint of any layout; DCP entries stay on disk until ``load_into`` reads them into the DTensors."""
-        self._restoring = checkpoint_path
-        return read_keeping_dcp_entries(checkpoint_path, self.checkpoint_io, weights_only)
-
-    def load_into(
-        self, checkpoint: Mapping[str, Any], state: Mapping[str, Any], strict: bool = True, path: Any = None
-    ) -> None:
-        """Load into the parallelised modules and optimizers in ``state``, from DCP files or whole state dicts."""
-        _fsdp_checkpoint.load_into(self, checkpoint, state, strict=strict, path=path)  # type: ignore[arg-type]
+        if distributed:
+            save_dcp_checkpoint(filepath, checkpoint, self)
+        else:
+            super().save_checkpoint(checkpoint, filepath, storage_options)
 
     # ----------------------------------------------------------------- teardown
     def teardown(self) -> None:

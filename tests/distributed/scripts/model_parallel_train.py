@@ -198,11 +198,10 @@ def fleet_run(run: dict, devices: int) -> dict:
 
 def main(cfg: dict) -> None:
     torch.set_num_threads(1)
-    devices = cfg.get("devices", 4)
-    results = {}
+    results, devices = {}, cfg.get("devices", 4)
     for run in cfg["runs"]:
-        tf.seed_everything(0)
         name = run["name"]
+        tf.seed_everything(0)
         if run.get("fleet"):
             results[name] = fleet_run(run, devices)
             continue
