@@ -2,7 +2,8 @@
 processes over gloo, equal to one process, and checkpoints that move between meshes and strategies.
 
 Three launches serve the multi-process tests (starting ranks costs seconds): 4 ranks train TP2xDP2 (saving a
-distributed and a one-file checkpoint mid-epoch), TP2xDP2 with gradient clipping, the "auto" mesh 1x4 resuming the
+distributed and a one-file checkpoint mid-epoch), TP2xDP2 with gradient clipping and with gradient accumulation,
+the "auto" mesh 1x4 resuming the
 distributed checkpoint, DP4 resuming the file; 2 ranks run a Fleet loop (TP2) and resume the 2x2 checkpoint under
 fsdp and ddp; 1 rank resumes it under single_device and a 1x1 mesh, and a consolidated copy of it. The reference is
 the same Module trained in this process with the global batch: tensor parallelism and sharding only change where
@@ -168,6 +169,7 @@ def runs(tmp_path_factory) -> dict:
         {"name": "tp2dp2_file", **mp, "dp": 2, "tp": 2, "distributed": False, "save_at": script.SAVE_AT,
          "ckpt_dir": d},
         {"name": "clip", **mp, "dp": 2, "tp": 2, "clip": 0.05},
+        {"name": "accumulate", **mp, "dp": 2, "tp": 2, "accumulate": 2},
         {"name": "auto_from_2x2", **mp, "resume": f"{d}/tp2dp2.ckpt"},
         {"name": "dp4_from_file", **mp, "dp": 4, "tp": 1, "resume": f"{d}/tp2dp2_file.ckpt"},
         {"name": "uneven", **mp, "dp": 1, "tp": 4, "hidden": 6, "expect_error": True},
@@ -188,11 +190,11 @@ def runs(tmp_path_factory) -> dict:
     return {**four, **two, **one, "dir": d}
 
 
-def reference(clip: float | None = None) -> dict:
+def reference(clip: float | None = None, accumulate: int = 1) -> dict:
     import torchfleet as tf
 
     tf.seed_everything(0)
-    model, trainer, train, val = script.build({"strategy": "single_device", "clip": clip}, 1)
+    model, trainer, train, val = script.build({"strategy": "single_device", "clip": clip, "accumulate": accumulate}, 1)
     trainer.fit(model, train, val)
     return {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
             "global_step": trainer.global_step, "val_loss": float(trainer.callback_metrics["val_loss"])}
@@ -233,6 +235,16 @@ def test_gradient_clipping_combines_the_norms_of_both_meshes(runs, ref):
     clipped = reference(clip=0.05)
     assert max((clipped["weights"][k] - ref["weights"][k]).abs().max().item() for k in ref["weights"]) > 1e-3
     assert_close(runs["clip"]["weights"], clipped["weights"], ATOL)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_gradient_accumulation_skips_the_data_parallel_sync_and_still_equals_one_process(runs, ref):
+    accumulated = reference(accumulate=2)
+    assert accumulated["global_step"] == script.STEPS // 2
+    assert max((accumulated["weights"][k] - ref["weights"][k]).abs().max().item() for k in ref["weights"]) > 1e-3
+    assert_close(runs["accumulate"]["weights"], accumulated["weights"], ATOL)
+    assert runs["accumulate"]["global_step"] == script.STEPS // 2
 
 
 @pytest.mark.distributed

@@ -9,7 +9,7 @@ and must end with the one-process weights. Every run is one entry of ``cfg["runs
 - ``"save_at": step`` with ``"ckpt_dir"``: write ``ckpt_dir/<name>.ckpt`` after that optimizer step;
   ``"distributed": false``: one file (``save_distributed_checkpoint=False``);
 - ``"resume": path``: resume from a checkpoint and train to the end;
-- ``"clip": value``: ``gradient_clip_val``;
+- ``"clip": value``: ``gradient_clip_val``; ``"accumulate": n``: ``accumulate_grad_batches``;
 - ``"fleet": true``: a Fleet loop (``ModelParallelStrategy(parallelize, ...)``) that saves at ``SAVE_AT`` with
   ``fleet.save`` and finishes in a fresh model loaded with ``fleet.load``;
 - ``"hidden": n``: the feed-forward's width; ``"unconfigured": true``: a Module without ``configure_model``;
@@ -149,7 +149,7 @@ def build(run: dict, devices: int, callbacks=()):
     trainer = tf.Trainer(
         strategy=make_strategy(run), accelerator="cpu", devices=devices, max_epochs=EPOCHS, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        gradient_clip_val=run.get("clip"), callbacks=list(callbacks),
+        gradient_clip_val=run.get("clip"), accumulate_grad_batches=run.get("accumulate", 1), callbacks=list(callbacks),
     )
     model = Unconfigured() if run.get("unconfigured") else Block(run.get("hidden", HIDDEN))
     data = make_data()
