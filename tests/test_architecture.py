@@ -31,6 +31,8 @@ FORBIDDEN: dict[str, set[str]] = {
     # the collectives' record sits below every layer that issues collectives or reports them (launchers)
     "watchdog": _PARTS_MAY_NOT | {"launchers", "environments", "accelerators", "checkpoint", "loggers", "preemption",
                                   "signals", "profilers"},
+    # the user-facing collectives sit below the Module and both clients, over the watchdog that numbers them
+    "collectives": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers"},
     "strategies": {"connector", "module"} | _CLIENTS,
     "connector": {"module"} | _CLIENTS,
     "trainer": {"fleet", "fleet_wrappers", "cli"},

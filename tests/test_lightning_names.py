@@ -30,7 +30,6 @@ ABSENT: dict[str, dict[str, str]] = {
         "CHECKPOINT_HYPER_PARAMS_TYPE": _HPARAMS_ENTRIES,
         "allow_zero_length_dataloader_with_multiple_devices": _ZERO_LENGTH,
         "remove_ignored_hparams": _REMOVE_IGNORED,
-        "device_mesh": "torchfleet has no ModelParallelStrategy (tensor parallelism); the mesh exists only there",
         "on_validation_model_zero_grad": "the fit loop does not release gradients before validation (no hook); "
                                          "they are zeroed before the next step as always",
         "to_tensorrt": "needs torch_tensorrt and CUDA; compile to_torchscript()'s result with torch_tensorrt",

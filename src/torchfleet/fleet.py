@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from torchfleet.checkpoint.state import stateful_kind
+from torchfleet.collectives import UserCollectives
 from torchfleet.compiled import compile_again, split_compiled
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.fleet_wrappers import (
@@ -42,7 +43,7 @@ from torchfleet.samplers import shard_for_rank
 from torchfleet.seed import add_worker_init_fn, reset_seed
 from torchfleet.settings import TrainingSettings
 from torchfleet.signals import PreemptionWatch
-from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, labelled, parse_hang_timeout
+from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, parse_hang_timeout
 
 if TYPE_CHECKING:
     from torchfleet.strategies.strategy import Strategy
@@ -82,7 +83,7 @@ def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-class Fleet:
+class Fleet(UserCollectives):
     """Run your own loop over any torchfleet strategy: same arguments, same strategies as the Trainer.
 
     ``training``: a TrainingSettings saying how the loop accumulates and clips gradients and its
@@ -431,27 +432,10 @@ class Fleet:
         return move_to_device(obj, self.device)
 
     # ----------------------------------------------------------- collectives
-    def all_reduce(self, data: Any, reduce_op: str = "mean") -> Any:
-        """Reduce tensors (or numbers, or nested collections of them) across processes: mean, sum, max, min."""
-        with labelled("fleet.all_reduce"):
-            return self._strategy.all_reduce_tree(data, reduce_op)
+    _collective_label = "fleet"  # all_gather, all_reduce, broadcast, barrier: collectives.UserCollectives
 
-    def all_gather(self, data: Any, sync_grads: bool = False) -> Any:
-        """Gather tensors (or nested collections of them) from every process, stacked along a new dim 0.
-
-        Tensors whose first dimension differs between processes come back as a list, one per process.
-        """
-        with labelled("fleet.all_gather"):
-            return self._strategy.all_gather_tree(data, sync_grads)
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """Return process ``src``'s ``obj`` on every process."""
-        with labelled("fleet.broadcast"):
-            return self._strategy.broadcast(obj, src=src)
-
-    def barrier(self, name: str | None = None) -> None:
-        """Wait until every process gets here."""
-        self._strategy.barrier(name)
+    def _collective_strategy(self) -> Strategy:
+        return self._strategy
 
     @contextlib.contextmanager
     def rank_zero_first(self, local: bool = False) -> Iterator[None]:

@@ -16,12 +16,12 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from torchfleet.collectives import UserCollectives
 from torchfleet.compiled import jit_scanning
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.hparams import AttributeDict, HyperparametersMixin
 from torchfleet.module_export import ModuleExport
 from torchfleet.running import LoopDoor
-from torchfleet.watchdog import labelled
 
 if TYPE_CHECKING:
     from torchfleet.running import FleetRunner, ModuleRunner
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Module(nn.Module, HyperparametersMixin, ModuleExport):
+class Module(nn.Module, HyperparametersMixin, ModuleExport, UserCollectives):
     """A model plus what the Trainer needs to train it: steps, optimizers, hooks and logging.
 
     The Trainer or Fleet running it reaches it only through its public names and its ``loop_door``
@@ -217,6 +217,13 @@ class Module(nn.Module, HyperparametersMixin, ModuleExport):
         return None
 
     @property
+    def device_mesh(self) -> Any:
+        """The DeviceMesh to parallelise over in ``configure_model`` (ModelParallelStrategy's: dimensions
+        "data_parallel" and "tensor_parallel"); None under every other strategy, and outside a run."""
+        strategy = self._strategy()
+        return None if strategy is None else strategy.module_device_mesh
+
+    @property
     def device(self) -> torch.device:
         """The device of the module's first parameter or buffer (CPU when it has none)."""
         for t in self.parameters():
@@ -375,30 +382,8 @@ class Module(nn.Module, HyperparametersMixin, ModuleExport):
         if self.global_rank == 0:
             print(*args, **kwargs)
 
-    # ----------------------------------------------------------- collectives
-    def all_gather(self, data: Any, sync_grads: bool = False) -> Any:
-        """Gather tensors (or nested collections of them) from every process, stacked along a new dim 0.
-
-        Tensors whose first dimension differs between processes come back as a list, one per process.
-        """
-        with labelled("self.all_gather"):
-            return self._collectives().all_gather_tree(data, sync_grads)
-
-    def all_reduce(self, data: Any, reduce_op: str = "mean") -> Any:
-        """Reduce tensors (or numbers, or nested collections of them) across processes: mean, sum, max, min."""
-        with labelled("self.all_reduce"):
-            return self._collectives().all_reduce_tree(data, reduce_op)
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """Return process ``src``'s ``obj`` on every process."""
-        with labelled("self.broadcast"):
-            return self._collectives().broadcast(obj, src=src)
-
-    def barrier(self, name: str | None = None) -> None:
-        """Wait until every process gets here."""
-        self._collectives().barrier(name)
-
-    def _collectives(self) -> Any:
+    # ----------------------------------------------------------- collectives (collectives.UserCollectives)
+    def _collective_strategy(self) -> Any:
         # outside a Trainer/Fleet this is one process: the single-device identities
         strategy = self._strategy()
         if strategy is None:

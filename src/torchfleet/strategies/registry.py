@@ -68,6 +68,17 @@ def _register_fsdp() -> None:
 _register_fsdp()
 
 
+def _register_model_parallel() -> None:
+    from torchfleet.strategies.model_parallel import ModelParallelStrategy
+
+    StrategyRegistry.register(
+        "model_parallel", ModelParallelStrategy,
+        description="Tensor parallel + FSDP2 on a 2-D device mesh; the Module parallelises itself in configure_model().")
+
+
+_register_model_parallel()
+
+
 def _register_deepspeed() -> None:
     # the class imports deepspeed only when built, so the names exist (and explain how to install it) without it
     from torchfleet.strategies.deepspeed import DeepSpeedStrategy

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from torchfleet.collectives import UserCollectives
 from torchfleet.errors import ConfigurationError, check_int
 from torchfleet.rank_zero import show_info_lines
 from torchfleet.settings import TrainingSettings, clip_arguments
@@ -21,7 +22,7 @@ from torchfleet.trainer.arguments import default
 from torchfleet.trainer.hooks import HookDispatcher
 from torchfleet.trainer.properties import TrainerProperties
 from torchfleet.trainer.state import RunState, TrainerStatus
-from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, labelled, parse_hang_timeout
+from torchfleet.watchdog import DEFAULT_HANG_TIMEOUT_S, parse_hang_timeout
 
 log = logging.getLogger("torchfleet")
 
@@ -32,7 +33,7 @@ def _state_field(name: str, doc: str) -> property:
                     doc=doc)
 
 
-class Trainer(TrainerProperties):
+class Trainer(TrainerProperties, UserCollectives):
     """Train, evaluate and predict with a ``Module`` on the strategy, devices and precision you choose.
 
     The model code never changes between one CPU, one GPU, N processes or N machines: only
@@ -456,24 +457,10 @@ class Trainer(TrainerProperties):
         return model
 
     # ------------------------------------------------------------------ collectives
-    def all_gather(self, data: Any, sync_grads: bool = False) -> Any:
-        """Gather tensors (or nested collections of them) from every rank; see ``Module.all_gather``."""
-        with labelled("trainer.all_gather"):
-            return self.strategy.all_gather_tree(data, sync_grads)
+    _collective_label = "trainer"  # all_gather, all_reduce, broadcast, barrier: collectives.UserCollectives
 
-    def all_reduce(self, data: Any, reduce_op: str = "mean") -> Any:
-        """Reduce tensors or numbers (or nested collections of them) across ranks: mean, sum, max, min."""
-        with labelled("trainer.all_reduce"):
-            return self.strategy.all_reduce_tree(data, reduce_op)
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        """Return rank ``src``'s ``obj`` on every rank."""
-        with labelled("trainer.broadcast"):
-            return self.strategy.broadcast(obj, src=src)
-
-    def barrier(self, name: str | None = None) -> None:
-        """Wait until every rank gets here."""
-        self.strategy.barrier(name)
+    def _collective_strategy(self) -> Any:
+        return self.strategy
 
     # ------------------------------------------------------------------ model creation
     @contextlib.contextmanager

@@ -1,0 +1,422 @@
+"""ModelParallelStrategy: tensor parallelism and FSDP2 on a 2-D device mesh, the user parallelising the model.
+
+The strategy starts the processes and joins them (ParallelStrategy's launcher and process group, from
+processes.py), then builds a DeviceMesh of shape ``(data_parallel_size, tensor_parallel_size)`` whose
+dimensions are named ``"data_parallel"`` and ``"tensor_parallel"``; ranks ``k * tp ... k * tp + tp - 1`` form
+tensor-parallel group ``k``, so "auto" puts the tensor-parallel groups inside a node and the data-parallel
+dimension across nodes. The model is parallelised by the user: under the Trainer in the Module's
+``configure_model()`` (``self.device_mesh``), under Fleet by ``parallelize_fn(module, device_mesh)``; typically
+``parallelize_module`` over ``mesh["tensor_parallel"]``, then ``fully_shard(..., mesh=mesh["data_parallel"])``.
+Data are split over the data-parallel dimension only: the ranks of one tensor-parallel group read the same
+batches. Checkpoints are FSDPStrategy's (``_fsdp_checkpoint``: torch's DTensor state dicts): a DCP directory
+by default, loadable at any mesh and by every strategy, or one file from rank 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from torchfleet.checkpoint.dcp import save_dcp_checkpoint
+from torchfleet.errors import ConfigurationError, not_valid
+from torchfleet.strategies import _fsdp_checkpoint, _fsdp_hooks
+from torchfleet.strategies._fsdp_init import _materialize, _on_meta
+from torchfleet.strategies.arguments import DEFAULT_TIMEOUT
+from torchfleet.strategies.fsdp import FSDPStrategy
+from torchfleet.strategies.parallel import ParallelStrategy
+from torchfleet.strategies.processes import ProcessOptions
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from torchfleet.accelerators.base import Accelerator
+    from torchfleet.checkpoint.io import CheckpointIO
+    from torchfleet.environments.base import ClusterEnvironment
+    from torchfleet.precision import Precision
+
+#: the mesh's dimension names, outermost first (Lightning's)
+MESH_DIMS = ("data_parallel", "tensor_parallel")
+ParallelizeFn = Callable[[nn.Module, "DeviceMesh"], nn.Module]
+
+
+def _check_size(name: str, value: Any) -> int | str:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise not_valid(name, value, "give 'auto' or a whole number of processes >= 1", owner="ModelParallelStrategy")
+
+
+def mesh_sizes(data_parallel: int | str, tensor_parallel: int | str, per_node: int, num_nodes: int) -> tuple[int, int]:
+    """``(data_parallel_size, tensor_parallel_size)`` for ``num_nodes`` nodes of ``per_node`` processes each.
+
+    Both "auto": one data-parallel replica per node, tensor parallel across a node's devices (Lightning's
+    choice). One "auto": the world size divided by the other. Refused here, before any process starts: sizes whose
+    product is not the world size, and tensor-parallel groups that would span nodes (larger than a node, or not
+    dividing its processes): their collectives run in every layer, far too slow between machines.
+    """
+    world = per_node * num_nodes
+    if data_parallel == "auto" and tensor_parallel == "auto":
+        return num_nodes, per_node
+    given = tensor_parallel if data_parallel == "auto" else data_parallel
+    if isinstance(given, int) and (data_parallel == "auto" or tensor_parallel == "auto"):
+        if world % given:
+            raise ConfigurationError(
+                f"ModelParallelStrategy: {'tensor' if data_parallel == 'auto' else 'data'}_parallel_size={given} does "
+                f"not divide the run's {world} processes ({num_nodes} node(s) x {per_node}), so no mesh has that "
+                "size. Choose a divisor of the world size, or change devices/num_nodes."
+            )
+        other = world // given
+        data_parallel, tensor_parallel = (other, given) if data_parallel == "auto" else (given, other)
+    assert isinstance(data_parallel, int) and isinstance(tensor_parallel, int)
+    if data_parallel * tensor_parallel != world:
+        raise ConfigurationError(
+            f"ModelParallelStrategy(data_parallel_size={data_parallel}, tensor_parallel_size={tensor_parallel}) makes a "
+            f"mesh of {data_parallel * tensor_parallel} processes, but the run has {world} ({num_nodes} node(s) x "
+            f"{per_node} devices). The two sizes must multiply to the world size; give one and leave the other 'auto'."
+        )
+    if tensor_parallel > per_node or per_node % tensor_parallel:
+        reason = ("larger than a node" if tensor_parallel > per_node
+                  else f"does not divide a node's {per_node} processes, so some groups would span two nodes")
+        raise ConfigurationError(
+            f"ModelParallelStrategy: tensor_parallel_size={tensor_parallel} is {reason}. Tensor parallelism "
+            "communicates in every layer's forward and backward and must stay within a node: give a "
+            f"tensor_parallel_size that divides {per_node} (the devices per node), and let data_parallel_size span "
+            "the nodes."
+        )
+    return data_parallel, tensor_parallel
+
+
+class ModelParallelStrategy(ParallelStrategy):
+    """Tensor parallelism with FSDP2 on a 2-D device mesh ("data_parallel" x "tensor_parallel"); Lightning's API.
+
+    ``parallelize_fn(module, device_mesh) -> module``: how the model is parallelised (Fabric's form, for Fleet;
+    under the Trainer the Module's ``configure_model`` does it with ``self.device_mesh`` instead, or this function
+    when given). ``data_parallel_size`` / ``tensor_parallel_size``: the mesh's shape, whose product is the world
+    size; "auto" (both): one data-parallel replica per node, tensor parallel within a node; one "auto": the world
+    size divided by the other. ``save_distributed_checkpoint``: True (a DCP directory, each rank writing its
+    shards, loadable at any mesh and under every strategy) or False (rank 0 writes one ordinary file).
+    ``process_group_backend``, ``timeout`` and ``max_restarts`` are the shared process options (processes.py). The model stays
+    parallelised after a stage (as Lightning's).
+    """
+
+    reseeds_for = frozenset({"trainer", "fleet"})  # as Lightning's and Fabric's
+    #: the parameters are DTensors: computing with them outside the parallelised forward needs every rank
+    outside_forward = "never"
+    #: every forward runs the tensor-parallel collectives: evaluation shards must be even
+    even_evaluation_shards = "model_parallel"
+
+    def __init__(
+        self,
+        parallelize_fn: ParallelizeFn | None = None,
+        data_parallel_size: int | str = "auto",
+        tensor_parallel_size: int | str = "auto",
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | float | None = DEFAULT_TIMEOUT,
+        *,
+        max_restarts: int = 0,
+        # the parts, as every strategy takes them (resolve() fills in those not given)
+        accelerator: Accelerator | None = None, parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None, checkpoint_io: CheckpointIO | None = None,
+        precision: Precision | None = None, precision_plugin: Precision | None = None,
+    ) -> None:
+        if parallelize_fn is not None and not callable(parallelize_fn):
+            raise ConfigurationError(
+                f"ModelParallelStrategy got {parallelize_fn!r} as its first argument, which is parallelize_fn(module, "
+                "device_mesh) -> module (Fabric's order). Give the sizes by name: "
+                "ModelParallelStrategy(data_parallel_size=..., tensor_parallel_size=...)."
+            )
+        super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,
+                         cluster_environment=cluster_environment, checkpoint_io=checkpoint_io, precision=precision,
+                         process_group_backend=process_group_backend, precision_plugin=precision_plugin)
+        self._parallelize_fn = parallelize_fn
+        self._data_parallel_size = _check_size("data_parallel_size", data_parallel_size)
+        self._tensor_parallel_size = _check_size("tensor_parallel_size", tensor_parallel_size)
+        if not isinstance(save_distributed_checkpoint, bool):
+            raise not_valid("save_distributed_checkpoint", save_distributed_checkpoint,
+                            "give True (a checkpoint directory, each rank writing its shards) or False (one file "
+                            "written by rank 0)", owner="ModelParallelStrategy")
+        self._save_distributed_checkpoint = save_distributed_checkpoint
+        self.processes = ProcessOptions(process_group_backend=process_group_backend, timeout=timeout,
+                                        max_restarts=max_restarts)
+        self._sizes: tuple[int, int] | None = None
+        #: the mesh, once the process group exists (``setup_environment``); a Module's ``device_mesh`` reads it
+        self.module_device_mesh: DeviceMesh | None = None
+        self._modules: list[weakref.ref[nn.Module]] = []
+
+    # ----------------------------------------------------------------- configuration and processes
+    def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:
+        super().configure(devices, num_nodes, cluster_environment)
+        self._sizes = mesh_sizes(self._data_parallel_size, self._tensor_parallel_size, self.num_processes, num_nodes)
+
+    @property
+    def data_parallel_size(self) -> int:
+        """The mesh's "data_parallel" size (known once the strategy is configured with the devices)."""
+        return self._mesh_sizes()[0]
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """The mesh's "tensor_parallel" size (known once the strategy is configured with the devices)."""
+        return self._mesh_sizes()[1]
+
+    def _mesh_sizes(self) -> tuple[int, int]:
+        if self._sizes is None:
+            raise RuntimeError("ModelParallelStrategy's mesh sizes are known once it is configured (Trainer/Fleet).")
+        return self._sizes
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        """The 2-D DeviceMesh ("data_parallel", "tensor_parallel"); it exists once the processes are joined."""
+        if self.module_device_mesh is None:
+            raise RuntimeError("The device mesh exists once the processes are joined (in configure_model, setup and "
+                               "after): ModelParallelStrategy builds it in setup_environment.")
+        return self.module_device_mesh
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, int]:
+        """The data-parallel dimension only: every rank of a tensor-parallel group reads the same samples."""
+        dp, tp = self._mesh_sizes()
+        return {"num_replicas": dp, "rank": self.global_rank // tp}
+
+    def setup_environment(self) -> None:
+        """Join the process group (ParallelStrategy's way), then build the mesh; a Trainer's Module must parallelise
+        itself in ``configure_model``, which is checked first, in every rank alike."""
+        self._check_configure_model()
+        super().setup_environment()
+        if self.module_device_mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self.module_device_mesh = init_device_mesh(self.root_device.type, self._mesh_sizes(),
+                                                       mesh_dim_names=MESH_DIMS)
+
+    def _check_configure_model(self) -> None:
+        from torchfleet.utilities.model_helpers import is_overridden
+
+        module = self.lightning_module
+        if module is None or self._parallelize_fn is not None:
+            return
+        if not (is_overridden("configure_model", module) or is_overridden("configure_sharded_model", module)):
+            raise ConfigurationError(
+                f"{type(module).__name__} does not define configure_model(), which ModelParallelStrategy needs: the "
+                "strategy does not decide how a model is split, the Module does. Define configure_model(self) and "
+                "parallelise the layers there with self.device_mesh, e.g. parallelize_module(self.model, "
+                "self.device_mesh['tensor_parallel'], {'ff.in': ColwiseParallel(), 'ff.out': RowwiseParallel()}) "
+                "(torch.distributed.tensor.parallel), then fully_shard(self.model, "
+                "mesh=self.device_mesh['data_parallel']) (torch.distributed.fsdp) for the data-parallel dimension; "
+                "or use strategy='fsdp' or 'ddp', which need no such hook."
+            )
+
+    # ----------------------------------------------------------------- the module
+    def tensor_init_context(self, empty_init: bool | None = None) -> contextlib.AbstractContextManager:
+        """With ``empty_init``, parameters are created on the meta device and materialised after parallelising."""
+        from torchfleet.strategies.utils import creation_context
+
+        meta = creation_context("meta", self.precision.param_dtype) if empty_init else None
+        return meta if meta is not None else super().tensor_init_context(empty_init)
+
+    def module_to_device(self, module: nn.Module) -> nn.Module:
+        # a module on the meta device is materialised once parallelised, each rank its own parts
+        return module if _on_meta(module) else module.to(self.root_device)
+
+    def setup_module_and_optimizers(
+        self, module: nn.Module, optimizers: Sequence[Optimizer] = (), scheduler: Any = None
+    ) -> tuple[nn.Module, list[Optimizer], Any]:
+        if optimizers:
+            raise ConfigurationError(
+                "ModelParallelStrategy replaces the model's parameters by DTensors when it parallelises it, so an "
+                "optimizer built before holds parameters that are no longer trained. Set up the model first, then "
+                "build the optimizer over its parameters: model = fleet.setup_module(model); optimizer = "
+                "torch.optim.AdamW(model.parameters()); optimizer = fleet.setup_optimizers(optimizer)."
+            )
+        return super().setup_module_and_optimizers(module, [], scheduler)
+
+    def setup_and_build_optimizers(
+        self, module: nn.Module, build: Callable[[], list[Any]]
+    ) -> tuple[nn.Module, list[Any]]:
+        """Parallelise first, then build the optimizers over the parallelised parameters (as Lightning's)."""
+        module = self.setup_module_and_optimizers(module, [])[0]
+        return module, build()
+
+    def setup_module(self, module: nn.Module) -> nn.Module:
+        """``parallelize_fn(module, mesh)`` when given (under the Trainer ``configure_model`` has already run), then
+        materialise a meta-device module and check that the tensor-parallel shards are even."""
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
+            raise ConfigurationError(
+                f"{type(module).__name__} holds modules wrapped in FSDP1's FullyShardedDataParallel, which "
+                "ModelParallelStrategy does not support: shard with FSDP2's torch.distributed.fsdp.fully_shard."
+            )
+        if self._parallelize_fn is not None:
+            module = self._parallelize_fn(module, self.device_mesh)
+            if not isinstance(module, nn.Module):
+                raise ConfigurationError(f"parallelize_fn must return the nn.Module it parallelised; it returned a "
+                                         f"{type(module).__name__}.")
+        elif module is not self.lightning_module and not _has_dtensors(module):
+            raise ConfigurationError(
+                f"ModelParallelStrategy was given no parallelize_fn, and the {type(module).__name__} being set up "
+                "holds no DTensor parameter, so nothing would split it. Pass ModelParallelStrategy(parallelize_fn, "
+                "...) with parallelize_fn(module, device_mesh) -> module applying parallelize_module and fully_shard."
+            )
+        if _on_meta(module):
+            _materialize(module, self.root_device)
+        _check_even_shards(module, self.device_mesh)
+        if not any(r() is module for r in self._modules):
+            self._modules.append(weakref.ref(module))
+        return module
+
+    def modules_set_up(self) -> list[nn.Module]:
+        """The modules this strategy has set up (and that still exist)."""
+        return [m for m in (r() for r in self._modules) if m is not None]
+
+    def forward_method(self, module: nn.Module, name: str) -> Callable[..., Any]:
+        """``name`` inside fully_shard's gather and reshard when the module is a fully_shard unit, else as it is."""
+        _fsdp_hooks.register_forward_method(module, name)
+        return getattr(module, name)
+
+    @contextlib.contextmanager
+    def no_backward_sync(self, module: nn.Module, enabled: bool = True) -> Iterator[None]:
+        """No data-parallel gradient reduction in the block (gradient accumulation); tensor parallel is unchanged."""
+        from torch.distributed.fsdp import FSDPModule
+
+        units = [m for m in module.modules() if isinstance(m, FSDPModule)] if enabled else []
+        for unit in units:
+            unit.set_requires_gradient_sync(False, recurse=False)
+        try:
+            yield
+        finally:
+            for unit in units:
+                unit.set_requires_gradient_sync(True, recurse=False)
+
+    #: FSDP2 gathers parameters into buffers it reuses in training; inference tensors cannot be written to later
+    supports_inference_mode = False
+    #: a checkpoint's entries load into the parallelised module, so after ``setup``
+    restore_checkpoint_after_setup = True
+
+    def clip_gradients_norm(self, module: nn.Module | None, optimizer: Optimizer | None, max_norm: float,
+                            norm_type: float = 2.0, error_if_nonfinite: bool = False) -> Tensor:
+        """Clip to a total norm over every rank's DTensor gradients; returns that norm as a plain tensor.
+
+        Parameters may live on different meshes (tensor-parallel layers on both dimensions, the rest on the
+        data-parallel one), whose norms torch cannot stack: each mesh's norm is taken whole, then combined.
+        """
+        if optimizer is not None:
+            self.precision.unscale_gradients(optimizer)
+        params = self._gradient_params(module, optimizer)
+        total = total_norm([p.grad for p in params], norm_type)
+        if error_if_nonfinite and not self.precision.skips_nonfinite_steps and not torch.isfinite(total):
+            raise RuntimeError(f"The total norm of order {norm_type} of the gradients is non-finite ({total.item()}), "
+                               "so they cannot be clipped (error_if_nonfinite=True).")
+        coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0).item()
+        if coefficient < 1.0:
+            for p in params:
+                p.grad.mul_(coefficient)
+        return total.to(self.root_device)
+
+    # ----------------------------------------------------------------- checkpoints (FSDPStrategy's helpers)
+    @property
+    def state_dict_type(self) -> str:
+        """"sharded" (``save_distributed_checkpoint=True``) or "full", as FSDPStrategy names its layouts."""
+        return "sharded" if self._save_distributed_checkpoint else "full"
+
+    # FSDPStrategy's, as they are: torch's state dict helpers handle DTensors of any placement
+    #: distributed: this rank's DTensors under the user's names; otherwise the whole state on rank 0, {} elsewhere
+    module_state_dict = _fsdp_checkpoint.module_state
+    #: distributed: FQN-keyed DTensor state; otherwise ``torch.optim``'s positional form, whole, on rank 0
+    optimizer_state_dict = _fsdp_checkpoint.optimizer_state
+    #: any layout; DCP entries stay on disk until ``load_into`` reads them straight into the DTensors
+    load_checkpoint = FSDPStrategy.load_checkpoint
+    #: into the parallelised modules and optimizers in ``state``, from DCP files or whole state dicts
+    load_into = _fsdp_checkpoint.load_into
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | os.PathLike,
+                        storage_options: Any | None = None) -> None:
+        """Distributed: every rank writes its shards into the checkpoint directory ``filepath``; else rank 0, one file."""
+        distributed = self._save_distributed_checkpoint
+        if distributed and storage_options is not None:
+            raise TypeError(
+                f"ModelParallelStrategy(save_distributed_checkpoint=True) writes checkpoint directories itself and "
+                f"takes no storage_options (got {storage_options!r}); use save_distributed_checkpoint=False."
+            )
+        if distributed:
+            save_dcp_checkpoint(filepath, checkpoint, self)
+        else:
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    # ----------------------------------------------------------------- teardown
+    def teardown(self) -> None:
+        """The parts' teardown; the module stays parallelised where it is (its DTensors belong to the mesh's devices)."""
+        module, self._lightning_module = self._lightning_module, None  # Strategy.teardown would move it to the CPU
+        try:
+            super().teardown()
+        finally:
+            self._lightning_module = module
+
+    def __repr__(self) -> str:
+        sizes = self._sizes or (self._data_parallel_size, self._tensor_parallel_size)
+        return (f"ModelParallelStrategy(data_parallel_size={sizes[0]!r}, tensor_parallel_size={sizes[1]!r}, "
+                f"devices={self.num_processes}, num_nodes={self.num_nodes}, "
+                f"save_distributed_checkpoint={self._save_distributed_checkpoint}, precision={self.precision!r})")
+
+
+def _has_dtensors(module: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def _check_even_shards(module: nn.Module, mesh: DeviceMesh) -> None:
+    """Refuse a parameter whose tensor-parallel dimension does not divide by the tensor-parallel size.
+
+    DTensor splits it unevenly without a word, and the next layer, expecting equal local shards, then computes
+    with the wrong shapes or fails far from the cause.
+    """
+    from torch.distributed.tensor import DTensor, Shard
+
+    names = mesh.mesh_dim_names or ()
+    if MESH_DIMS[1] not in names:
+        return
+    tp_dim = names.index(MESH_DIMS[1])
+    tp = mesh.size(tp_dim)
+    for name, param in module.named_parameters():
+        if not isinstance(param, DTensor) or param.device_mesh.mesh_dim_names is None:
+            continue
+        param_names = param.device_mesh.mesh_dim_names
+        if MESH_DIMS[1] not in param_names:
+            continue
+        placement = param.placements[param_names.index(MESH_DIMS[1])]
+        if isinstance(placement, Shard) and param.shape[placement.dim] % tp:
+            raise ConfigurationError(
+                f"{name} has size {param.shape[placement.dim]} in dimension {placement.dim}, which tensor "
+                f"parallelism splits over tensor_parallel_size={tp} ranks, but {param.shape[placement.dim]} does not "
+                f"divide by {tp}. Make the model's dimensions (hidden size, heads, vocabulary) multiples of "
+                f"{tp}, or choose a tensor_parallel_size that divides them."
+            )
+
+
+def total_norm(grads: list[Tensor], norm_type: float = 2.0) -> Tensor:
+    """The ``norm_type`` norm of all ``grads`` together, as a plain tensor, whatever meshes their DTensors are on."""
+    from torch.distributed.tensor import DTensor
+
+    groups: dict[Any, list[Tensor]] = {}
+    for g in grads:
+        key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else g.device
+        groups.setdefault(key, []).append(g)
+    norms = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm(group, norm_type)
+        norms.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).float().cpu())
+    if not norms:
+        return torch.tensor(0.0)
+    stacked = torch.stack(norms)
+    if math.isinf(norm_type):
+        return stacked.max()
+    return stacked.pow(norm_type).sum().pow(1.0 / norm_type)
