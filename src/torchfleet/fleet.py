@@ -237,7 +237,7 @@ class Fleet(UserCollectives):
             return False
         if launcher.runs_in_children:  # spawn/fork: the ranks are new processes
             return True
-        env = getattr(self._strategy, "cluster_environment", None)
+        env = self._strategy.cluster_environment
         # torchrun, SLURM, mpirun, `torchfleet run` or our own re-run child: every process already runs
         return env is not None and not env.creates_processes_externally and self._strategy.num_processes > 1
 
@@ -251,7 +251,7 @@ class Fleet(UserCollectives):
             if launcher is not None and launcher.runs_in_children:
                 raise ConfigurationError(
                     f"fleet.launch() without a function cannot work with {type(self._strategy).__name__}"
-                    f"(start_method={getattr(self._strategy, 'start_method', '?')!r}): the ranks run in new processes, "
+                    f"(start_method={getattr(launcher, 'start_method', '?')!r}): the ranks run in new processes, "
                     "and only a function can be sent to them. Pass the training function: fleet.launch(train), "
                     "with def train(fleet): ...; or use strategy='ddp', which re-runs the script."
                 )

@@ -158,7 +158,7 @@ class FleetModule(nn.Module):
         object.__setattr__(self, "_target", wrapped if call is None else call)
         object.__setattr__(self, "_original", original)
         object.__setattr__(self, "_strategy", strategy)
-        outside = getattr(strategy, "outside_forward", "allowed")
+        outside = strategy.outside_forward
         guard = None if outside == "allowed" else _ForwardGuard(original, _strategy_name(strategy), outside)
         object.__setattr__(self, "_guard", guard)
         marked = {n for n in _STEP_METHODS if inspect.ismethod(getattr(original, n, None))}

@@ -347,7 +347,7 @@ class Module(nn.Module, HyperparametersMixin, ModuleExport, UserCollectives):
         """
         door = self.loop_door
         results = door.results
-        if results is None or getattr(self._trainer, "barebones", False) is True:
+        if results is None or (self._trainer is not None and self._trainer.barebones is True):
             if self._trainer is None:
                 if self._fleet is not None and logger:  # in a Fleet loop: straight to the Fleet's loggers
                     self._fleet.log(name, value)

@@ -79,6 +79,8 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
     #: seconds a rank may wait in one collective before the watchdog stops the run (None: no watchdog): the Trainer's or
     #: Fleet's ``hang_timeout``, given by ``connector.resolve``; only strategies that run collectives read it
     hang_timeout: float | None = None
+    #: who started the processes and where rank 0 listens (ParallelStrategy's; None for a one-process strategy)
+    cluster_environment: Any = None
     #: the DeviceMesh a Module parallelises itself over in ``configure_model`` (``Module.device_mesh``); None but
     #: under a strategy that builds one (ModelParallelStrategy)
     module_device_mesh: Any = None

@@ -163,7 +163,7 @@ def _newest_checkpoint(trainer: LoopTrainer) -> str | None:
 
 
 def _cluster_environment(trainer: LoopTrainer) -> Any:
-    env = getattr(trainer.strategy, "cluster_environment", None)
+    env = trainer.strategy.cluster_environment
     if env is None:
         from torchfleet.environments import detect_environment
 

@@ -196,6 +196,54 @@ class Trainer(TrainerProperties, UserCollectives):
         # validates them too; the strategy gets them at setup (configure_training)
         settings = TrainingSettings(accumulate_grad_batches, gradient_clip_val,
                                     default("gradient_clip_algorithm", gradient_clip_algorithm))
+        loggers = self._init_loop_limits(
+            fast_dev_run, loggers, max_epochs, min_epochs, max_steps, min_steps, max_time, limit_train_batches,
+            limit_val_batches, limit_test_batches, limit_predict_batches, overfit_batches, val_check_interval,
+            check_val_every_n_epoch, num_sanity_val_steps, log_every_n_steps)
+        self.accumulate_grad_batches = settings.accumulate_grad_batches
+        self.gradient_clip_val = settings.gradient_clip_val
+        self.gradient_clip_algorithm = settings.gradient_clip_algorithm
+        self._gradient_clip_algorithm_given = gradient_clip_algorithm  # None: Module.clip_gradients may choose
+        self.deterministic = deterministic
+        if benchmark and deterministic:
+            warnings.warn("Trainer(deterministic=True, benchmark=True): cuDNN's benchmark mode picks kernels by "
+                          "timing them, which can make results differ between runs despite deterministic=True.",
+                          UserWarning, stacklevel=2)
+        #: torch.backends.cudnn.benchmark for the run (None: False when deterministic, else left as it is)
+        self.benchmark = False if benchmark is None and deterministic else benchmark
+        if self.benchmark is not None:
+            torch.backends.cudnn.benchmark = self.benchmark
+        self.use_distributed_sampler = use_distributed_sampler
+        self.inference_mode = inference_mode
+        #: BatchNorm layers become SyncBatchNorm under ddp/fsdp (batch statistics over every process's batch)
+        self.sync_batchnorm = bool(sync_batchnorm)
+        if not isinstance(auto_resume, bool):
+            raise ConfigurationError(f"auto_resume={auto_resume!r} is not valid: give True (a restarted run resumes "
+                                     "from its newest checkpoint) or False.")
+        #: a restarted run (TORCHELASTIC_RESTART_COUNT or SLURM_RESTART_COUNT > 0) resumes from its newest checkpoint
+        self.auto_resume = auto_resume
+        self.default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
+        self.enable_progress_bar = default("enable_progress_bar", enable_progress_bar)
+        self.enable_checkpointing = default("enable_checkpointing", enable_checkpointing)
+        self.enable_model_summary = default("enable_model_summary", enable_model_summary)
+
+        from torchfleet.profilers import resolve as resolve_profiler
+
+        #: times the hooks and steps of each stage (``profiler="simple" | "advanced" | "pytorch"``); see profilers/
+        self.profiler = resolve_profiler(profiler)
+        self.loggers = self._default_loggers() if loggers is None else loggers
+        self.callbacks = self._build_callbacks(callbacks, max_time)
+
+        self._init_run_attributes()
+
+    def _init_loop_limits(self, fast_dev_run: bool | int, loggers: Any, max_epochs: int | None,
+                          min_epochs: int | None, max_steps: int, min_steps: int | None, max_time: Any,
+                          limit_train_batches: Any, limit_val_batches: Any, limit_test_batches: Any,
+                          limit_predict_batches: Any, overfit_batches: Any, val_check_interval: Any,
+                          check_val_every_n_epoch: int | None, num_sanity_val_steps: int | None,
+                          log_every_n_steps: int | None) -> Any:
+        """How long the loops run and how much of each loader they read (``fast_dev_run`` and ``overfit_batches``
+        override the limits); the loggers to use (``fast_dev_run`` swaps them for a DummyLogger)."""
         self.fast_dev_run = fast_dev_run
         dev_batches = int(fast_dev_run) if fast_dev_run else 0
         if dev_batches:
@@ -231,40 +279,10 @@ class Trainer(TrainerProperties, UserCollectives):
         self.check_val_every_n_epoch = check_val_every_n_epoch
         self.num_sanity_val_steps = default("num_sanity_val_steps", num_sanity_val_steps)
         self.log_every_n_steps = default("log_every_n_steps", log_every_n_steps)
-        self.accumulate_grad_batches = settings.accumulate_grad_batches
-        self.gradient_clip_val = settings.gradient_clip_val
-        self.gradient_clip_algorithm = settings.gradient_clip_algorithm
-        self._gradient_clip_algorithm_given = gradient_clip_algorithm  # None: Module.clip_gradients may choose
-        self.deterministic = deterministic
-        if benchmark and deterministic:
-            warnings.warn("Trainer(deterministic=True, benchmark=True): cuDNN's benchmark mode picks kernels by "
-                          "timing them, which can make results differ between runs despite deterministic=True.",
-                          UserWarning, stacklevel=2)
-        #: torch.backends.cudnn.benchmark for the run (None: False when deterministic, else left as it is)
-        self.benchmark = False if benchmark is None and deterministic else benchmark
-        if self.benchmark is not None:
-            torch.backends.cudnn.benchmark = self.benchmark
-        self.use_distributed_sampler = use_distributed_sampler
-        self.inference_mode = inference_mode
-        #: BatchNorm layers become SyncBatchNorm under ddp/fsdp (batch statistics over every process's batch)
-        self.sync_batchnorm = bool(sync_batchnorm)
-        if not isinstance(auto_resume, bool):
-            raise ConfigurationError(f"auto_resume={auto_resume!r} is not valid: give True (a restarted run resumes "
-                                     "from its newest checkpoint) or False.")
-        #: a restarted run (TORCHELASTIC_RESTART_COUNT or SLURM_RESTART_COUNT > 0) resumes from its newest checkpoint
-        self.auto_resume = auto_resume
-        self.default_root_dir = os.fspath(default_root_dir) if default_root_dir is not None else os.getcwd()
-        self.enable_progress_bar = default("enable_progress_bar", enable_progress_bar)
-        self.enable_checkpointing = default("enable_checkpointing", enable_checkpointing)
-        self.enable_model_summary = default("enable_model_summary", enable_model_summary)
+        return loggers
 
-        from torchfleet.profilers import resolve as resolve_profiler
-
-        #: times the hooks and steps of each stage (``profiler="simple" | "advanced" | "pytorch"``); see profilers/
-        self.profiler = resolve_profiler(profiler)
-        self.loggers = self._default_loggers() if loggers is None else loggers
-        self.callbacks = self._build_callbacks(callbacks, max_time)
-
+    def _init_run_attributes(self) -> None:
+        """The attributes the stages fill in as they run (Lightning's names), empty until the first stage."""
         #: where the run is: the loops read and write it; checkpoints save and restore it through it
         self.state = RunState()
         self.optimizers: list[torch.optim.Optimizer] = []
