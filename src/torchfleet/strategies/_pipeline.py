@@ -180,6 +180,48 @@ class Pipeline:
         return loss
 
 
+def all_stages_param_groups(state: Any, group: Any) -> Any:
+    """An FQN-keyed optimizer state whose ``param_groups`` name every stage's parameters, in stage order.
+
+    A distributed checkpoint keeps one copy of an entry that is not a tensor (rank 0's): without this, its
+    param_groups would name stage 0's parameters only, and a run without pipeline stages could not load it.
+    """
+    import torch.distributed as dist
+
+    groups = state["param_groups"]
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, [g["params"] for g in groups], group=group)
+    for i, g in enumerate(groups):
+        g["params"] = [name for stage in gathered for name in stage[i]]
+    return state
+
+
+def check_stages_cover(checkpoint: Any, state: Any, group: Any) -> None:
+    """Refuse a distributed checkpoint whose model keys differ from the union of the stages' (strict loading).
+
+    Each stage loads its own keys only, so torch's strict check per rank would call the other stages' extra.
+    """
+    import torch.distributed as dist
+
+    from torchfleet.checkpoint.dcp import DCPEntry, saved_keys
+    from torchfleet.errors import CheckpointError
+
+    for key, target in state.items():
+        entry = checkpoint.get(key)
+        if not isinstance(entry, DCPEntry) or not isinstance(target, nn.Module):
+            continue
+        gathered: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, [f"{key}.{k}" for k in target.state_dict()], group=group)
+        union = {k for stage in gathered for k in stage}
+        saved = {k for k in saved_keys(entry.path, entry.weights_only) if k.startswith(f"{key}.")}
+        if union != saved:
+            raise CheckpointError(
+                f"The checkpoint {entry.path!r} does not fit the pipeline's stages: missing from it: "
+                f"{sorted(union - saved)[:5]}; in it but in no stage: {sorted(saved - union)[:5]}. Build the model "
+                "with the same arguments as the run that wrote it, or load with strict=False."
+            )
+
+
 def combine_stage_norms(norm: Tensor, norm_type: float, group: Any) -> Tensor:
     """The norm over every stage's gradients from this stage's ``norm`` (each stage holds different parameters)."""
     import math

@@ -410,12 +410,25 @@ class ModelParallelStrategy(ParallelStrategy):
     # FSDPStrategy's, as they are: torch's state dict helpers handle DTensors of any placement
     #: distributed: this rank's DTensors under the user's names; otherwise the whole state on rank 0, {} elsewhere
     module_state_dict = _fsdp_checkpoint.module_state
-    #: distributed: FQN-keyed DTensor state; otherwise ``torch.optim``'s positional form, whole, on rank 0
-    optimizer_state_dict = _fsdp_checkpoint.optimizer_state
+
+    def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
+        """Distributed: FQN-keyed DTensor state (its param_groups naming every stage's parameters); otherwise
+        ``torch.optim``'s positional form, whole, on rank 0."""
+        state = _fsdp_checkpoint.optimizer_state(self, optimizer)
+        if self._pipeline is None:
+            return state
+        return _pipeline.all_stages_param_groups(state, self._pipeline.group)
+
     #: any layout; DCP entries stay on disk until ``load_into`` reads them straight into the DTensors
     load_checkpoint = FSDPStrategy.load_checkpoint
-    #: into the parallelised modules and optimizers in ``state``, from DCP files or whole state dicts
-    load_into = _fsdp_checkpoint.load_into
+
+    def load_into(self, checkpoint: Any, state: Any, strict: bool = True, path: Any = None) -> None:
+        """Into the parallelised modules and optimizers in ``state``, from DCP files or whole state dicts; under
+        pipeline parallelism each stage loads its keys, the strict check being over the union of the stages'."""
+        if self._pipeline is not None and strict:
+            _pipeline.check_stages_cover(checkpoint, state, self._pipeline.group)
+            strict = False
+        _fsdp_checkpoint.load_into(self, checkpoint, state, strict=strict, path=path)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | os.PathLike,
                         storage_options: Any | None = None) -> None:
