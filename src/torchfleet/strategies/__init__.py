@@ -1,5 +1,6 @@
 """Strategies: how a model is placed, wrapped, synchronised and checkpointed."""
 
+from torchfleet.strategies._pipeline import PipelineSpec
 from torchfleet.strategies.ddp import DDPStrategy
 from torchfleet.strategies.deepspeed import DeepSpeedStrategy
 from torchfleet.strategies.dp import DataParallelStrategy
@@ -11,4 +12,4 @@ from torchfleet.strategies.single_device import SingleDeviceStrategy
 from torchfleet.strategies.strategy import Strategy
 
 __all__ = ["Strategy", "SingleDeviceStrategy", "ParallelStrategy", "DDPStrategy", "DataParallelStrategy", "StrategyRegistry",
-           "DeepSpeedStrategy", "FSDPStrategy", "ModelParallelStrategy"]
+           "DeepSpeedStrategy", "FSDPStrategy", "ModelParallelStrategy", "PipelineSpec"]

@@ -9,7 +9,9 @@ dimension across nodes. The model is parallelised by the user: under the Trainer
 ``parallelize_module`` over ``mesh["tensor_parallel"]``, then ``fully_shard(..., mesh=mesh["data_parallel"])``.
 Data are split over the data-parallel dimension only: the ranks of one tensor-parallel group read the same
 batches. Checkpoints are FSDPStrategy's (``_fsdp_checkpoint``: torch's DTensor state dicts): a DCP directory
-by default, loadable at any mesh and by every strategy, or one file from rank 0.
+by default, loadable at any mesh and by every strategy, or one file from rank 0. With
+``pipeline_parallel_size > 1`` the mesh gets a third, outermost dimension ``"pipeline_parallel"`` and the
+Module's stages run under a ``torch.distributed.pipelining`` schedule (``_pipeline.py``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torch.optim import Optimizer
 
 from torchfleet.checkpoint.dcp import save_dcp_checkpoint
 from torchfleet.errors import ConfigurationError, not_valid
-from torchfleet.strategies import _fsdp_checkpoint, _fsdp_hooks
+from torchfleet.strategies import _fsdp_checkpoint, _fsdp_hooks, _pipeline
 from torchfleet.strategies._fsdp_init import _materialize, _on_meta
 from torchfleet.strategies.arguments import DEFAULT_TIMEOUT
 from torchfleet.strategies.fsdp import FSDPStrategy
@@ -48,10 +50,33 @@ MESH_DIMS = ("data_parallel", "tensor_parallel")
 ParallelizeFn = Callable[[nn.Module, "DeviceMesh"], nn.Module]
 
 
-def _check_size(name: str, value: Any) -> int | str:
-    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+def _check_size(name: str, value: Any, auto: bool = True) -> Any:
+    if (auto and value == "auto") or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
         return value
-    raise not_valid(name, value, "give 'auto' or a whole number of processes >= 1", owner="ModelParallelStrategy")
+    accepted = "give 'auto' or a whole number" if auto else "give a whole number"
+    raise not_valid(name, value, f"{accepted} >= 1", owner="ModelParallelStrategy")
+
+
+def pipeline_mesh_sizes(pipeline: int, data_parallel: int | str, tensor_parallel: int | str, per_node: int,
+                        num_nodes: int) -> tuple[int, int, int]:
+    """``(pp, dp, tp)``: ``mesh_sizes`` of each pipeline stage's processes (stages across nodes when they divide)."""
+    world = per_node * num_nodes
+    given = data_parallel != "auto" and tensor_parallel != "auto"
+    if world % pipeline or (given and pipeline * data_parallel * tensor_parallel != world):  # type: ignore[operator]
+        raise ConfigurationError(
+            f"ModelParallelStrategy(pipeline_parallel_size={pipeline}, data_parallel_size={data_parallel}, "
+            f"tensor_parallel_size={tensor_parallel}) does not fit the run's {world} processes ({num_nodes} node(s) x "
+            f"{per_node}): pipeline x data x tensor parallel must equal the world size. Give sizes that multiply to "
+            f"{world}, leaving data_parallel_size or tensor_parallel_size 'auto'."
+        )
+    if num_nodes % pipeline == 0:
+        return (pipeline, *mesh_sizes(data_parallel, tensor_parallel, per_node, num_nodes // pipeline))
+    if per_node % pipeline == 0:
+        return (pipeline, *mesh_sizes(data_parallel, tensor_parallel, per_node // pipeline, num_nodes))
+    raise ConfigurationError(
+        f"ModelParallelStrategy: pipeline_parallel_size={pipeline} divides neither the {num_nodes} node(s) nor a "
+        f"node's {per_node} processes, so the stages would split nodes unevenly. Choose a divisor of either."
+    )
 
 
 def mesh_sizes(data_parallel: int | str, tensor_parallel: int | str, per_node: int, num_nodes: int) -> tuple[int, int]:
@@ -104,7 +129,10 @@ class ModelParallelStrategy(ParallelStrategy):
     size divided by the other. ``save_distributed_checkpoint``: True (a DCP directory, each rank writing its
     shards, loadable at any mesh and under every strategy) or False (rank 0 writes one ordinary file).
     ``process_group_backend``, ``timeout`` and ``max_restarts`` are the shared process options (processes.py). The model stays
-    parallelised after a stage (as Lightning's).
+    parallelised after a stage (as Lightning's). ``pipeline_parallel_size`` > 1: a third, outermost mesh dimension
+    "pipeline_parallel"; the Module declares its stages with ``configure_pipeline()`` (``_pipeline.PipelineSpec``)
+    and each training step runs ``pipeline_schedule`` ("GPipe" or "1F1B") over ``microbatches`` (default: the
+    number of stages) microbatches of the rank's batch.
     """
 
     reseeds_for = frozenset({"trainer", "fleet"})  # as Lightning's and Fabric's
@@ -122,6 +150,9 @@ class ModelParallelStrategy(ParallelStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | float | None = DEFAULT_TIMEOUT,
         *,
+        pipeline_parallel_size: int = 1,
+        pipeline_schedule: str = "1F1B",
+        microbatches: int | None = None,
         max_restarts: int = 0,
         # the parts, as every strategy takes them (resolve() fills in those not given)
         accelerator: Accelerator | None = None, parallel_devices: list[torch.device] | None = None,
@@ -145,6 +176,17 @@ class ModelParallelStrategy(ParallelStrategy):
                             "give True (a checkpoint directory, each rank writing its shards) or False (one file "
                             "written by rank 0)", owner="ModelParallelStrategy")
         self._save_distributed_checkpoint = save_distributed_checkpoint
+        self._pipeline_size: int = _check_size("pipeline_parallel_size", pipeline_parallel_size, auto=False)
+        self._pipeline_schedule = _pipeline.check_schedule(pipeline_schedule)
+        self._microbatches = None if microbatches is None else _check_size("microbatches", microbatches, auto=False)
+        if self._pipeline_size > 1 and not save_distributed_checkpoint:
+            raise ConfigurationError(
+                "ModelParallelStrategy(pipeline_parallel_size > 1) saves distributed checkpoints only: each stage's "
+                "ranks write their own layers, and no rank holds the whole model to write one file. Keep "
+                "save_distributed_checkpoint=True (`torchfleet consolidate` makes one file of the directory)."
+            )
+        #: the rank's pipeline stage (pipeline_parallel_size > 1, under the Trainer, once the processes are joined)
+        self._pipeline: _pipeline.Pipeline | None = None
         self.processes = ProcessOptions(process_group_backend=process_group_backend, timeout=timeout,
                                         max_restarts=max_restarts)
         self._sizes: tuple[int, int] | None = None
@@ -155,7 +197,22 @@ class ModelParallelStrategy(ParallelStrategy):
     # ----------------------------------------------------------------- configuration and processes
     def configure(self, devices: list[torch.device], num_nodes: int, cluster_environment: ClusterEnvironment) -> None:
         super().configure(devices, num_nodes, cluster_environment)
-        self._sizes = mesh_sizes(self._data_parallel_size, self._tensor_parallel_size, self.num_processes, num_nodes)
+        if self._pipeline_size > 1:
+            self._sizes = pipeline_mesh_sizes(self._pipeline_size, self._data_parallel_size,
+                                              self._tensor_parallel_size, self.num_processes, num_nodes)[1:]
+        else:
+            self._sizes = mesh_sizes(self._data_parallel_size, self._tensor_parallel_size, self.num_processes,
+                                     num_nodes)
+
+    @property
+    def pipeline_parallel_size(self) -> int:
+        """The number of pipeline stages (1: no "pipeline_parallel" mesh dimension)."""
+        return self._pipeline_size
+
+    @property
+    def step_backpropagates(self) -> bool:
+        """Under pipeline parallelism the training step's schedule runs the backward itself."""
+        return self._pipeline_size > 1
 
     @property
     def data_parallel_size(self) -> int:
@@ -174,7 +231,8 @@ class ModelParallelStrategy(ParallelStrategy):
 
     @property
     def device_mesh(self) -> DeviceMesh:
-        """The 2-D DeviceMesh ("data_parallel", "tensor_parallel"); it exists once the processes are joined."""
+        """The DeviceMesh ("data_parallel", "tensor_parallel"), with "pipeline_parallel" first when
+        pipeline_parallel_size > 1; it exists once the processes are joined."""
         if self.module_device_mesh is None:
             raise RuntimeError("The device mesh exists once the processes are joined (in configure_model, setup and "
                                "after): ModelParallelStrategy builds it in setup_environment.")
@@ -184,7 +242,7 @@ class ModelParallelStrategy(ParallelStrategy):
     def distributed_sampler_kwargs(self) -> dict[str, int]:
         """The data-parallel dimension only: every rank of a tensor-parallel group reads the same samples."""
         dp, tp = self._mesh_sizes()
-        return {"num_replicas": dp, "rank": self.global_rank // tp}
+        return {"num_replicas": dp, "rank": (self.global_rank // tp) % dp}  # the stages of a replica read alike
 
     def setup_environment(self) -> None:
         """Join the process group (ParallelStrategy's way), then build the mesh; a Trainer's Module must parallelise
@@ -194,8 +252,14 @@ class ModelParallelStrategy(ParallelStrategy):
         if self.module_device_mesh is None:
             from torch.distributed.device_mesh import init_device_mesh
 
-            self.module_device_mesh = init_device_mesh(self.root_device.type, self._mesh_sizes(),
-                                                       mesh_dim_names=MESH_DIMS)
+            pp = self._pipeline_size
+            self.module_device_mesh = init_device_mesh(
+                self.root_device.type, (pp, *self._mesh_sizes()) if pp > 1 else self._mesh_sizes(),
+                mesh_dim_names=_pipeline.PIPELINE_MESH_DIMS if pp > 1 else MESH_DIMS)
+        if self._pipeline_size > 1 and self.lightning_module is not None and self._pipeline is None:
+            # the stage's layers only, before configure_model parallelises them
+            self._pipeline = _pipeline.Pipeline(self.lightning_module, self.device_mesh, self._pipeline_schedule,
+                                                self._microbatches)
 
     def _check_configure_model(self) -> None:
         from torchfleet.utilities.model_helpers import is_overridden
@@ -269,6 +333,8 @@ class ModelParallelStrategy(ParallelStrategy):
         if _on_meta(module):
             _materialize(module, self.root_device)
         _check_even_shards(module, self.device_mesh)
+        if self._pipeline is not None and module is self.lightning_module:
+            self._pipeline.build(module, self.root_device)
         if not any(r() is module for r in self._modules):
             self._modules.append(weakref.ref(module))
         return module
@@ -276,6 +342,18 @@ class ModelParallelStrategy(ParallelStrategy):
     def modules_set_up(self) -> list[nn.Module]:
         """The modules this strategy has set up (and that still exist)."""
         return [m for m in (r() for r in self._modules) if m is not None]
+
+    def step_function(self, module: nn.Module, name: str) -> Callable[..., Any]:
+        """Under pipeline parallelism, the training step is the schedule's (evaluation is refused: not done)."""
+        if self._pipeline is None:
+            return super().step_function(module, name)
+        if name != "training_step":
+            raise ConfigurationError(
+                f"ModelParallelStrategy(pipeline_parallel_size={self._pipeline_size}) runs training steps only: "
+                f"{name} would call the Module's forward, which on each rank holds one stage's layers. Evaluate "
+                "with pipeline_parallel_size=1 (a pipeline checkpoint loads there), or set limit_val_batches=0."
+            )
+        return self._pipeline.training_step
 
     def forward_method(self, module: nn.Module, name: str) -> Callable[..., Any]:
         """``name`` inside fully_shard's gather and reshard when the module is a fully_shard unit, else as it is."""
@@ -312,6 +390,8 @@ class ModelParallelStrategy(ParallelStrategy):
             self.precision.unscale_gradients(optimizer)
         params = self._gradient_params(module, optimizer)
         total = total_norm([p.grad for p in params], norm_type)
+        if self._pipeline is not None:  # each stage holds other parameters
+            total = _pipeline.combine_stage_norms(total.to(self.root_device), norm_type, self._pipeline.group)
         if error_if_nonfinite and not self.precision.skips_nonfinite_steps and not torch.isfinite(total):
             raise RuntimeError(f"The total norm of order {norm_type} of the gradients is non-finite ({total.item()}), "
                                "so they cannot be clipped (error_if_nonfinite=True).")
@@ -330,12 +410,25 @@ class ModelParallelStrategy(ParallelStrategy):
     # FSDPStrategy's, as they are: torch's state dict helpers handle DTensors of any placement
     #: distributed: this rank's DTensors under the user's names; otherwise the whole state on rank 0, {} elsewhere
     module_state_dict = _fsdp_checkpoint.module_state
-    #: distributed: FQN-keyed DTensor state; otherwise ``torch.optim``'s positional form, whole, on rank 0
-    optimizer_state_dict = _fsdp_checkpoint.optimizer_state
+
+    def optimizer_state_dict(self, optimizer: Optimizer) -> dict[str, Any]:
+        """Distributed: FQN-keyed DTensor state (its param_groups naming every stage's parameters); otherwise
+        ``torch.optim``'s positional form, whole, on rank 0."""
+        state = _fsdp_checkpoint.optimizer_state(self, optimizer)
+        if self._pipeline is None:
+            return state
+        return _pipeline.all_stages_param_groups(state, self._pipeline.group)
+
     #: any layout; DCP entries stay on disk until ``load_into`` reads them straight into the DTensors
     load_checkpoint = FSDPStrategy.load_checkpoint
-    #: into the parallelised modules and optimizers in ``state``, from DCP files or whole state dicts
-    load_into = _fsdp_checkpoint.load_into
+
+    def load_into(self, checkpoint: Any, state: Any, strict: bool = True, path: Any = None) -> None:
+        """Into the parallelised modules and optimizers in ``state``, from DCP files or whole state dicts; under
+        pipeline parallelism each stage loads its keys, the strict check being over the union of the stages'."""
+        if self._pipeline is not None and strict:
+            _pipeline.check_stages_cover(checkpoint, state, self._pipeline.group)
+            strict = False
+        _fsdp_checkpoint.load_into(self, checkpoint, state, strict=strict, path=path)
 
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | os.PathLike,
                         storage_options: Any | None = None) -> None:
@@ -362,7 +455,8 @@ class ModelParallelStrategy(ParallelStrategy):
 
     def __repr__(self) -> str:
         sizes = self._sizes or (self._data_parallel_size, self._tensor_parallel_size)
-        return (f"ModelParallelStrategy(data_parallel_size={sizes[0]!r}, tensor_parallel_size={sizes[1]!r}, "
+        pp = f"pipeline_parallel_size={self._pipeline_size}, " if self._pipeline_size > 1 else ""
+        return (f"ModelParallelStrategy({pp}data_parallel_size={sizes[0]!r}, tensor_parallel_size={sizes[1]!r}, "
                 f"devices={self.num_processes}, num_nodes={self.num_nodes}, "
                 f"save_distributed_checkpoint={self._save_distributed_checkpoint}, precision={self.precision!r})")
 

@@ -284,6 +284,10 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
         """
         return getattr(self.unwrap(module), name)
 
+    #: Whether ``step_function(module, "training_step")`` runs the backward itself and returns the batch's loss,
+    #: detached (pipeline schedules): the Trainer then neither backpropagates it nor calls the backward hooks
+    step_backpropagates: bool = False
+
     #: What running the user's module outside the wrapper's forward does (see ``OUTSIDE_FORWARD``): here nothing
     #: differs, so Fleet lets any method of the module and any submodule be called directly.
     outside_forward: str = "allowed"

@@ -92,6 +92,8 @@ class AutomaticStep:
         self._closure = _ReplayClosure(None, None)
         self._closure_needed = bool(trainer.optimizers) and _needs_closure(trainer.optimizers[0])
         self._forward_context = self.strategy.forward_context
+        #: the strategy's step ran forward and backward (pipeline schedules) and returned the loss
+        self._step_backpropagates = self.strategy.step_backpropagates
         # an overridden Module.optimizer_step takes the step over; only then does a step cost more
         self._step_override = hooks.mod("optimizer_step") if model.automatic_optimization else None
         if self._step_override is not None:
@@ -136,6 +138,8 @@ class AutomaticStep:
         trainer = self.trainer
         with self._forward_context():
             output = step_fn(batch, batch_idx)
+        if self._step_backpropagates:
+            return output
         loss = extract_loss(output)
         if loss is None:
             return None
@@ -214,6 +218,8 @@ class AutomaticStep:
         output = strategy.training_step(batch, batch_idx) if self._takes == 2 else strategy.training_step(
             *(batch, batch_idx)[: self._takes])
         strategy.post_training_step()
+        if self._step_backpropagates:
+            return output
         loss = extract_loss(output)
         if loss is None:
             return None

@@ -1,0 +1,236 @@
+"""Pipeline parallelism for ModelParallelStrategy: how a Module declares its stages, and one pipelined step.
+
+A Module declares its stages with ``configure_pipeline(self) -> PipelineSpec``: the split points are names of
+children of one ``nn.Sequential`` of the Module (``"layers.2"``: stage 1 begins at ``layers[2]``), and the
+Module's ``forward`` runs that Sequential on its input (``return self.layers(x)``), so the same Module trains
+unchanged without pipeline parallelism, where the hook is never called. Under ``pipeline_parallel_size > 1``
+each rank keeps its stage's children only (the others are deleted, the kept ones keep their names, so the
+state dict of a stage holds the whole model's keys for that stage: the union of the stages' distributed
+checkpoints is the whole model). This happens before ``configure_model``, which then parallelises the stage
+(FSDP2 over ``device_mesh["data_parallel"]``, tensor parallel over ``["tensor_parallel"]``).
+
+A training step under PP runs one schedule of ``torch.distributed.pipelining`` over the batch's microbatches
+(forward and backward together, the gradients of the mean microbatch loss); the Module's ``training_step`` is
+not called. The loss it returns is the mean of the microbatch losses, sent from the last stage to every stage's
+rank, so the Trainer, callbacks and (``PipelineSpec.log_loss_as``) ``self.log`` see it on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from torchfleet.errors import ConfigurationError, MisconfiguredModuleError, unknown_name
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+#: the schedules ``ModelParallelStrategy(pipeline_schedule=...)`` accepts, by name (torch's class names)
+SCHEDULES = ("GPipe", "1F1B")
+#: the 3-D mesh's dimension names when pipeline_parallel_size > 1, outermost first
+PIPELINE_MESH_DIMS = ("pipeline_parallel", "data_parallel", "tensor_parallel")
+
+
+def _inputs_and_target(batch: Any) -> tuple[Any, Tensor]:
+    inputs, target = batch[0], batch[1]
+    return inputs, target
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """How a Module splits into pipeline stages; what its ``configure_pipeline()`` returns.
+
+    ``split_points``: the names (``named_modules``) of the children of one ``nn.Sequential`` where stage 1, 2, ...
+    begin (one fewer than the number of stages). ``loss_fn(output, target)``: the loss of one microbatch (the
+    Module's ``training_step`` loss, computed on the last stage). ``split_batch(batch) -> (inputs, target)``:
+    default ``batch[0], batch[1]``. ``log_loss_as``: a name to ``self.log`` the step's loss under (``sync_dist``).
+    """
+
+    split_points: Sequence[str]
+    loss_fn: Callable[[Tensor, Tensor], Tensor]
+    split_batch: Callable[[Any], tuple[Any, Tensor]] = _inputs_and_target
+    log_loss_as: str | None = None
+
+
+def check_schedule(name: Any) -> str:
+    if name not in SCHEDULES:
+        raise unknown_name("pipeline_schedule", name, SCHEDULES,
+                           hint="They are torch.distributed.pipelining's ScheduleGPipe and Schedule1F1B.")
+    return name
+
+
+def _schedule_class(name: str) -> Any:
+    from torch.distributed import pipelining
+
+    return {"GPipe": pipelining.ScheduleGPipe, "1F1B": pipelining.Schedule1F1B}[name]
+
+
+def stage_children(module: nn.Module, spec: Any, num_stages: int) -> tuple[str, list[list[str]]]:
+    """The Sequential's name and, per stage, the names of its children that stage keeps; refuses a bad spec."""
+    owner = type(module).__name__
+    if not isinstance(spec, PipelineSpec):
+        raise MisconfiguredModuleError(
+            f"{owner}.configure_pipeline() returned {type(spec).__name__}, but pipeline_parallel_size={num_stages} "
+            "needs a torchfleet.strategies.PipelineSpec(split_points=[...], loss_fn=...) naming where each stage "
+            "after the first begins."
+        )
+    points = list(spec.split_points)
+    parents = {p.rpartition(".")[0] for p in points}
+    modules = dict(module.named_modules())
+    parent = parents.pop() if len(parents) == 1 else None
+    sequential = modules.get(parent) if parent is not None else None
+    if len(points) != num_stages - 1 or not isinstance(sequential, nn.Sequential):
+        raise MisconfiguredModuleError(
+            f"{owner}.configure_pipeline() gave split points {points}; pipeline_parallel_size={num_stages} needs "
+            f"{num_stages - 1} of them, each the name of a child of the same nn.Sequential of the Module (e.g. "
+            "'layers.2' for stage 1 to begin at self.layers[2]), whose forward runs that Sequential."
+        )
+    names = list(sequential._modules)
+    local = [p.rpartition(".")[2] for p in points]
+    starts = [names.index(n) if n in names else -1 for n in local]
+    if min(starts) <= 0 or starts != sorted(set(starts)):
+        raise MisconfiguredModuleError(
+            f"{owner}.configure_pipeline(): the split points {points} must be children of {parent} other than the "
+            f"first, in increasing order, each stage keeping at least one child ({parent} has {names})."
+        )
+    bounds = [0, *starts, len(names)]
+    inside = {id(p) for p in sequential.parameters()}
+    outside = [n for n, p in module.named_parameters() if id(p) not in inside]
+    if outside:
+        raise MisconfiguredModuleError(
+            f"{owner} has parameters outside {parent} ({', '.join(outside[:3])}), which no pipeline stage would "
+            f"own: put every layer of the model into the nn.Sequential {parent} that configure_pipeline() splits."
+        )
+    return parent, [names[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+class Pipeline:
+    """One rank's pipeline stage: the pruned Module, its ``PipelineStage`` and schedule, and the pipelined step."""
+
+    def __init__(self, module: nn.Module, mesh: DeviceMesh, schedule: str, microbatches: int | None) -> None:
+        if not getattr(module, "automatic_optimization", True):
+            raise ConfigurationError(
+                f"{type(module).__name__} uses manual optimisation, which pipeline parallelism does not support: "
+                "the schedule runs forward and backward of every microbatch itself. Use automatic optimisation, "
+                "or pipeline_parallel_size=1."
+            )
+        configure = getattr(module, "configure_pipeline", None)
+        if configure is None:
+            raise ConfigurationError(
+                f"{type(module).__name__} does not define configure_pipeline(), which pipeline_parallel_size > 1 "
+                "needs: return a torchfleet.strategies.PipelineSpec(split_points=['layers.2'], loss_fn=...) naming "
+                "where each stage after the first begins in an nn.Sequential that the Module's forward runs."
+            )
+        spec = configure()
+        self.group = mesh.get_group("pipeline_parallel")
+        self.num_stages = mesh.size(0)
+        self.stage_index = mesh.get_local_rank("pipeline_parallel")
+        parent, stages = stage_children(module, spec, self.num_stages)
+        sequential = module.get_submodule(parent)
+        for name in [n for i, kept in enumerate(stages) if i != self.stage_index for n in kept]:
+            delattr(sequential, name)  # not ``del seq[i]``, which renumbers the rest: the names stay the model's
+        self.spec, self.module, self.schedule_name = spec, module, schedule
+        self.microbatches = microbatches if microbatches is not None else self.num_stages
+        self.schedule: Any = None
+
+    @property
+    def is_first(self) -> bool:
+        return self.stage_index == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.stage_index == self.num_stages - 1
+
+    def build(self, module: nn.Module, device: torch.device) -> None:
+        """The stage and schedule, once the Module is parallelised (``configure_model`` ran)."""
+        from torch.distributed.pipelining import PipelineStage
+
+        stage = PipelineStage(module, self.stage_index, self.num_stages, device, group=self.group)
+        self.schedule = _schedule_class(self.schedule_name)(stage, self.microbatches, loss_fn=self.spec.loss_fn)
+
+    def training_step(self, batch: Any, batch_idx: int | None = None) -> Tensor:
+        """The schedule over ``batch`` (forward and backward); the mean microbatch loss, the same on every stage."""
+        inputs, target = self.spec.split_batch(batch)
+        size = len(target)
+        if size % self.microbatches:
+            raise ConfigurationError(
+                f"A training batch of {size} samples does not split into microbatches={self.microbatches} equal "
+                "microbatches, so the pipeline's mean microbatch loss would not be the batch's mean loss. Make each "
+                f"rank's batch size (the global batch / data_parallel_size) a multiple of {self.microbatches}, "
+                "or pass a microbatches that divides it (ModelParallelStrategy(microbatches=...))."
+            )
+        if any(p.grad is not None for p in self.module.parameters()):
+            raise ConfigurationError(
+                "Pipeline parallelism found gradients left from an earlier batch (accumulate_grad_batches > 1?): "
+                "the schedule scales the gradients it holds by 1/microbatches, so it cannot accumulate across "
+                "batches. Raise microbatches and the batch size instead of accumulate_grad_batches."
+            )
+        losses: list[Tensor] = []
+        args = (inputs,) if self.is_first else ()
+        self.schedule.step(*args, target=target if self.is_last else None, losses=losses if self.is_last else None)
+        device = target.device
+        loss = torch.stack([x.detach().float() for x in losses]).mean() if self.is_last else torch.zeros((), device=device)
+        torch.distributed.broadcast(loss, group=self.group, group_src=self.num_stages - 1)
+        if self.spec.log_loss_as:
+            self.module.log(self.spec.log_loss_as, loss, sync_dist=True)  # type: ignore[operator]
+        return loss
+
+
+def all_stages_param_groups(state: Any, group: Any) -> Any:
+    """An FQN-keyed optimizer state whose ``param_groups`` name every stage's parameters, in stage order.
+
+    A distributed checkpoint keeps one copy of an entry that is not a tensor (rank 0's): without this, its
+    param_groups would name stage 0's parameters only, and a run without pipeline stages could not load it.
+    """
+    import torch.distributed as dist
+
+    groups = state["param_groups"]
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, [g["params"] for g in groups], group=group)
+    for i, g in enumerate(groups):
+        g["params"] = [name for stage in gathered for name in stage[i]]
+    return state
+
+
+def check_stages_cover(checkpoint: Any, state: Any, group: Any) -> None:
+    """Refuse a distributed checkpoint whose model keys differ from the union of the stages' (strict loading).
+
+    Each stage loads its own keys only, so torch's strict check per rank would call the other stages' extra.
+    """
+    import torch.distributed as dist
+
+    from torchfleet.checkpoint.dcp import DCPEntry, saved_keys
+    from torchfleet.errors import CheckpointError
+
+    for key, target in state.items():
+        entry = checkpoint.get(key)
+        if not isinstance(entry, DCPEntry) or not isinstance(target, nn.Module):
+            continue
+        gathered: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, [f"{key}.{k}" for k in target.state_dict()], group=group)
+        union = {k for stage in gathered for k in stage}
+        saved = {k for k in saved_keys(entry.path, entry.weights_only) if k.startswith(f"{key}.")}
+        if union != saved:
+            raise CheckpointError(
+                f"The checkpoint {entry.path!r} does not fit the pipeline's stages: missing from it: "
+                f"{sorted(union - saved)[:5]}; in it but in no stage: {sorted(saved - union)[:5]}. Build the model "
+                "with the same arguments as the run that wrote it, or load with strict=False."
+            )
+
+
+def combine_stage_norms(norm: Tensor, norm_type: float, group: Any) -> Tensor:
+    """The norm over every stage's gradients from this stage's ``norm`` (each stage holds different parameters)."""
+    import math
+
+    import torch.distributed as dist
+
+    if math.isinf(norm_type):
+        dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=group)
+        return norm
+    total = norm.pow(norm_type)
+    dist.all_reduce(total, group=group)
+    return total.pow(1.0 / norm_type)

@@ -1,0 +1,196 @@
+"""Pipeline parallelism under ModelParallelStrategy: sizes, schedule names and stage specs and their refusals (no
+processes), then PP2xDP2 and PP2 on real CPU processes over gloo, equal to one process, and checkpoints moving
+between a pipeline mesh and no pipeline, both ways.
+
+Three launches serve the multi-process tests: 4 ranks train PP2xDP2 with 1F1B (saving a checkpoint mid-epoch),
+with GPipe, with gradient clipping, then microbatches that do not divide the batch (refused); 1 rank resumes the
+PP2xDP2 checkpoint without pipeline parallelism and writes a 1x1-mesh checkpoint; 2 ranks resume that one as PP2,
+then refuse validation. The reference is the same Module trained in this process with the global batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tests.distributed import sharded_helpers
+from tests.distributed.scripts import model_parallel_train as mp_script
+from tests.distributed.scripts import pipeline_train as script
+from tests.distributed.sharded_helpers import assert_close, load_results
+from torchfleet.connector import resolve
+from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
+from torchfleet.strategies import ModelParallelStrategy, PipelineSpec
+from torchfleet.strategies._pipeline import stage_children
+from torchfleet.strategies.model_parallel import pipeline_mesh_sizes
+
+ATOL = 1e-5
+MSE = nn.functional.mse_loss
+
+
+def build(devices=4, **kwargs):
+    return resolve(accelerator="cpu", devices=devices, strategy=ModelParallelStrategy(**kwargs))
+
+
+# ----------------------------------------------------------------------------------------- without processes
+@pytest.mark.parametrize(("pp", "dp", "tp", "per_node", "nodes", "sizes"), [
+    (2, "auto", "auto", 4, 1, (2, 1, 2)),
+    (2, 2, 1, 4, 1, (2, 2, 1)),
+    (2, "auto", 1, 4, 1, (2, 2, 1)),
+    (4, "auto", "auto", 4, 1, (4, 1, 1)),
+    (2, "auto", "auto", 2, 2, (2, 1, 2)),  # stages across the nodes, tensor parallel within each
+])
+def test_pipeline_mesh_sizes(pp, dp, tp, per_node, nodes, sizes):
+    assert pipeline_mesh_sizes(pp, dp, tp, per_node, nodes) == sizes
+
+
+@pytest.mark.parametrize(("pp", "dp", "tp", "per_node", "nodes", "words"), [
+    (3, "auto", "auto", 4, 1, "pipeline x data x tensor parallel must equal the world size"),
+    (2, 2, 2, 4, 1, "pipeline x data x tensor parallel must equal the world size"),
+    (6, "auto", "auto", 2, 3, "divides neither the 3 node"),
+])
+def test_impossible_pipeline_meshes_are_refused(pp, dp, tp, per_node, nodes, words):
+    with pytest.raises(ConfigurationError, match=words):
+        pipeline_mesh_sizes(pp, dp, tp, per_node, nodes)
+
+
+def test_a_pipeline_strategy_reads_its_sizes_and_the_replicas_shards(monkeypatch):
+    strategy = build(devices=4, pipeline_parallel_size=2, tensor_parallel_size=1)
+    assert (strategy.pipeline_parallel_size, strategy.data_parallel_size, strategy.tensor_parallel_size) == (2, 2, 1)
+    assert strategy.step_backpropagates and not build(devices=4).step_backpropagates
+    assert "pipeline_parallel_size=2" in repr(strategy)
+    ranks = []
+    for rank in range(4):
+        monkeypatch.setattr(strategy.cluster_environment, "global_rank", lambda r=rank: r)
+        ranks.append(strategy.distributed_sampler_kwargs)
+    # ranks 0-1 are stage 0, 2-3 stage 1; ranks 0 and 2 (one replica's two stages) read the same shard
+    assert ranks == [{"num_replicas": 2, "rank": r} for r in (0, 1, 0, 1)]
+    assert not torch.distributed.is_initialized()
+
+
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"pipeline_schedule": "1f1b"}, r"Unknown pipeline_schedule '1f1b'\. Did you mean '1F1B'\?.*'1F1B', 'GPipe'"),
+    ({"pipeline_parallel_size": 0}, r"pipeline_parallel_size=0\) is not valid: give a whole number >= 1"),
+    ({"pipeline_parallel_size": "auto"}, r"pipeline_parallel_size='auto'\) is not valid"),
+    ({"microbatches": 0}, r"microbatches=0\) is not valid"),
+    ({"pipeline_parallel_size": 2, "save_distributed_checkpoint": False}, "saves distributed checkpoints only"),
+])
+def test_bad_pipeline_arguments_say_what_is_accepted(kwargs, words):
+    with pytest.raises(ConfigurationError, match=words):
+        ModelParallelStrategy(**kwargs)
+
+
+def test_stage_children_split_the_sequential_at_the_points():
+    model = script.Stack()
+    assert stage_children(model, model.configure_pipeline(), 2) == ("layers", [["0", "1"], ["2", "3", "4"]])
+    spec = PipelineSpec(["layers.1", "layers.4"], MSE)
+    assert stage_children(model, spec, 3) == ("layers", [["0"], ["1", "2", "3"], ["4"]])
+
+
+class WithHead(script.Stack):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(1, 1)
+
+
+@pytest.mark.parametrize(("model", "spec", "stages", "words"), [
+    (script.Stack(), None, 2, "returned NoneType, but pipeline_parallel_size=2 needs"),
+    (script.Stack(), PipelineSpec(["layers.2"], MSE), 3, "needs 2 of them"),
+    (script.Stack(), PipelineSpec(["layers.2", "layers.0.weight"], MSE), 3, "a child of the same nn.Sequential"),
+    (script.Stack(), PipelineSpec(["layers.3", "layers.2"], MSE), 3, "in increasing order"),
+    (script.Stack(), PipelineSpec(["layers.0"], MSE), 2, "other than the first"),
+    (WithHead(), PipelineSpec(["layers.2"], MSE), 2, r"parameters outside layers \(head.weight, head.bias\)"),
+])
+def test_bad_stage_specs_are_refused(model, spec, stages, words):
+    with pytest.raises(MisconfiguredModuleError, match=words):
+        stage_children(model, spec, stages)
+
+
+# ----------------------------------------------------------------------------------------- on 4, 1 and 2 processes
+def run_script(cfg: dict, timeout: float = 300) -> dict:
+    return load_results(cfg, sharded_helpers.run_script(script.__file__, cfg, timeout))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    d = str(tmp_path_factory.mktemp("pipeline"))
+    pp = {"strategy": "model_parallel", "pp": 2, "tp": 1}
+    four = run_script({"out": f"{d}/four.pt", "devices": 4, "runs": [
+        {"name": "pp2dp2", **pp, "dp": 2, "microbatches": 2, "save_at": mp_script.SAVE_AT, "ckpt_dir": d},
+        {"name": "pp2dp2_gpipe", **pp, "dp": 2, "schedule": "GPipe", "microbatches": 4},
+        {"name": "pp2dp2_clip", **pp, "dp": 2, "clip": 0.05},
+        {"name": "uneven_microbatches", **pp, "dp": 2, "microbatches": 3, "expect_error": True},
+    ]})
+    one = run_script({"out": f"{d}/one.pt", "devices": 1, "runs": [
+        {"name": "single_from_pp2dp2", "strategy": "single_device", "resume": f"{d}/pp2dp2.ckpt"},
+        {"name": "mesh_1x1", "strategy": "model_parallel", "dp": 1, "tp": 1, "save_at": mp_script.SAVE_AT,
+         "ckpt_dir": d},
+    ]})
+    two = run_script({"out": f"{d}/two.pt", "devices": 2, "runs": [
+        {"name": "pp2_from_1x1", **pp, "dp": 1, "resume": f"{d}/mesh_1x1.ckpt"},
+        # last in a launch: a refusal ends the launch's ranks
+        {"name": "validate", **pp, "dp": 1, "validate": True, "expect_error": True},
+    ]})
+    return {**four, **one, **two}
+
+
+def reference(clip: float | None = None) -> dict:
+    import torchfleet as tf
+
+    tf.seed_everything(0)
+    losses = script.Losses()
+    model, trainer, train, val = script.build({"strategy": "single_device", "clip": clip}, 1, [losses])
+    trainer.fit(model, train, val)
+    return {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses.losses,
+            "global_step": trainer.global_step, "train_loss": float(trainer.callback_metrics["train_loss"])}
+
+
+@pytest.fixture(scope="module")
+def ref() -> dict:
+    return reference()
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["pp2dp2", "pp2dp2_gpipe"])
+def test_pp2_dp2_equals_one_process(runs, ref, name):
+    got = runs[name]
+    assert_close(got["weights"], ref["weights"], ATOL)
+    assert got["global_step"] == ref["global_step"] == mp_script.STEPS
+    assert got["mesh"] == (("pipeline_parallel", "data_parallel", "tensor_parallel"), (2, 2, 1))
+    # each stage holds its own layers, under the names they have without pipeline parallelism
+    stage0, stage1 = ["layers.0.bias", "layers.0.weight"], ["layers.2.bias", "layers.2.weight", "layers.4.bias",
+                                                           "layers.4.weight"]
+    assert got["names"] == [stage0, stage0, stage1, stage1]
+    # the loss callbacks see is the replica's (sent from its last stage): the same on both stages of a replica
+    # (ranks 0 and 2), the two replicas' mean the global batch's; the logged one is synchronised
+    losses = got["losses"]
+    assert losses[0] == losses[2] and losses[1] == losses[3] and losses[0] != losses[1]
+    assert [(a + b) / 2 for a, b in zip(losses[0], losses[1])] == pytest.approx(ref["losses"], abs=ATOL)
+    assert got["train_loss"] == pytest.approx(ref["train_loss"], abs=ATOL)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_gradient_clipping_takes_the_norm_over_every_stage(runs, ref):
+    clipped = reference(clip=0.05)
+    assert max((clipped["weights"][k] - ref["weights"][k]).abs().max().item() for k in ref["weights"]) > 1e-3
+    assert_close(runs["pp2dp2_clip"]["weights"], clipped["weights"], ATOL)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["single_from_pp2dp2", "pp2_from_1x1"])
+def test_a_pipeline_checkpoint_resumes_without_pipeline_and_the_reverse(runs, ref, name):
+    got = runs[name]
+    assert_close(got["weights"], ref["weights"], ATOL)
+    assert got["global_step"] == mp_script.STEPS
+    assert len(got["losses"][0]) == mp_script.STEPS - mp_script.SAVE_AT  # resumed mid-epoch, not restarted
+    assert_close(runs["mesh_1x1"]["weights"], ref["weights"], ATOL)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_refusals_of_a_running_pipeline(runs):
+    assert "A training batch of 4 samples does not split into microbatches=3" in runs["uneven_microbatches"]["error"]
+    assert "runs training steps only: validation_step" in runs["validate"]["error"]
