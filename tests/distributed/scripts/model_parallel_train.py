@@ -196,7 +196,10 @@ def fleet_run(run: dict, devices: int) -> dict:
             "params": placements(model)}
 
 
-def main(cfg: dict) -> None:
+def fit_runs(cfg: dict, build, record, callbacks_for, fleet_run=None) -> None:
+    """Run each of ``cfg["runs"]`` (seeded alike; a "save_at" run checkpoints there, an "expect_error" run records its
+    error, a "fleet" run goes to ``fleet_run``); rank 0 saves ``{name: record(model, trainer, callbacks)}`` with each
+    run's mesh to ``cfg["out"]``. pipeline_train.py drives its runs through it too."""
     torch.set_num_threads(1)
     results, devices = {}, cfg.get("devices", 4)
     for run in cfg["runs"]:
@@ -205,8 +208,7 @@ def main(cfg: dict) -> None:
         if run.get("fleet"):
             results[name] = fleet_run(run, devices)
             continue
-        describe = Describe()
-        callbacks = [describe]
+        callbacks = callbacks_for()
         if run.get("save_at"):
             callbacks.append(SaveAt(run["save_at"], os.path.join(run["ckpt_dir"], f"{name}.ckpt")))
         model, trainer, train, val = build(run, devices, callbacks)
@@ -217,18 +219,26 @@ def main(cfg: dict) -> None:
                 raise
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
-        results[name] = {
-            "weights": full_weights(model),
-            "global_step": trainer.global_step,
-            "val_loss": float(trainer.callback_metrics["val_loss"]),
-            "seen": trainer.strategy.all_gather_object(model.seen),
-            "gathered_shape": model.gathered_shape,
-            "params": describe.params,
-            "mesh": None if model.device_mesh is None else (tuple(model.device_mesh.mesh_dim_names),
-                                                             tuple(model.device_mesh.shape)),
-        }
+        mesh = model.device_mesh
+        results[name] = {**record(model, trainer, callbacks),
+                         "mesh": None if mesh is None else (tuple(mesh.mesh_dim_names), tuple(mesh.shape))}
     if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
         torch.save(results, cfg["out"])
+
+
+def record(model: nn.Module, trainer, callbacks) -> dict:
+    return {
+        "weights": full_weights(model),
+        "global_step": trainer.global_step,
+        "val_loss": float(trainer.callback_metrics["val_loss"]),
+        "seen": trainer.strategy.all_gather_object(model.seen),
+        "gathered_shape": model.gathered_shape,
+        "params": callbacks[0].params,
+    }
+
+
+def main(cfg: dict) -> None:
+    fit_runs(cfg, build, record, lambda: [Describe()], fleet_run)
 
 
 if __name__ == "__main__":

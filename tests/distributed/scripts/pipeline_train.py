@@ -16,7 +16,6 @@ Rank 0 writes ``cfg["out"]``: per run the whole weights (the union of the stages
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import torch
@@ -29,7 +28,7 @@ from tests.distributed.scripts.model_parallel_train import (
     EPOCHS,
     GLOBAL_BATCH,
     HIDDEN,
-    SaveAt,
+    fit_runs,
     full_weights,
     make_data,
 )
@@ -101,37 +100,21 @@ def build(run: dict, devices: int, callbacks=()):
     return Stack(), trainer, train, val
 
 
+def record(model: nn.Module, trainer, callbacks) -> dict:
+    weights = full_weights(model)  # a collective over the data-parallel dimension: every rank
+    ranks = trainer.strategy.all_gather_object(weights) if trainer.world_size > 1 else [weights]
+    losses = callbacks[0].losses
+    return {
+        "weights": {k: v for rank in ranks for k, v in rank.items()},
+        "names": [sorted(rank) for rank in ranks],
+        "global_step": trainer.global_step,
+        "train_loss": float(trainer.callback_metrics["train_loss"]),
+        "losses": trainer.strategy.all_gather_object(losses) if trainer.world_size > 1 else [losses],
+    }
+
+
 def main(cfg: dict) -> None:
-    torch.set_num_threads(1)
-    results, devices = {}, cfg.get("devices", 4)
-    for run in cfg["runs"]:
-        name = run["name"]
-        tf.seed_everything(0)
-        losses = Losses()
-        callbacks = [losses]
-        if run.get("save_at"):
-            callbacks.append(SaveAt(run["save_at"], os.path.join(run["ckpt_dir"], f"{name}.ckpt")))
-        model, trainer, train, val = build(run, devices, callbacks)
-        try:
-            trainer.fit(model, train, val, ckpt_path=run.get("resume"))
-        except Exception as exc:
-            if not run.get("expect_error"):
-                raise
-            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
-            continue
-        weights = full_weights(model)  # a collective over the data-parallel dimension: every rank
-        ranks = trainer.strategy.all_gather_object(weights) if trainer.world_size > 1 else [weights]
-        results[name] = {
-            "weights": {k: v for rank in ranks for k, v in rank.items()},
-            "names": [sorted(rank) for rank in ranks],
-            "global_step": trainer.global_step,
-            "train_loss": float(trainer.callback_metrics["train_loss"]),
-            "losses": trainer.strategy.all_gather_object(losses.losses) if trainer.world_size > 1 else [losses.losses],
-            "mesh": None if model.device_mesh is None else (tuple(model.device_mesh.mesh_dim_names),
-                                                             tuple(model.device_mesh.shape)),
-        }
-    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-        torch.save(results, cfg["out"])
+    fit_runs(cfg, build, record, lambda: [Losses()])
 
 
 if __name__ == "__main__":
