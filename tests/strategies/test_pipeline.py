@@ -2,10 +2,12 @@
 processes), then PP2xDP2 and PP2 on real CPU processes over gloo, equal to one process, and checkpoints moving
 between a pipeline mesh and no pipeline, both ways.
 
-Three launches serve the multi-process tests: 4 ranks train PP2xDP2 with 1F1B (saving a checkpoint mid-epoch),
-with GPipe, with gradient clipping, then microbatches that do not divide the batch (refused); 1 rank resumes the
-PP2xDP2 checkpoint without pipeline parallelism and writes a 1x1-mesh checkpoint; 2 ranks resume that one as PP2,
-then refuse validation. The reference is the same Module trained in this process with the global batch.
+Three launches serve the multi-process tests: 4 ranks train PP2xDP2 with 1F1B (validating through the pipeline,
+saving a checkpoint mid-epoch), with GPipe, with gradient clipping, a Fleet loop PP2xDP2 (fleet.save mid-epoch), then
+microbatches that do not divide the batch (refused); 1 rank resumes the PP2xDP2 checkpoint without pipeline
+parallelism and writes a 1x1-mesh checkpoint, and a Fleet loop without pipeline saves its own and resumes the Fleet
+PP2xDP2 one; 2 ranks resume the 1x1 one as PP2 and the Fleet one in a Fleet PP2 loop. The reference is the same
+Module trained in this process with the global batch.
 """
 
 from __future__ import annotations
@@ -116,20 +118,23 @@ def runs(tmp_path_factory) -> dict:
     d = str(tmp_path_factory.mktemp("pipeline"))
     pp = {"strategy": "model_parallel", "pp": 2, "tp": 1}
     four = run_script({"out": f"{d}/four.pt", "devices": 4, "runs": [
-        {"name": "pp2dp2", **pp, "dp": 2, "microbatches": 2, "save_at": mp_script.SAVE_AT, "ckpt_dir": d},
+        {"name": "pp2dp2", **pp, "dp": 2, "microbatches": 2, "save_at": mp_script.SAVE_AT, "ckpt_dir": d,
+         "validate": True},
         {"name": "pp2dp2_gpipe", **pp, "dp": 2, "schedule": "GPipe", "microbatches": 4},
         {"name": "pp2dp2_clip", **pp, "dp": 2, "clip": 0.05},
+        {"name": "fleet_pp2dp2", "fleet": True, "pp": 2, "dp": 2, "ckpt_dir": d},
         {"name": "uneven_microbatches", **pp, "dp": 2, "microbatches": 3, "expect_error": True},
     ]})
     one = run_script({"out": f"{d}/one.pt", "devices": 1, "runs": [
         {"name": "single_from_pp2dp2", "strategy": "single_device", "resume": f"{d}/pp2dp2.ckpt"},
         {"name": "mesh_1x1", "strategy": "model_parallel", "dp": 1, "tp": 1, "save_at": mp_script.SAVE_AT,
          "ckpt_dir": d},
+        {"name": "fleet_single", "fleet": True, "ckpt_dir": d, "resume": f"{d}/fleet_pp2dp2.ckpt"},
     ]})
     two = run_script({"out": f"{d}/two.pt", "devices": 2, "runs": [
-        {"name": "pp2_from_1x1", **pp, "dp": 1, "resume": f"{d}/mesh_1x1.ckpt"},
-        # last in a launch: a refusal ends the launch's ranks
-        {"name": "validate", **pp, "dp": 1, "validate": True, "expect_error": True},
+        {"name": "pp2_from_1x1", **pp, "dp": 1, "resume": f"{d}/mesh_1x1.ckpt", "validate": True},
+        {"name": "fleet_pp2_from_single", "fleet": True, "pp": 2, "ckpt_dir": d,
+         "resume": f"{d}/fleet_single.ckpt"},
     ]})
     return {**four, **one, **two}
 
@@ -139,10 +144,16 @@ def reference(clip: float | None = None) -> dict:
 
     tf.seed_everything(0)
     losses = script.Losses()
-    model, trainer, train, val = script.build({"strategy": "single_device", "clip": clip}, 1, [losses])
+    model, trainer, train, val = script.build({"strategy": "single_device", "clip": clip, "validate": True}, 1,
+                                              [losses])
     trainer.fit(model, train, val)
+    x, y = script.make_data()[:script.EVAL_SAMPLES]
+    with torch.no_grad():
+        eval_loss = float(MSE(model(x), y))  # the final weights' loss on the Fleet runs' evaluation samples
+    metrics = trainer.callback_metrics
     return {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()}, "losses": losses.losses,
-            "global_step": trainer.global_step, "train_loss": float(trainer.callback_metrics["train_loss"])}
+            "global_step": trainer.global_step, "train_loss": float(metrics["train_loss"]),
+            "val_loss": float(metrics["val_loss"]), "eval_loss": eval_loss}
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +183,34 @@ def test_pp2_dp2_equals_one_process(runs, ref, name):
 
 @pytest.mark.distributed
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["pp2dp2", "pp2_from_1x1"])
+def test_validation_runs_through_the_pipeline(runs, ref, name):
+    # the schedule's forward-only step, its loss sent from the last stage and logged with sync_dist on every rank
+    assert ref["val_loss"] > 0
+    assert runs[name]["val_loss"] == pytest.approx(ref["val_loss"], abs=ATOL)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fleet_pp2dp2", "fleet_single", "fleet_pp2_from_single"])
+def test_fleet_pipelines_and_its_checkpoints_move_to_and_from_pipeline_stages(runs, ref, name):
+    # fleet_pp2dp2 saves mid-epoch and resumes its own checkpoint in a fresh model; fleet_single (no pipeline)
+    # resumes fleet_pp2dp2's, fleet_pp2_from_single (PP2) fleet_single's
+    got = runs[name]
+    assert_close(got["weights"], ref["weights"], ATOL)
+    assert got["global_step"] == mp_script.STEPS
+    losses = got["losses"]
+    replicas = [losses[0], losses[1]] if name == "fleet_pp2dp2" else [losses[0]]
+    assert [sum(step) / len(step) for step in zip(*replicas)] == pytest.approx(ref["losses"], abs=ATOL)
+    if name != "fleet_single":  # pipeline_step's loss is the same on each stage's rank
+        assert losses[-1] == replicas[-1]
+        assert got["names"][0] != got["names"][-1]  # and each stage holds its own layers
+    # the forward-only step under torch.no_grad(): the final weights' loss
+    assert got["val_loss"] == pytest.approx(ref["eval_loss"], abs=ATOL)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_gradient_clipping_takes_the_norm_over_every_stage(runs, ref):
     clipped = reference(clip=0.05)
     assert max((clipped["weights"][k] - ref["weights"][k]).abs().max().item() for k in ref["weights"]) > 1e-3
@@ -193,4 +232,12 @@ def test_a_pipeline_checkpoint_resumes_without_pipeline_and_the_reverse(runs, re
 @pytest.mark.slow
 def test_refusals_of_a_running_pipeline(runs):
     assert "A training batch of 4 samples does not split into microbatches=3" in runs["uneven_microbatches"]["error"]
-    assert "runs training steps only: validation_step" in runs["validate"]["error"]
+
+
+def test_predict_and_a_pipeline_step_without_a_pipeline_are_refused():
+    strategy = build(devices=4, pipeline_parallel_size=2, tensor_parallel_size=1)
+    with pytest.raises(ConfigurationError, match="pipeline_step.*no model was split"):
+        strategy.pipeline_step(script.Plain(), (torch.zeros(4, 8), torch.zeros(4, 1)))
+    strategy._pipeline = script.Stack()  # any object: the refusal comes before the pipeline is used
+    with pytest.raises(ConfigurationError, match="runs training, validation and test steps only: predict_step"):
+        strategy.step_function(script.Stack(), "predict_step")

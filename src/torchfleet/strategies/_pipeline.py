@@ -12,7 +12,15 @@ checkpoints is the whole model). This happens before ``configure_model``, which 
 A training step under PP runs one schedule of ``torch.distributed.pipelining`` over the batch's microbatches
 (forward and backward together, the gradients of the mean microbatch loss); the Module's ``training_step`` is
 not called. The loss it returns is the mean of the microbatch losses, sent from the last stage to every stage's
-rank, so the Trainer, callbacks and (``PipelineSpec.log_loss_as``) ``self.log`` see it on every rank.
+rank, so the Trainer, callbacks and (``PipelineSpec.log_loss_as``) ``self.log`` see it on every rank. A
+validation or test step runs the schedule's ``eval()`` (forward only, the same microbatches, ``loss_fn`` on the
+last stage) and returns and logs (``log_val_loss_as`` / ``log_test_loss_as``) its mean loss the same way; the
+Module's ``validation_step`` is not called either.
+
+Under Fleet the spec is ``ModelParallelStrategy(pipeline=PipelineSpec(...))`` (else the module's
+``configure_pipeline()``): ``fleet.setup_module`` prunes the module to the rank's stage before ``parallelize_fn``,
+and ``fleet.strategy.pipeline_step(model, batch)`` replaces ``loss = loss_fn(model(x), y); fleet.backward(loss)``
+(under ``torch.no_grad()``: forward only, for evaluation).
 """
 
 from __future__ import annotations
@@ -47,13 +55,16 @@ class PipelineSpec:
     ``split_points``: the names (``named_modules``) of the children of one ``nn.Sequential`` where stage 1, 2, ...
     begin (one fewer than the number of stages). ``loss_fn(output, target)``: the loss of one microbatch (the
     Module's ``training_step`` loss, computed on the last stage). ``split_batch(batch) -> (inputs, target)``:
-    default ``batch[0], batch[1]``. ``log_loss_as``: a name to ``self.log`` the step's loss under (``sync_dist``).
+    default ``batch[0], batch[1]``. ``log_loss_as``, ``log_val_loss_as``, ``log_test_loss_as``: names to
+    ``self.log`` the training, validation and test steps' losses under (``sync_dist``; under the Trainer).
     """
 
     split_points: Sequence[str]
     loss_fn: Callable[[Tensor, Tensor], Tensor]
     split_batch: Callable[[Any], tuple[Any, Tensor]] = _inputs_and_target
     log_loss_as: str | None = None
+    log_val_loss_as: str | None = None
+    log_test_loss_as: str | None = None
 
 
 def check_schedule(name: Any) -> str:
@@ -111,19 +122,21 @@ def stage_children(module: nn.Module, spec: Any, num_stages: int) -> tuple[str, 
 class Pipeline:
     """One rank's pipeline stage: the pruned Module, its ``PipelineStage`` and schedule, and the pipelined step."""
 
-    def __init__(self, module: nn.Module, mesh: DeviceMesh, schedule: str, microbatches: int | None) -> None:
+    def __init__(self, module: nn.Module, mesh: DeviceMesh, schedule: str, microbatches: int | None,
+                 spec: PipelineSpec | None = None) -> None:
         if not getattr(module, "automatic_optimization", True):
             raise ConfigurationError(
                 f"{type(module).__name__} uses manual optimisation, which pipeline parallelism does not support: "
                 "the schedule runs forward and backward of every microbatch itself. Use automatic optimisation, "
                 "or pipeline_parallel_size=1."
             )
-        configure = getattr(module, "configure_pipeline", None)
+        configure = getattr(module, "configure_pipeline", None) if spec is None else lambda: spec
         if configure is None:
             raise ConfigurationError(
                 f"{type(module).__name__} does not define configure_pipeline(), which pipeline_parallel_size > 1 "
                 "needs: return a torchfleet.strategies.PipelineSpec(split_points=['layers.2'], loss_fn=...) naming "
-                "where each stage after the first begins in an nn.Sequential that the Module's forward runs."
+                "where each stage after the first begins in an nn.Sequential that the Module's forward runs (or, "
+                "under Fleet, pass it as ModelParallelStrategy(..., pipeline=PipelineSpec(...)))."
             )
         spec = configure()
         self.group = mesh.get_group("pipeline_parallel")
@@ -154,29 +167,42 @@ class Pipeline:
 
     def training_step(self, batch: Any, batch_idx: int | None = None) -> Tensor:
         """The schedule over ``batch`` (forward and backward); the mean microbatch loss, the same on every stage."""
+        return self.step(batch, True, self.spec.log_loss_as)
+
+    def validation_step(self, batch: Any, batch_idx: int | None = None) -> Tensor:
+        """The schedule's forward only over ``batch``; the mean microbatch loss, the same on every stage."""
+        return self.step(batch, False, self.spec.log_val_loss_as)
+
+    def test_step(self, batch: Any, batch_idx: int | None = None) -> Tensor:
+        return self.step(batch, False, self.spec.log_test_loss_as)
+
+    def step(self, batch: Any, train: bool, log_as: str | None = None) -> Tensor:
+        """One schedule over ``batch``'s microbatches, with backward when ``train``; logs the loss as ``log_as``."""
         inputs, target = self.spec.split_batch(batch)
         size = len(target)
         if size % self.microbatches:
             raise ConfigurationError(
-                f"A training batch of {size} samples does not split into microbatches={self.microbatches} equal "
-                "microbatches, so the pipeline's mean microbatch loss would not be the batch's mean loss. Make each "
-                f"rank's batch size (the global batch / data_parallel_size) a multiple of {self.microbatches}, "
-                "or pass a microbatches that divides it (ModelParallelStrategy(microbatches=...))."
+                f"A {'training' if train else 'evaluation'} batch of {size} samples does not split into "
+                f"microbatches={self.microbatches} equal microbatches, so the pipeline's mean microbatch loss would "
+                "not be the batch's mean loss. Make each rank's batch size (the global batch / data_parallel_size) "
+                f"a multiple of {self.microbatches}, or pass a microbatches that divides it "
+                "(ModelParallelStrategy(microbatches=...))."
             )
-        if any(p.grad is not None for p in self.module.parameters()):
+        if train and any(p.grad is not None for p in self.module.parameters()):
             raise ConfigurationError(
-                "Pipeline parallelism found gradients left from an earlier batch (accumulate_grad_batches > 1?): "
-                "the schedule scales the gradients it holds by 1/microbatches, so it cannot accumulate across "
-                "batches. Raise microbatches and the batch size instead of accumulate_grad_batches."
+                "Pipeline parallelism found gradients left from an earlier batch (accumulate_grad_batches > 1, or "
+                "no optimizer.zero_grad()?): the schedule scales the gradients it holds by 1/microbatches, so it "
+                "cannot accumulate across batches. Raise microbatches and the batch size instead."
             )
         losses: list[Tensor] = []
         args = (inputs,) if self.is_first else ()
-        self.schedule.step(*args, target=target if self.is_last else None, losses=losses if self.is_last else None)
+        run = self.schedule.step if train else self.schedule.eval
+        run(*args, target=target if self.is_last else None, losses=losses if self.is_last else None)
         device = target.device
         loss = torch.stack([x.detach().float() for x in losses]).mean() if self.is_last else torch.zeros((), device=device)
         torch.distributed.broadcast(loss, group=self.group, group_src=self.num_stages - 1)
-        if self.spec.log_loss_as:
-            self.module.log(self.spec.log_loss_as, loss, sync_dist=True)  # type: ignore[operator]
+        if log_as:
+            self.module.log(log_as, loss, sync_dist=True)  # type: ignore[operator]
         return loss
 
 

@@ -17,7 +17,6 @@ Module's stages run under a ``torch.distributed.pipelining`` schedule (``_pipeli
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -31,6 +30,7 @@ from torch.optim import Optimizer
 from torchfleet.checkpoint.dcp import save_dcp_checkpoint
 from torchfleet.errors import ConfigurationError, not_valid
 from torchfleet.strategies import _fsdp_checkpoint, _fsdp_hooks, _pipeline
+from torchfleet.strategies._dtensor_checks import MESH_DIMS, check_even_shards, has_dtensors, total_norm
 from torchfleet.strategies._fsdp_init import _materialize, _on_meta
 from torchfleet.strategies.arguments import DEFAULT_TIMEOUT
 from torchfleet.strategies.fsdp import FSDPStrategy
@@ -45,8 +45,6 @@ if TYPE_CHECKING:
     from torchfleet.environments.base import ClusterEnvironment
     from torchfleet.precision import Precision
 
-#: the mesh's dimension names, outermost first (Lightning's)
-MESH_DIMS = ("data_parallel", "tensor_parallel")
 ParallelizeFn = Callable[[nn.Module, "DeviceMesh"], nn.Module]
 
 
@@ -132,7 +130,9 @@ class ModelParallelStrategy(ParallelStrategy):
     parallelised after a stage (as Lightning's). ``pipeline_parallel_size`` > 1: a third, outermost mesh dimension
     "pipeline_parallel"; the Module declares its stages with ``configure_pipeline()`` (``_pipeline.PipelineSpec``)
     and each training step runs ``pipeline_schedule`` ("GPipe" or "1F1B") over ``microbatches`` (default: the
-    number of stages) microbatches of the rank's batch.
+    number of stages) microbatches of the rank's batch. Under Fleet, ``pipeline`` (a ``PipelineSpec``; default: the
+    module's ``configure_pipeline()``) splits the module ``setup_module`` gets, and ``pipeline_step(model, batch)``
+    runs a step.
     """
 
     reseeds_for = frozenset({"trainer", "fleet"})  # as Lightning's and Fabric's
@@ -153,6 +153,7 @@ class ModelParallelStrategy(ParallelStrategy):
         pipeline_parallel_size: int = 1,
         pipeline_schedule: str = "1F1B",
         microbatches: int | None = None,
+        pipeline: _pipeline.PipelineSpec | None = None,
         max_restarts: int = 0,
         # the parts, as every strategy takes them (resolve() fills in those not given)
         accelerator: Accelerator | None = None, parallel_devices: list[torch.device] | None = None,
@@ -185,8 +186,10 @@ class ModelParallelStrategy(ParallelStrategy):
                 "ranks write their own layers, and no rank holds the whole model to write one file. Keep "
                 "save_distributed_checkpoint=True (`torchfleet consolidate` makes one file of the directory)."
             )
-        #: the rank's pipeline stage (pipeline_parallel_size > 1, under the Trainer, once the processes are joined)
+        #: the rank's pipeline stage (pipeline_parallel_size > 1: the Trainer's once the processes are joined,
+        #: Fleet's in setup_module); the spec Fleet's module is split by (else its configure_pipeline())
         self._pipeline: _pipeline.Pipeline | None = None
+        self._pipeline_spec = pipeline
         self.processes = ProcessOptions(process_group_backend=process_group_backend, timeout=timeout,
                                         max_restarts=max_restarts)
         self._sizes: tuple[int, int] | None = None
@@ -319,12 +322,16 @@ class ModelParallelStrategy(ParallelStrategy):
                 f"{type(module).__name__} holds modules wrapped in FSDP1's FullyShardedDataParallel, which "
                 "ModelParallelStrategy does not support: shard with FSDP2's torch.distributed.fsdp.fully_shard."
             )
+        if self._pipeline_size > 1 and (self._pipeline is None or module is not self._pipeline.module):
+            # Fleet: the stage's layers, before parallelize_fn; the model set up last is the one pipeline_step runs
+            self._pipeline = _pipeline.Pipeline(module, self.device_mesh, self._pipeline_schedule, self._microbatches,
+                                                self._pipeline_spec)
         if self._parallelize_fn is not None:
             module = self._parallelize_fn(module, self.device_mesh)
             if not isinstance(module, nn.Module):
                 raise ConfigurationError(f"parallelize_fn must return the nn.Module it parallelised; it returned a "
                                          f"{type(module).__name__}.")
-        elif module is not self.lightning_module and not _has_dtensors(module):
+        elif module is not self.lightning_module and not has_dtensors(module):
             raise ConfigurationError(
                 f"ModelParallelStrategy was given no parallelize_fn, and the {type(module).__name__} being set up "
                 "holds no DTensor parameter, so nothing would split it. Pass ModelParallelStrategy(parallelize_fn, "
@@ -332,8 +339,8 @@ class ModelParallelStrategy(ParallelStrategy):
             )
         if _on_meta(module):
             _materialize(module, self.root_device)
-        _check_even_shards(module, self.device_mesh)
-        if self._pipeline is not None and module is self.lightning_module:
+        check_even_shards(module, self.device_mesh)
+        if self._pipeline is not None:
             self._pipeline.build(module, self.root_device)
         if not any(r() is module for r in self._modules):
             self._modules.append(weakref.ref(module))
@@ -344,16 +351,33 @@ class ModelParallelStrategy(ParallelStrategy):
         return [m for m in (r() for r in self._modules) if m is not None]
 
     def step_function(self, module: nn.Module, name: str) -> Callable[..., Any]:
-        """Under pipeline parallelism, the training step is the schedule's (evaluation is refused: not done)."""
+        """Under pipeline parallelism, the training, validation and test steps are the schedule's (the Module's
+        are not called); predict_step is refused."""
         if self._pipeline is None:
             return super().step_function(module, name)
-        if name != "training_step":
+        if name not in ("training_step", "validation_step", "test_step"):
             raise ConfigurationError(
-                f"ModelParallelStrategy(pipeline_parallel_size={self._pipeline_size}) runs training steps only: "
-                f"{name} would call the Module's forward, which on each rank holds one stage's layers. Evaluate "
-                "with pipeline_parallel_size=1 (a pipeline checkpoint loads there), or set limit_val_batches=0."
+                f"ModelParallelStrategy(pipeline_parallel_size={self._pipeline_size}) runs training, validation "
+                f"and test steps only: {name} would call the Module's forward, which on each rank holds one stage's "
+                "layers, and its outputs exist on the last stage only. Predict with pipeline_parallel_size=1 (a "
+                "pipeline checkpoint loads there)."
             )
-        return self._pipeline.training_step
+        return getattr(self._pipeline, name)
+
+    def pipeline_step(self, module: nn.Module, batch: Any) -> Tensor:
+        """Fleet's pipelined step: the schedule over ``batch``'s microbatches, forward and backward (under
+        ``torch.no_grad()``: forward only); returns the mean microbatch loss, the same on every stage's rank.
+
+        It replaces ``loss = loss_fn(model(x), y); fleet.backward(loss)``; ``optimizer.step()`` follows as usual.
+        """
+        pipeline = self._pipeline
+        if pipeline is None or pipeline.module is not getattr(module, "module", module):
+            raise ConfigurationError(
+                "pipeline_step(model, batch) runs the pipeline of the model fleet.setup_module() split last, under "
+                "ModelParallelStrategy(pipeline_parallel_size > 1); "
+                + ("no model was split." if pipeline is None else "it was given another model.")
+            )
+        return pipeline.step(batch, torch.is_grad_enabled())
 
     def forward_method(self, module: nn.Module, name: str) -> Callable[..., Any]:
         """``name`` inside fully_shard's gather and reshard when the module is a fully_shard unit, else as it is."""
@@ -459,58 +483,3 @@ class ModelParallelStrategy(ParallelStrategy):
         return (f"ModelParallelStrategy({pp}data_parallel_size={sizes[0]!r}, tensor_parallel_size={sizes[1]!r}, "
                 f"devices={self.num_processes}, num_nodes={self.num_nodes}, "
                 f"save_distributed_checkpoint={self._save_distributed_checkpoint}, precision={self.precision!r})")
-
-
-def _has_dtensors(module: nn.Module) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(p, DTensor) for p in module.parameters())
-
-
-def _check_even_shards(module: nn.Module, mesh: DeviceMesh) -> None:
-    """Refuse a parameter whose tensor-parallel dimension does not divide by the tensor-parallel size.
-
-    DTensor splits it unevenly without a word, and the next layer, expecting equal local shards, then computes
-    with the wrong shapes or fails far from the cause.
-    """
-    from torch.distributed.tensor import DTensor, Shard
-
-    names = mesh.mesh_dim_names or ()
-    if MESH_DIMS[1] not in names:
-        return
-    tp_dim = names.index(MESH_DIMS[1])
-    tp = mesh.size(tp_dim)
-    for name, param in module.named_parameters():
-        if not isinstance(param, DTensor) or param.device_mesh.mesh_dim_names is None:
-            continue
-        param_names = param.device_mesh.mesh_dim_names
-        if MESH_DIMS[1] not in param_names:
-            continue
-        placement = param.placements[param_names.index(MESH_DIMS[1])]
-        if isinstance(placement, Shard) and param.shape[placement.dim] % tp:
-            raise ConfigurationError(
-                f"{name} has size {param.shape[placement.dim]} in dimension {placement.dim}, which tensor "
-                f"parallelism splits over tensor_parallel_size={tp} ranks, but {param.shape[placement.dim]} does not "
-                f"divide by {tp}. Make the model's dimensions (hidden size, heads, vocabulary) multiples of "
-                f"{tp}, or choose a tensor_parallel_size that divides them."
-            )
-
-
-def total_norm(grads: list[Tensor], norm_type: float = 2.0) -> Tensor:
-    """The ``norm_type`` norm of all ``grads`` together, as a plain tensor, whatever meshes their DTensors are on."""
-    from torch.distributed.tensor import DTensor
-
-    groups: dict[Any, list[Tensor]] = {}
-    for g in grads:
-        key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else g.device
-        groups.setdefault(key, []).append(g)
-    norms = []
-    for group in groups.values():
-        norm = torch.nn.utils.get_total_norm(group, norm_type)
-        norms.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).float().cpu())
-    if not norms:
-        return torch.tensor(0.0)
-    stacked = torch.stack(norms)
-    if math.isinf(norm_type):
-        return stacked.max()
-    return stacked.pow(norm_type).sum().pow(1.0 / norm_type)

@@ -7,15 +7,22 @@ batches in the same steps and must end with the one-process weights. Every run i
 - ``"schedule"``: the pipeline schedule; ``"microbatches"``: their number; ``"clip"``: ``gradient_clip_val``;
 - ``"save_at": step`` with ``"ckpt_dir"``: write ``ckpt_dir/<name>.ckpt`` after that optimizer step;
 - ``"resume": path``: resume from a checkpoint and train to the end;
-- ``"validate": true``: give a validation loader; ``"expect_error": true``: the run must fail (``{"error": ...}``).
+- ``"validate": true``: give a validation loader (its loss logged as ``val_loss``); ``"expect_error": true``: the
+  run must fail (``{"error": ...}``);
+- ``"fleet": true``: a Fleet loop of a plain ``nn.Module`` (``ModelParallelStrategy(shard, pipeline=SPEC)`` when
+  ``pp`` > 1, ``fleet.strategy.pipeline_step``) that writes ``ckpt_dir/<name>.ckpt`` with ``fleet.save`` at
+  ``SAVE_AT``, then finishes in a fresh model loaded with ``fleet.load`` from ``"resume"`` (default: that file),
+  and ends with one forward-only step over ``EVAL_SAMPLES`` samples.
 
 Rank 0 writes ``cfg["out"]``: per run the whole weights (the union of the stages'), the global step, the
-``train_loss`` the Trainer logged last, each rank's parameter names and the losses ``on_train_batch_end`` saw.
+``train_loss`` (and ``val_loss``) the Trainer logged last, each rank's parameter names and the losses
+``on_train_batch_end`` saw; for a Fleet run the weights, steps, each rank's losses and the evaluation loss.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -28,6 +35,7 @@ from tests.distributed.scripts.model_parallel_train import (
     EPOCHS,
     GLOBAL_BATCH,
     HIDDEN,
+    SAVE_AT,
     fit_runs,
     full_weights,
     make_data,
@@ -36,21 +44,41 @@ from tests.distributed.trainer_order import InOrder
 from torchfleet.callbacks import Callback
 from torchfleet.strategies import PipelineSpec
 
+#: Fleet's split, given to the strategy (the plain module has no configure_pipeline)
+SPEC = PipelineSpec(split_points=["layers.2"], loss_fn=nn.functional.mse_loss)
+#: the Fleet runs' final forward-only step reads the first samples, the same on every rank
+EVAL_SAMPLES = 8
+
+
+def make_layers() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(DIM, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
+
+
+class Plain(nn.Module):
+    """Fleet's model: the same layers in a plain nn.Module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = make_layers()
+
+    def forward(self, x):
+        return self.layers(x)
+
 
 class Stack(tf.Module):
     """Linear-Tanh-Linear-Tanh-Linear in one Sequential; stage 1 begins at ``layers.2`` under pipeline parallel."""
 
     def __init__(self) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.layers = nn.Sequential(nn.Linear(DIM, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(),
-                                    nn.Linear(HIDDEN, 1))
+        self.layers = make_layers()
 
     def forward(self, x):
         return self.layers(x)
 
     def configure_pipeline(self):
-        return PipelineSpec(split_points=["layers.2"], loss_fn=nn.functional.mse_loss, log_loss_as="train_loss")
+        return PipelineSpec(split_points=["layers.2"], loss_fn=nn.functional.mse_loss, log_loss_as="train_loss",
+                            log_val_loss_as="val_loss")
 
     def configure_model(self):
         if self.device_mesh is not None:  # the same Module trains under single_device
@@ -66,7 +94,7 @@ class Stack(tf.Module):
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
-        self.log("val_loss", nn.functional.mse_loss(self(x), y))
+        self.log("val_loss", nn.functional.mse_loss(self(x), y), sync_dist=True)
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=0.02, weight_decay=0.01)
@@ -100,21 +128,74 @@ def build(run: dict, devices: int, callbacks=()):
     return Stack(), trainer, train, val
 
 
-def record(model: nn.Module, trainer, callbacks) -> dict:
+def gathered(strategy, model: nn.Module, losses: list[float]) -> dict:
+    """The whole weights (the union of the stages'), each rank's parameter names and each rank's losses."""
     weights = full_weights(model)  # a collective over the data-parallel dimension: every rank
-    ranks = trainer.strategy.all_gather_object(weights) if trainer.world_size > 1 else [weights]
-    losses = callbacks[0].losses
-    return {
-        "weights": {k: v for rank in ranks for k, v in rank.items()},
-        "names": [sorted(rank) for rank in ranks],
-        "global_step": trainer.global_step,
-        "train_loss": float(trainer.callback_metrics["train_loss"]),
-        "losses": trainer.strategy.all_gather_object(losses) if trainer.world_size > 1 else [losses],
-    }
+    ranks = strategy.all_gather_object(weights) if strategy.world_size > 1 else [weights]
+    return {"weights": {k: v for rank in ranks for k, v in rank.items()}, "names": [sorted(rank) for rank in ranks],
+            "losses": strategy.all_gather_object(losses) if strategy.world_size > 1 else [losses]}
+
+
+def record(model: nn.Module, trainer, callbacks) -> dict:
+    metrics = trainer.callback_metrics
+    return {**gathered(trainer.strategy, model, callbacks[0].losses), "global_step": trainer.global_step,
+            "train_loss": float(metrics["train_loss"]),
+            "val_loss": float(metrics["val_loss"]) if "val_loss" in metrics else None}
+
+
+def shard(module: nn.Module, mesh) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    fully_shard(module, mesh=mesh["data_parallel"])
+    return module
+
+
+def fleet_run(run: dict, devices: int) -> dict:
+    """A Fleet loop, pipelined when ``pp`` > 1; saves at SAVE_AT and finishes in a fresh model loaded from a file."""
+    from torchfleet.strategies import ModelParallelStrategy
+
+    pp, dp = run.get("pp", 1), run.get("dp", 1)
+    strategy = ModelParallelStrategy(shard, data_parallel_size=dp, tensor_parallel_size=1, pipeline_parallel_size=pp,
+                                     pipeline=SPEC if pp > 1 else None)
+    fleet = tf.Fleet(strategy=strategy, accelerator="cpu", devices=devices)
+    fleet.launch()
+    data = make_data()
+    loader = fleet.setup_dataloaders(DataLoader(data, batch_size=GLOBAL_BATCH // dp, sampler=InOrder(data)))
+    own = os.path.join(run["ckpt_dir"], f"{run['name']}.ckpt")
+
+    def setup():
+        model = fleet.setup_module(Plain())
+        return model, fleet.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01))
+
+    def step(model, batch):
+        if pp > 1:
+            return fleet.strategy.pipeline_step(model, batch)  # forward and backward (no_grad: forward only)
+        loss = nn.functional.mse_loss(model(batch[0]), batch[1])
+        if torch.is_grad_enabled():
+            fleet.backward(loss)
+        return loss.detach()
+
+    model, optimizer = setup()
+    steps, losses = 0, []
+    for _ in range(EPOCHS):
+        for batch in loader:
+            if steps == SAVE_AT:
+                fleet.save(own, {"model": model, "optimizer": optimizer, "step": steps})
+                model, optimizer = setup()  # a fresh model: everything must come from the checkpoint
+                state = {"model": model, "optimizer": optimizer, "step": 0}
+                fleet.load(run.get("resume", own), state)
+                steps = state["step"]
+            losses.append(float(step(model, batch)))
+            optimizer.step()
+            optimizer.zero_grad()
+            steps += 1
+    with torch.no_grad():
+        val_loss = float(step(model, fleet.to_device(data[:EVAL_SAMPLES])))
+    return {**gathered(fleet.strategy, model, losses), "global_step": steps, "val_loss": val_loss, "mesh": None}
 
 
 def main(cfg: dict) -> None:
-    fit_runs(cfg, build, record, lambda: [Losses()])
+    fit_runs(cfg, build, record, lambda: [Losses()], fleet_run)
 
 
 if __name__ == "__main__":
