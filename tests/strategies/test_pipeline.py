@@ -3,7 +3,8 @@ processes), then PP2xDP2 and PP2 on real CPU processes over gloo, equal to one p
 between a pipeline mesh and no pipeline, both ways.
 
 Three launches serve the multi-process tests: 4 ranks train PP2xDP2 with 1F1B (validating through the pipeline,
-saving a checkpoint mid-epoch), with GPipe, with gradient clipping, a Fleet loop PP2xDP2 (fleet.save mid-epoch), then
+saving a checkpoint mid-epoch), with GPipe, with gradient clipping, a Fleet loop PP2xDP2 (fleet.save mid-epoch),
+PP2xTP2, then
 microbatches that do not divide the batch (refused); 1 rank resumes the PP2xDP2 checkpoint without pipeline
 parallelism and writes a 1x1-mesh checkpoint, and a Fleet loop without pipeline saves its own and resumes the Fleet
 PP2xDP2 one; 2 ranks resume the 1x1 one as PP2 and the Fleet one in a Fleet PP2 loop. The reference is the same
@@ -123,6 +124,7 @@ def runs(tmp_path_factory) -> dict:
         {"name": "pp2dp2_gpipe", **pp, "dp": 2, "schedule": "GPipe", "microbatches": 4},
         {"name": "pp2dp2_clip", **pp, "dp": 2, "clip": 0.05},
         {"name": "fleet_pp2dp2", "fleet": True, "pp": 2, "dp": 2, "ckpt_dir": d},
+        {"name": "pp2tp2", **pp, "dp": 1, "tp": 2},
         {"name": "uneven_microbatches", **pp, "dp": 2, "microbatches": 3, "expect_error": True},
     ]})
     one = run_script({"out": f"{d}/one.pt", "devices": 1, "runs": [
@@ -207,6 +209,17 @@ def test_fleet_pipelines_and_its_checkpoints_move_to_and_from_pipeline_stages(ru
         assert got["names"][0] != got["names"][-1]  # and each stage holds its own layers
     # the forward-only step under torch.no_grad(): the final weights' loss
     assert got["val_loss"] == pytest.approx(ref["eval_loss"], abs=ATOL)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_pp2_tp2_equals_one_process(runs, ref):
+    got = runs["pp2tp2"]
+    assert got["mesh"] == (("pipeline_parallel", "data_parallel", "tensor_parallel"), (2, 1, 2))
+    assert_close(got["weights"], ref["weights"], ATOL)
+    # one replica: its global batch's loss on every rank (both stages, both tensor-parallel ranks of each)
+    assert got["losses"][0] == got["losses"][3]
+    assert got["losses"][0] == pytest.approx(ref["losses"], abs=ATOL)
 
 
 @pytest.mark.distributed

@@ -3,7 +3,8 @@
 The data, global batch, steps and checkpoint step are model_parallel_train.py's: every run sees the same
 batches in the same steps and must end with the one-process weights. Every run is one entry of ``cfg["runs"]``:
 
-- ``{"name", "strategy": "model_parallel" | "single_device", "pp": int, "dp": int, "tp": int}``;
+- ``{"name", "strategy": "model_parallel" | "single_device", "pp": int, "dp": int, "tp": int}`` (``tp`` > 1:
+  the stages' Linear layers column- then row-wise tensor parallel);
 - ``"schedule"``: the pipeline schedule; ``"microbatches"``: their number; ``"clip"``: ``gradient_clip_val``;
 - ``"save_at": step`` with ``"ckpt_dir"``: write ``ckpt_dir/<name>.ckpt`` after that optimizer step;
 - ``"resume": path``: resume from a checkpoint and train to the end;
@@ -81,10 +82,19 @@ class Stack(tf.Module):
                             log_val_loss_as="val_loss")
 
     def configure_model(self):
-        if self.device_mesh is not None:  # the same Module trains under single_device
-            from torch.distributed.fsdp import fully_shard
+        mesh = self.device_mesh
+        if mesh is None:  # the same Module trains under single_device
+            return
+        if mesh["tensor_parallel"].size() > 1:
+            from torch.distributed.tensor import Replicate
+            from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-            fully_shard(self, mesh=self.device_mesh["data_parallel"])
+            # stage 0 sends its whole activation to stage 1; each rank parallelises the layers its stage kept
+            plan = {"layers.0": ColwiseParallel(output_layouts=Replicate()), "layers.2": ColwiseParallel(),
+                    "layers.4": RowwiseParallel()}
+            kept = dict(self.named_modules())
+            parallelize_module(self, mesh["tensor_parallel"], {k: v for k, v in plan.items() if k in kept})
+        shard(self, mesh)
 
     def training_step(self, batch, batch_idx):
         x, y = batch
