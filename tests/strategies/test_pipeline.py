@@ -250,7 +250,7 @@ def test_refusals_of_a_running_pipeline(runs):
 def test_predict_and_a_pipeline_step_without_a_pipeline_are_refused():
     strategy = build(devices=4, pipeline_parallel_size=2, tensor_parallel_size=1)
     with pytest.raises(ConfigurationError, match="pipeline_step.*no model was split"):
-        strategy.pipeline_step(script.Plain(), (torch.zeros(4, 8), torch.zeros(4, 1)))
+        strategy.pipeline_step(script.Stack(), (torch.zeros(4, 8), torch.zeros(4, 1)))
     strategy._pipeline = script.Stack()  # any object: the refusal comes before the pipeline is used
     with pytest.raises(ConfigurationError, match="runs training, validation and test steps only: predict_step"):
         strategy.step_function(script.Stack(), "predict_step")

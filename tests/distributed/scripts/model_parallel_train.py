@@ -159,38 +159,53 @@ def build(run: dict, devices: int, callbacks=()):
     return model, trainer, train, val
 
 
-def fleet_run(run: dict, devices: int) -> dict:
-    """Fleet: train, save at SAVE_AT; a fresh model and optimizer load that checkpoint and finish the epochs."""
-    from torchfleet.strategies import ModelParallelStrategy
+def fleet_train(strategy, make_model, run: dict, devices: int, step_fn) -> tuple:
+    """A Fleet loop: train on the global batch, ``fleet.save`` at SAVE_AT to ``ckpt_dir/<name>.ckpt``, then finish in a
+    fresh model and optimizer loaded with ``fleet.load`` from ``run["resume"]`` (default: that file).
 
-    dp, tp = run.get("dp", 1), run.get("tp", devices)
-    fleet = tf.Fleet(strategy=ModelParallelStrategy(parallelize, data_parallel_size=dp, tensor_parallel_size=tp),
-                     accelerator="cpu", devices=devices)
+    ``step_fn(fleet, model, batch) -> float`` runs forward and backward and returns what the run records for the
+    batch. Returns ``(fleet, model, steps, records, data)``. pipeline_train.py's Fleet runs use it too.
+    """
+    fleet = tf.Fleet(strategy=strategy, accelerator="cpu", devices=devices)
     fleet.launch()
     data = make_data()
+    dp = strategy.data_parallel_size
     loader = fleet.setup_dataloaders(DataLoader(data, batch_size=GLOBAL_BATCH // dp, sampler=InOrder(data)))
     ckpt = os.path.join(run["ckpt_dir"], f"{run['name']}.ckpt")
 
     def setup():
-        model = fleet.setup_module(Block())
+        model = fleet.setup_module(make_model())
         return model, fleet.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01))
 
     model, optimizer = setup()
-    step, seen = 0, []
+    step, records = 0, []
     for _ in range(EPOCHS):
-        for x, y in loader:
+        for batch in loader:
             if step == SAVE_AT:
                 fleet.save(ckpt, {"model": model, "optimizer": optimizer, "step": step})
                 model, optimizer = setup()  # a fresh model: everything must come from the checkpoint
                 state = {"model": model, "optimizer": optimizer, "step": 0}
-                fleet.load(ckpt, state)
+                fleet.load(run.get("resume", ckpt), state)
                 step = state["step"]
-            seen.append(float(x.sum()))
-            loss = nn.functional.mse_loss(model(x), y)
-            fleet.backward(loss)
+            records.append(step_fn(fleet, model, batch))
             optimizer.step()
             optimizer.zero_grad()
             step += 1
+    return fleet, model, step, records, data
+
+
+def fleet_run(run: dict, devices: int) -> dict:
+    """Fleet: train, save at SAVE_AT; a fresh model and optimizer load that checkpoint and finish the epochs."""
+    from torchfleet.strategies import ModelParallelStrategy
+
+    def step_fn(fleet, model, batch):
+        x, y = batch
+        fleet.backward(nn.functional.mse_loss(model(x), y))
+        return float(x.sum())
+
+    strategy = ModelParallelStrategy(parallelize, data_parallel_size=run.get("dp", 1),
+                                     tensor_parallel_size=run.get("tp", devices))
+    fleet, model, step, seen, _ = fleet_train(strategy, Block, run, devices, step_fn)
     return {"weights": full_weights(model), "global_step": step,
             "seen": fleet.strategy.all_gather_object(seen),
             "params": placements(model)}

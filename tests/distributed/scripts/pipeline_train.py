@@ -10,8 +10,8 @@ batches in the same steps and must end with the one-process weights. Every run i
 - ``"resume": path``: resume from a checkpoint and train to the end;
 - ``"validate": true``: give a validation loader (its loss logged as ``val_loss``); ``"expect_error": true``: the
   run must fail (``{"error": ...}``);
-- ``"fleet": true``: a Fleet loop of a plain ``nn.Module`` (``ModelParallelStrategy(shard, pipeline=SPEC)`` when
-  ``pp`` > 1, ``fleet.strategy.pipeline_step``) that writes ``ckpt_dir/<name>.ckpt`` with ``fleet.save`` at
+- ``"fleet": true``: a Fleet loop (``ModelParallelStrategy(shard, pipeline=SPEC)`` when ``pp`` > 1,
+  ``fleet.strategy.pipeline_step``) that writes ``ckpt_dir/<name>.ckpt`` with ``fleet.save`` at
   ``SAVE_AT``, then finishes in a fresh model loaded with ``fleet.load`` from ``"resume"`` (default: that file),
   and ends with one forward-only step over ``EVAL_SAMPLES`` samples.
 
@@ -23,7 +23,6 @@ Rank 0 writes ``cfg["out"]``: per run the whole weights (the union of the stages
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import torch
@@ -36,8 +35,8 @@ from tests.distributed.scripts.model_parallel_train import (
     EPOCHS,
     GLOBAL_BATCH,
     HIDDEN,
-    SAVE_AT,
     fit_runs,
+    fleet_train,
     full_weights,
     make_data,
 )
@@ -45,7 +44,7 @@ from tests.distributed.trainer_order import InOrder
 from torchfleet.callbacks import Callback
 from torchfleet.strategies import PipelineSpec
 
-#: Fleet's split, given to the strategy (the plain module has no configure_pipeline)
+#: Fleet's split, given to the strategy
 SPEC = PipelineSpec(split_points=["layers.2"], loss_fn=nn.functional.mse_loss)
 #: the Fleet runs' final forward-only step reads the first samples, the same on every rank
 EVAL_SAMPLES = 8
@@ -54,17 +53,6 @@ EVAL_SAMPLES = 8
 def make_layers() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(DIM, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
-
-
-class Plain(nn.Module):
-    """Fleet's model: the same layers in a plain nn.Module."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.layers = make_layers()
-
-    def forward(self, x):
-        return self.layers(x)
 
 
 class Stack(tf.Module):
@@ -161,46 +149,25 @@ def shard(module: nn.Module, mesh) -> nn.Module:
 
 
 def fleet_run(run: dict, devices: int) -> dict:
-    """A Fleet loop, pipelined when ``pp`` > 1; saves at SAVE_AT and finishes in a fresh model loaded from a file."""
+    """A Fleet loop (fleet_train's), pipelined by ``pipeline_step`` when ``pp`` > 1; ends with a forward-only step."""
     from torchfleet.strategies import ModelParallelStrategy
 
-    pp, dp = run.get("pp", 1), run.get("dp", 1)
-    strategy = ModelParallelStrategy(shard, data_parallel_size=dp, tensor_parallel_size=1, pipeline_parallel_size=pp,
-                                     pipeline=SPEC if pp > 1 else None)
-    fleet = tf.Fleet(strategy=strategy, accelerator="cpu", devices=devices)
-    fleet.launch()
-    data = make_data()
-    loader = fleet.setup_dataloaders(DataLoader(data, batch_size=GLOBAL_BATCH // dp, sampler=InOrder(data)))
-    own = os.path.join(run["ckpt_dir"], f"{run['name']}.ckpt")
+    pp = run.get("pp", 1)
 
-    def setup():
-        model = fleet.setup_module(Plain())
-        return model, fleet.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01))
-
-    def step(model, batch):
+    def step_fn(fleet, model, batch):
         if pp > 1:
-            return fleet.strategy.pipeline_step(model, batch)  # forward and backward (no_grad: forward only)
+            return float(fleet.strategy.pipeline_step(model, batch))  # forward and backward (no_grad: forward only)
         loss = nn.functional.mse_loss(model(batch[0]), batch[1])
         if torch.is_grad_enabled():
             fleet.backward(loss)
-        return loss.detach()
+        return float(loss)
 
-    model, optimizer = setup()
-    steps, losses = 0, []
-    for _ in range(EPOCHS):
-        for batch in loader:
-            if steps == SAVE_AT:
-                fleet.save(own, {"model": model, "optimizer": optimizer, "step": steps})
-                model, optimizer = setup()  # a fresh model: everything must come from the checkpoint
-                state = {"model": model, "optimizer": optimizer, "step": 0}
-                fleet.load(run.get("resume", own), state)
-                steps = state["step"]
-            losses.append(float(step(model, batch)))
-            optimizer.step()
-            optimizer.zero_grad()
-            steps += 1
+    # the spec given to the strategy (not the Module's configure_pipeline, which it overrides)
+    strategy = ModelParallelStrategy(shard, data_parallel_size=run.get("dp", 1), tensor_parallel_size=1,
+                                     pipeline_parallel_size=pp, pipeline=SPEC if pp > 1 else None)
+    fleet, model, steps, losses, data = fleet_train(strategy, Stack, run, devices, step_fn)
     with torch.no_grad():
-        val_loss = float(step(model, fleet.to_device(data[:EVAL_SAMPLES])))
+        val_loss = step_fn(fleet, model, fleet.to_device(data[:EVAL_SAMPLES]))
     return {**gathered(fleet.strategy, model, losses), "global_step": steps, "val_loss": val_loss, "mesh": None}
 
 
