@@ -116,6 +116,16 @@ def per_phase(trace: StepTrace, model: Any, units: list[int], resident: int) -> 
     return out
 
 
+def first_batch(module: nn.Module, loaders: Any = None, datamodule: Any = None) -> Any:
+    """The first batch of the training loader: ``loaders``, else the datamodule's, else the module's own."""
+    if loaders is None and datamodule is not None:
+        datamodule.setup("fit")
+        loaders = datamodule.train_dataloader()
+    if loaders is None:
+        loaders = module.train_dataloader()
+    return next(iter(loaders))
+
+
 def _resolve(strategy: Any, devices: int, num_nodes: int, precision: Any) -> tuple[Any, Any]:
     from torchfleet.precision import precision_for
     from torchfleet.strategies.registry import StrategyRegistry
