@@ -52,7 +52,7 @@ class StepPeak(Callback):
     """Measures the live tensor storages of training step ``step`` (0-based) with torch's MemTracker."""
 
     def __init__(self, step: int = 2):
-        self.step, self.tracker, self.peak, self.states = step, None, None, None
+        self.step, self.tracker, self.peak, self.states, self.params = step, None, None, None, None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_step != self.step:
@@ -61,8 +61,9 @@ class StepPeak(Callback):
 
         self.tracker = MemTracker()
         self.tracker.track_external(pl_module, *trainer.optimizers, batch)
-        self.states = sum(t.untyped_storage().nbytes() for opt in trainer.optimizers for s in opt.state.values()
+        self.states = sum(_local_bytes(t) for opt in trainer.optimizers for s in opt.state.values()
                           for t in s.values() if isinstance(t, torch.Tensor))
+        self.params = sum(_local_bytes(p) for p in pl_module.parameters())
         self.tracker.__enter__()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -78,5 +79,9 @@ def measure(module: Module, batch: torch.Tensor, precision: str = "32-true", **t
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                       callbacks=[probe], **trainer_kwargs)
     trainer.fit(module, DataLoader([batch.clone() for _ in range(3)], batch_size=None))
-    params = sum(p.untyped_storage().nbytes() for p in module.parameters())
-    return {"peak": probe.peak, "parameters": params, "optimizer_states": probe.states}
+    return {"peak": probe.peak, "parameters": probe.params, "optimizer_states": probe.states}
+
+
+def _local_bytes(tensor: torch.Tensor) -> int:
+    """Bytes of the storage behind ``tensor`` on this rank (a DTensor's local shard)."""
+    return getattr(tensor, "_local_tensor", tensor).untyped_storage().nbytes()
