@@ -111,3 +111,17 @@ def test_a_2b_parameter_model_estimates_at_fsdp_x_64_without_allocating_it():
     assert abs(estimate.parameters - count * 4 / 64) <= 64 and abs(estimate.optimizer_states - count * 8 / 64) <= 1024
     layer = 7168 * 7168 + 7168
     assert estimate.phases["forward"]["gathered"] == 2 * layer * 2  # two layers gathered in bf16
+
+
+def test_offload_and_deepspeed_config_models():
+    from torchfleet.strategies._deepspeed_config import memory_model
+
+    stage2 = memory_model({"zero_optimization": {"stage": 2, "reduce_bucket_size": 200_000_000,
+                                                 "allgather_bucket_size": 200_000_000}}, 8)
+    assert (stage2.param_shards, stage2.grad_shards, stage2.state_shards) == (1, 8, 8)
+    assert stage2.buffer_elements == 400_000_000 and stage2.master_copy and not stage2.offload
+    stage3 = memory_model({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                                 "offload_param": {"device": "cpu"}}}, 4)
+    assert stage3.param_shards == 4 and stage3.offload == {"params", "grads", "states"}
+    offloaded = estimate_memory(Blocks(WIDTH, BLOCKS), _batch(), strategy=FSDPStrategy(cpu_offload=True), devices=2)
+    assert offloaded.parameters == offloaded.optimizer_states == offloaded.gradients == 0 and offloaded.offloaded > 0

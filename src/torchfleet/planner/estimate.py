@@ -89,9 +89,9 @@ def _unit_bytes(units: tuple[nn.Module, ...], dtype: torch.dtype | None) -> list
 def per_phase(trace: StepTrace, model: Any, units: list[int], resident: int) -> dict[str, dict[str, int]]:
     """Each phase's bytes per rank, by part. ``units``: gathered bytes per FSDP unit (the root last); ``resident``:
     bytes alive through the whole step that are not model states (buffers, the batch)."""
-    params = 0 if model.offload_params else _share(trace.params, model.param_shards)
+    params = 0 if ("params" in model.offload) else _share(trace.params, model.param_shards)
     master = _share(trace.params_fp32, model.state_shards) if model.master_copy else 0
-    states = 0 if model.offload_states else _share(trace.states, model.state_shards) + master
+    states = 0 if ("states" in model.offload) else _share(trace.states, model.state_shards) + master
     grad_size = trace.grads / max(trace.trainable, 1)
     buffers = int(model.buffer_elements * grad_size) + (trace.grads if model.gradient_bucket_copy else 0)
     root, largest = (units[-1], max(units[:-1], default=0)) if units else (0, 0)
@@ -103,13 +103,14 @@ def per_phase(trace: StepTrace, model: Any, units: list[int], resident: int) -> 
         grads = trace.grads if phase == "optimizer" else trace.phases[phase].grads
         other = trace.other(phase)
         if phase == "optimizer":  # the optimizer's temporaries are the size of a (sharded) parameter
-            other = 0 if model.offload_states else resident + _share(max(other - resident, 0), model.state_shards)
+            on_host = "states" in model.offload
+            other = 0 if on_host else resident + _share(max(other - resident, 0), model.state_shards)
             gathered = 0
         elif phase == "forward":  # the unit running and the next one gathered, the root whole
             gathered = root + 2 * largest
         else:  # and the running unit's whole gradients, reduce-scattered from a copy
             gathered = root + 2 * largest + int(2 * largest * grads_per_param)
-        row = {"parameters": params, "gradients": 0 if model.offload_grads else _share(grads, model.grad_shards),
+        row = {"parameters": params, "gradients": 0 if ("grads" in model.offload) else _share(grads, model.grad_shards),
                "optimizer_states": states, "activations": other, "gathered": gathered, "buffers": buffers}
         row["total"] = sum(row.values())
         out[phase] = row
@@ -169,8 +170,8 @@ def estimate_memory(module: nn.Module, batch: Any, *, strategy: Any = "single_de
                     if isinstance(t, torch.Tensor))
     phases = per_phase(trace, model, units, resident)
     top = max(PHASES, key=lambda phase: phases[phase]["total"])
-    offloaded = (trace.params * model.offload_params + trace.grads * model.offload_grads
-                 + (trace.states + (trace.params_fp32 if model.master_copy else 0)) * model.offload_states)
+    offloaded = (trace.params * ("params" in model.offload) + trace.grads * ("grads" in model.offload)
+                 + (trace.states + (trace.params_fp32 if model.master_copy else 0)) * ("states" in model.offload))
     row = phases[top]
     return MemoryEstimate(
         peak=row["total"], parameters=row["parameters"], gradients=phases["optimizer"]["gradients"],

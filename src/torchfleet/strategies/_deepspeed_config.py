@@ -418,6 +418,7 @@ def memory_model(config: Mapping[str, Any], world_size: int) -> MemoryModel:
     offload_params = stage == 3 and (zero.get("offload_param") or {}).get("device", "none") not in ("none", None)
     return MemoryModel(
         param_shards=world_size if stage == 3 else 1, grad_shards=world_size if stage >= 2 else 1,
-        state_shards=world_size, offload_params=offload_params, offload_grads=offload_states,
-        offload_states=offload_states, buffer_elements=reduce + second, master_copy=True,
+        state_shards=world_size,
+        offload=frozenset((["grads", "states"] if offload_states else []) + (["params"] if offload_params else [])),
+        buffer_elements=reduce + second, master_copy=True,
         note="DeepSpeed's buffers are sized from its config (reduce/all-gather or prefetch buckets)")

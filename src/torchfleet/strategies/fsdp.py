@@ -319,8 +319,8 @@ class FSDPStrategy(ParallelStrategy):
             shard = self.device_mesh.size(-1)
         checkpoint = self._checkpoint_policy
         return MemoryModel(
-            param_shards=shard, grad_shards=shard, state_shards=shard, offload_params=bool(self.cpu_offload),
-            offload_grads=bool(self.cpu_offload), offload_states=bool(self.cpu_offload),
+            param_shards=shard, grad_shards=shard, state_shards=shard,
+            offload=frozenset({"params", "grads", "states"} if self.cpu_offload else ()),
             units=(*self._wrap_units(module), module), reshard_after_forward=self.sharding_strategy != "SHARD_GRAD_OP",
             gathered_dtype_from_compute=self.mixed_precision_policy.param_dtype is not None,
             prepare=None if checkpoint is None else functools.partial(_apply_activation_checkpointing, policy=checkpoint))

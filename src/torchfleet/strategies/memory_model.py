@@ -15,32 +15,27 @@ from torch import nn
 
 @dataclass(frozen=True)
 class MemoryModel:
-    """The sharding and the extra buffers of one strategy, as the planner needs them.
+    """The sharding and the extra buffers of one strategy, as the planner needs them (defaults: one device)."""
 
-    ``param_shards`` / ``grad_shards`` / ``state_shards``: how many ranks share each parameter's, gradient's and
-    optimizer state's bytes (1: every rank holds all). ``offload_params`` / ``offload_grads`` / ``offload_states``:
-    kept in host memory, not on the device. ``gradient_bucket_copy``: a second copy of every gradient in the
-    communication buckets (DDP without ``gradient_as_bucket_view``). ``units``: the modules gathered whole one at a
-    time in forward and backward (FSDP's fully_shard units, the root last); ``reshard_after_forward``: whether a unit
-    is freed after its forward (FSDP FULL_SHARD). ``gathered_dtype_from_compute``: units are gathered in the
-    precision's compute dtype (FSDP's mixed-precision policy). ``buffer_elements``: elements of fixed communication
-    buffers in the gradients' dtype (DeepSpeed's reduce/all-gather buckets). ``master_copy``: an fp32 copy of the
-    (half-precision) parameters beside the optimizer states, sharded as they are (DeepSpeed's bf16/fp16).
-    ``prepare``: changes the strategy makes to the module that alter the step (activation checkpointing).
-    """
-
+    #: how many ranks share each parameter's, gradient's and optimizer state's bytes (1: every rank holds all)
     param_shards: int = 1
     grad_shards: int = 1
     state_shards: int = 1
-    offload_params: bool = False
-    offload_grads: bool = False
-    offload_states: bool = False
+    #: what is kept in host memory instead of on the device: any of "params", "grads", "states" (with a master copy)
+    offload: frozenset[str] = frozenset()
+    #: a second copy of every gradient in the communication buckets (DDP without ``gradient_as_bucket_view``)
     gradient_bucket_copy: bool = False
+    #: the modules gathered whole one at a time in forward and backward (FSDP's fully_shard units, the root last)
     units: tuple[nn.Module, ...] = ()
+    #: whether a unit is freed after its forward (FSDP FULL_SHARD), else kept whole until backward
     reshard_after_forward: bool = True
+    #: units are gathered in the precision's compute dtype (FSDP's mixed-precision policy)
     gathered_dtype_from_compute: bool = False
+    #: elements of fixed communication buffers, in the gradients' dtype (DeepSpeed's reduce/all-gather buckets)
     buffer_elements: int = 0
+    #: an fp32 copy of the parameters beside the optimizer states, sharded as they are (DeepSpeed's partitions)
     master_copy: bool = False
+    #: changes the strategy makes to the module that alter the step (activation checkpointing)
     prepare: Callable[[nn.Module], None] | None = None
     #: what the planner should say about this strategy's figures (e.g. "buffers from the DeepSpeed config")
     note: str = ""
