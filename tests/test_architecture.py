@@ -47,6 +47,8 @@ FORBIDDEN: dict[str, set[str]] = {
     "compiled": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers", "seed"},
     "plugins": {"connector", "module", "launchers"} | _CLIENTS,
     "demos": {"trainer", "fleet", "fleet_wrappers", "cli", "strategies", "connector"},
+    # the planner asks strategies for their MemoryModel and runs a Module's step on fake tensors; the clients call it
+    "planner": {"connector"} | _CLIENTS,
 }
 
 #: (module, imported module) pairs allowed while an import is being removed, each with who removes it; keep it empty

@@ -33,6 +33,8 @@ _LAZY = {
     "Preempted": "torchfleet.preemption",
     "cli_logo": "torchfleet.rank_zero",
     "cli_lightning_logo": "torchfleet.rank_zero",
+    "estimate_memory": "torchfleet.planner.estimate",
+    "MemoryEstimate": "torchfleet.planner.estimate",
 }
 
 #: subpackages reachable as attributes after a plain ``import torchfleet`` (``torchfleet.strategies.DDPStrategy``)
@@ -62,6 +64,7 @@ if TYPE_CHECKING:
     from torchfleet.errors import CheckpointError, ConfigurationError
     from torchfleet.fleet import Fleet
     from torchfleet.module import Module
+    from torchfleet.planner.estimate import MemoryEstimate, estimate_memory
     from torchfleet.preemption import Preempted
     from torchfleet.rank_zero import cli_lightning_logo, cli_logo
     from torchfleet.seed import isolate_rng, reset_seed, seed_everything, worker_init_function

@@ -25,6 +25,7 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from torchfleet.errors import ConfigurationError
+from torchfleet.strategies.memory_model import MemoryModel
 
 AUTO = "auto"
 OFFLOAD_DEVICES = ("cpu", "nvme")
@@ -393,3 +394,31 @@ def fill_auto(
         elif value is None and section == half:
             out[section] = {"enabled": True}
     return out, half
+
+
+def _elements(value: object, default: int) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def memory_model(config: Mapping[str, Any], world_size: int) -> MemoryModel:
+    """The ranks' shares of the model states that ``config``'s ZeRO stage sets, and its buffers (from the config).
+
+    Stage 1 shards the optimizer states and the fp32 master partition, 2 also the gradients, 3 also the parameters;
+    every stage keeps that fp32 partition as a copy of its own. The buffers are the config's reduce bucket (stages
+    1-3) plus its all-gather bucket (1-2) or its prefetch bucket (3), in elements of the gradients' dtype.
+    """
+    stage = zero_stage(config)
+    zero = config.get("zero_optimization") or {}
+    if stage == 0:
+        return MemoryModel(note="deepspeed without ZeRO: every rank holds every model state")
+    reduce = _elements(zero.get("reduce_bucket_size"), 500_000_000)
+    second = (_elements(zero.get("stage3_prefetch_bucket_size"), 50_000_000) if stage == 3
+              else _elements(zero.get("allgather_bucket_size"), 500_000_000))
+    offload_states = (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
+    offload_params = stage == 3 and (zero.get("offload_param") or {}).get("device", "none") not in ("none", None)
+    return MemoryModel(
+        param_shards=world_size if stage == 3 else 1, grad_shards=world_size if stage >= 2 else 1,
+        state_shards=world_size,
+        offload=frozenset((["grads", "states"] if offload_states else []) + (["params"] if offload_params else [])),
+        buffer_elements=reduce + second, master_copy=True,
+        note="DeepSpeed's buffers are sized from its config (reduce/all-gather or prefetch buckets)")

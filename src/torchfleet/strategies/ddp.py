@@ -20,6 +20,7 @@ from torchfleet import watchdog
 from torchfleet.errors import ConfigurationError
 from torchfleet.strategies.arguments import PARALLEL, pick, takes
 from torchfleet.strategies.ddp_buckets import fix_bucket_layout
+from torchfleet.strategies.memory_model import MemoryModel
 from torchfleet.strategies.parallel import ParallelStrategy
 from torchfleet.strategies.processes import ProcessOptions
 
@@ -249,6 +250,10 @@ class DDPStrategy(ParallelStrategy):
         """An error of DDP's reducer about parameters without gradients says how to let DDP find them (as Lightning)."""
         if "Expected to have finished reduction in the prior iteration" in str(exception) and exception.args:
             exception.args = (f"{exception.args[0]}\n{_UNUSED_PARAMETERS_HINT}", *exception.args[1:])
+
+    def memory_model(self, module: nn.Module, world_size: int, num_nodes: int) -> MemoryModel:
+        # every rank holds everything; the reducer's buckets are a second copy of the gradients unless they are views
+        return MemoryModel(gradient_bucket_copy=not self._ddp_kwargs.get("gradient_as_bucket_view", False))
 
     def teardown(self) -> None:
         """Unwrap the Module (``model`` is the Module again), then ParallelStrategy's teardown."""

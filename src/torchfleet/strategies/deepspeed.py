@@ -508,6 +508,9 @@ class DeepSpeedStrategy(DDPStrategy):
         if engine is not None and self._detached is None:  # unsharding destroyed it already
             engine.destroy()
 
+    def memory_model(self, module: nn.Module, world_size: int, num_nodes: int) -> Any:  # a MemoryModel
+        return dsc.memory_model(self.config, world_size)
+
     def teardown(self) -> None:
         """Make the module whole as at a stage's end, destroy an engine still attached to it, then DDPStrategy's
         (``model`` is the Module again, then ParallelStrategy's teardown).
@@ -535,7 +538,6 @@ def _check_nvme_supported(config: Mapping[str, Any]) -> None:
     if not dsc.nvme_paths(config):
         return
     import deepspeed.ops
-
     if not deepspeed.ops.__compatible_ops__.get("async_io", False):
         raise ConfigurationError(
             "Offloading to NVMe needs DeepSpeed's async_io op, which cannot be built on this machine (it needs the "

@@ -11,6 +11,7 @@ every strategy; ``"full"`` writes one ordinary file from rank 0.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import weakref
@@ -33,6 +34,7 @@ from torchfleet.strategies._fsdp_init import (
     _on_meta,
 )
 from torchfleet.strategies.arguments import PARALLEL, pick, takes
+from torchfleet.strategies.memory_model import MemoryModel
 from torchfleet.strategies.parallel import ParallelStrategy
 from torchfleet.strategies.processes import ProcessOptions
 from torchfleet.strategies.utils import check_keep_sharded, stays_sharded
@@ -308,6 +310,20 @@ class FSDPStrategy(ParallelStrategy):
         self._remember(module)
         _SHARDED.add(module)
         return module
+
+    def memory_model(self, module: nn.Module, world_size: int, num_nodes: int) -> MemoryModel:
+        shard = {"NO_SHARD": 1, "HYBRID_SHARD": world_size // num_nodes}.get(self.sharding_strategy, world_size)
+        if isinstance(self.device_mesh, tuple):
+            shard = self.device_mesh[1]
+        elif self.device_mesh is not None:
+            shard = self.device_mesh.size(-1)
+        checkpoint = self._checkpoint_policy
+        return MemoryModel(
+            param_shards=shard, grad_shards=shard, state_shards=shard,
+            offload=frozenset({"params", "grads", "states"} if self.cpu_offload else ()),
+            units=(*self._wrap_units(module), module), reshard_after_forward=self.sharding_strategy != "SHARD_GRAD_OP",
+            gathered_dtype_from_compute=self.mixed_precision_policy.param_dtype is not None,
+            prepare=None if checkpoint is None else functools.partial(_apply_activation_checkpointing, policy=checkpoint))
 
     def _wrap_units(self, module: nn.Module) -> list[nn.Module]:
         policy = self._wrap_policy

@@ -23,6 +23,7 @@ from torchfleet.errors import ConfigurationError
 from torchfleet.settings import TrainingSettings
 from torchfleet.strategies.arguments import PARTS, takes
 from torchfleet.strategies.checkpoint_methods import CheckpointMethods
+from torchfleet.strategies.memory_model import MemoryModel
 from torchfleet.strategies.trainer_contract import TrainerContract
 from torchfleet.strategies.utils import (
     ReduceOp,
@@ -429,6 +430,11 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         """Agree on a flag across processes: True if ``all`` (or, with all=False, any) of them said True."""
         return bool(decision)
+
+    # --------------------------------------------------------------- planning
+    def memory_model(self, module: nn.Module, world_size: int, num_nodes: int) -> MemoryModel:
+        """How this strategy would place ``module``'s bytes on ``world_size`` ranks (read by estimate_memory)."""
+        return MemoryModel()
 
     # --------------------------------------------------------------- teardown
     def teardown(self) -> None:

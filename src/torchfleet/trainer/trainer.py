@@ -422,6 +422,14 @@ class Trainer(TrainerProperties, UserCollectives):
         return self._run("predict", model, None, dataloaders, datamodule, ckpt_path,
                          return_predictions=return_predictions, weights_only=weights_only)
 
+    def estimate_memory(self, model: nn.Module, train_dataloaders: Any = None, datamodule: Any = None) -> Any:
+        """``torchfleet.estimate_memory`` with this Trainer's strategy, devices, nodes and precision, on the first
+        batch of the training loader (given, the datamodule's, or the model's ``train_dataloader``)."""
+        from torchfleet.planner.estimate import estimate_memory, first_batch
+
+        return estimate_memory(model, first_batch(model, train_dataloaders, datamodule), strategy=self.strategy,
+                               devices=self.num_devices, num_nodes=self.num_nodes, precision=self.strategy.precision)
+
     def _run(self, stage: str, model: Any, train_dl: Any, eval_dl: Any, datamodule: Any, ckpt_path: Any, **kw: Any) -> Any:
         from torchfleet.data import loaders_or_datamodule
         from torchfleet.trainer.stage import run_stage
