@@ -50,11 +50,19 @@ def build(run: dict, devices: int):
         strategy = ModelParallelStrategy(data_parallel_size=dp, tensor_parallel_size=tp)
     calls = model.attention_calls = []  # one entry per forward of block 0's attention (twice a step if recomputed)
     model.model.layers[0].attention.register_forward_hook(lambda *_: calls.append(1))
+    model.model.output.register_forward_hook(lambda m, i, out: setattr(model, "logits_layout", layout(out)))
     trainer = tf.Trainer(strategy=strategy, accelerator=run.get("accelerator", "cpu"), devices=devices,
                          precision=run.get("precision", "32-true"), max_epochs=EPOCHS, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          num_sanity_val_steps=0)
     return model, trainer, example.loader(model.cfg, GLOBAL_BATCH // dp, N_SAMPLES), graphs
+
+
+def layout(t: torch.Tensor) -> str:
+    """A DTensor's mesh dimensions and placements, or "plain"."""
+    from torch.distributed.tensor import DTensor
+
+    return f"{t.device_mesh.mesh_dim_names} {t.placements}" if isinstance(t, DTensor) else "plain"
 
 
 def stored_dtypes(module: torch.nn.Module) -> set[str]:
@@ -77,6 +85,7 @@ def train(run: dict, devices: int) -> dict:
         "weights": full_weights(model), "losses": losses.tolist(), "global_step": trainer.global_step,
         "logits_dtype": str(model.logits_dtype), "param_dtypes": stored_dtypes(model),
         "graphs": None if graphs is None else graphs.count, "attention_calls": len(model.attention_calls),
+        "logits_layout": model.logits_layout,
         "mesh": None if mesh is None else (tuple(mesh.mesh_dim_names), tuple(mesh.shape)),
     }
 
