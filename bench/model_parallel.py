@@ -2,6 +2,7 @@
 
     python bench/model_parallel.py               # 2 interleaved repeats of 6 variants, ~6 minutes on 2 cores
     python bench/model_parallel.py --quick       # smoke run: 1 repeat, 12 steps
+    python bench/model_parallel.py --torchrun    # the Trainer's scripts started by torchrun as well
     options: --repeats N, --steps N, --warmup N, --dim N, --layers N, --seq N, --vocab N, --global-batch N
 
 The model is the tensor/sequence/loss-parallel example's Transformer (src/torchfleet/examples/tp_transformer.py)
@@ -51,11 +52,12 @@ def free_port() -> int:
 
 def run_once(variant: str, args: argparse.Namespace, out: str) -> dict:
     sizes = [x for k in SIZE_ARGS for x in (f"--{k.replace('_', '-')}", str(getattr(args, k)))]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4", "--master-addr=127.0.0.1",
+                f"--master-port={free_port()}"]
     if variant.startswith("raw_"):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=4", "--master-addr=127.0.0.1",
-               f"--master-port={free_port()}", "_mp_raw.py"]
-    else:
-        cmd = [sys.executable, "_mp_fleet.py"]
+        cmd = [*torchrun, "_mp_raw.py"]
+    else:  # the Trainer starts ranks 1-3 itself, or (--torchrun) joins the ranks torchrun started
+        cmd = [*torchrun, "_mp_fleet.py"] if args.torchrun else [sys.executable, "_mp_fleet.py"]
     env = {k: v for k, v in os.environ.items() if k not in _FOREIGN}
     env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run([*cmd, variant, *sizes, "--out", out], cwd=HERE, env=env, capture_output=True, text=True,
@@ -70,7 +72,8 @@ def report(args: argparse.Namespace, results: dict[str, list[dict]]) -> None:
     med = statistics.median
     print(f"\nGPT dim {args.dim}, {args.heads} heads, {args.layers} layers, sequence {args.seq}, vocabulary "
           f"{args.vocab}, global batch {args.global_batch}; {args.steps} steps ({args.warmup} warm-up); 4 processes "
-          f"x 1 thread, gloo; median of {args.repeats}")
+          f"x 1 thread, gloo; median of {args.repeats}; Trainer started by "
+          f"{'torchrun' if args.torchrun else 'python (it starts ranks 1-3)'}")
     print(f"{'variant':<42} {'tokens/s':>9} {'x raw':>6} {'windowed steps/s':>17} {'peak RSS MiB':>13} "
           f"{'state MiB/rank':>15} {'same params':>12}")
     for raw, fleet in PAIRS:
@@ -94,6 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--torchrun", action="store_true", help="start the Trainer variants with torchrun too")
     for name, default in (("vocab", 512), ("dim", 128), ("heads", 4), ("layers", 4), ("seq", 64),
                           ("global-batch", 8), ("steps", 30), ("warmup", 5)):
         parser.add_argument(f"--{name}", type=int, default=default)
