@@ -63,7 +63,7 @@ def main() -> None:
         optimizer.zero_grad()
         clock.step_end()
     clock.finish(model, optimizer)
-    dist.destroy_process_group()
+    # no destroy_process_group: in one torchrun run rank 0 hung in it after the others had exited; exiting ends the group
 
 
 if __name__ == "__main__":
