@@ -49,17 +49,18 @@ def measure_flops(model: torch.nn.Module, forward_fn: Callable[[], Any],
 # and PCIe share the figures); NVIDIA L40S, L40, L4, A10 and V100 datasheets; AMD Instinct MI300X, MI325X and MI250X
 # datasheets (matrix-core figures, dense). An A10G (AWS) is not in NVIDIA's datasheets and is left out (None).
 _TF = 1e12
+# the H200 computes at the H100's rates (SXM and NVL alike); it has more and faster memory
+_HOPPER_SXM = {torch.float64: 34 * _TF, torch.float32: 67 * _TF, "tf32": 494.5 * _TF,
+               torch.bfloat16: 989.5 * _TF, torch.float16: 989.5 * _TF}
+_HOPPER_NVL = {torch.float64: 30 * _TF, torch.float32: 60 * _TF, "tf32": 417.5 * _TF,
+               torch.bfloat16: 835.5 * _TF, torch.float16: 835.5 * _TF}
 PEAK_FLOPS: dict[str, dict[str | torch.dtype, float]] = {
-    "h200 sxm": {torch.float64: 34 * _TF, torch.float32: 67 * _TF, "tf32": 494.5 * _TF,
-                 torch.bfloat16: 989.5 * _TF, torch.float16: 989.5 * _TF},
-    "h200 nvl": {torch.float64: 30 * _TF, torch.float32: 60 * _TF, "tf32": 417.5 * _TF,
-                 torch.bfloat16: 835.5 * _TF, torch.float16: 835.5 * _TF},
-    "h100 sxm": {torch.float64: 34 * _TF, torch.float32: 67 * _TF, "tf32": 494.5 * _TF,
-                 torch.bfloat16: 989.5 * _TF, torch.float16: 989.5 * _TF},
+    "h200 sxm": _HOPPER_SXM,
+    "h200 nvl": _HOPPER_NVL,
+    "h100 sxm": _HOPPER_SXM,
+    "h100 nvl": _HOPPER_NVL,
     "h100 pcie": {torch.float64: 26 * _TF, torch.float32: 51 * _TF, "tf32": 378 * _TF,
                   torch.bfloat16: 756.5 * _TF, torch.float16: 756.5 * _TF},
-    "h100 nvl": {torch.float64: 30 * _TF, torch.float32: 60 * _TF, "tf32": 417.5 * _TF,
-                 torch.bfloat16: 835.5 * _TF, torch.float16: 835.5 * _TF},
     "a100": {torch.float64: 9.7 * _TF, torch.float32: 19.5 * _TF, "tf32": 156 * _TF,
              torch.bfloat16: 312 * _TF, torch.float16: 312 * _TF},
     "l40s": {torch.float32: 91.6 * _TF, "tf32": 183 * _TF, torch.bfloat16: 362.05 * _TF, torch.float16: 362.05 * _TF},
