@@ -3,7 +3,8 @@
 ``torchfleet.utilities`` (rank-zero functions, ``CombinedLoader``, ``grad_norm``), ``.rank_zero``, ``.imports``
 (``_TORCHVISION_AVAILABLE`` and the other ``_X_AVAILABLE`` flags), ``.seed``, ``.types``, ``.model_summary``,
 ``.combined_loader``, ``.model_helpers``, ``.grads``, ``.exceptions``, ``.parsing`` (``AttributeDict``,
-``lightning_getattr``/``lightning_setattr``, ``is_picklable``) and ``.enums`` (``GradClipAlgorithmType``). The rank-zero helpers themselves live in
+``lightning_getattr``/``lightning_setattr``, ``is_picklable``), ``.enums`` (``GradClipAlgorithmType``) and ``.throughput``
+(``measure_flops``, also here; ``get_available_flops``, ``Throughput``: Lightning's ``lightning.fabric.utilities.throughput``). The rank-zero helpers themselves live in
 the leaf module ``torchfleet.rank_zero`` (every layer uses them); this package sits above ``seed`` and imports
 nothing else of torchfleet, so any layer may import it.
 """
@@ -16,6 +17,7 @@ from torchfleet.utilities.combined_loader import CombinedLoader
 from torchfleet.utilities.enums import GradClipAlgorithmType, LightningEnum
 from torchfleet.utilities.grads import grad_norm
 from torchfleet.utilities.parsing import AttributeDict, is_picklable
+from torchfleet.utilities.throughput import measure_flops
 
 __all__ = [*_rank_zero.__all__, "AttributeDict", "CombinedLoader", "GradClipAlgorithmType", "LightningEnum", "grad_norm",
-           "is_picklable"]
+           "is_picklable", "measure_flops"]

@@ -17,7 +17,9 @@ class ProgressBar(Callback):
     """A tqdm bar per epoch showing step, loss and everything logged with ``prog_bar=True``.
 
     Per batch it only counts; the bar is redrawn (and the metrics formatted) at most every
-    ``refresh_interval`` seconds, so it costs about a microsecond per step.
+    ``refresh_interval`` seconds, so it costs about a microsecond per step. At each redraw it also shows
+    ``samples/s`` (batches since the last redraw over the time since then, times the current batch's size) and,
+    when a ``ThroughputMonitor`` runs, its ``tokens/s`` and ``mfu`` when it knows them.
     """
 
     def __init__(self, refresh_interval: float | None = None, leave: bool = True) -> None:
@@ -35,6 +37,9 @@ class ProgressBar(Callback):
         self._eval_bar: Any = None
         self._n = 0
         self._next_refresh = 0.0
+        self._speed: dict[str, str] = {}
+        self._rate_from = (0, 0.0)
+        self._monitor: Any = None
 
     def enable(self) -> None:
         self._enabled = True
@@ -96,6 +101,11 @@ class ProgressBar(Callback):
         self._bar = self._new_bar(f"Epoch {trainer.current_epoch}", total, self.leave)
         self._n = 0
         self._next_refresh = _clock() + self.refresh_interval
+        self._speed = {}
+        self._rate_from = (0, _clock())
+        from torchfleet.trainer.callbacks.throughput import ThroughputMonitor
+
+        self._monitor = next((cb for cb in trainer.callbacks if isinstance(cb, ThroughputMonitor)), None)
 
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._bar is None:
@@ -104,7 +114,28 @@ class ProgressBar(Callback):
         now = _clock()
         if now >= self._next_refresh:
             self._next_refresh = now + self.refresh_interval
+            self._measure_speed(batch, now)
             self._redraw(trainer)
+
+    def _measure_speed(self, batch: Any, now: float) -> None:
+        """Samples/s since the previous redraw (and the ThroughputMonitor's tokens/s and MFU), for the postfix;
+        called at redraws only."""
+        n0, t0 = self._rate_from
+        if now <= t0 or self._n <= n0:
+            return
+        from torchfleet.trainer.logging import infer_batch_size
+
+        self._rate_from = (self._n, now)
+        monitor = self._monitor
+        size = (monitor.batch_size_fn if monitor is not None else infer_batch_size)(batch)
+        # a batch with no tensor in it has no size to count: tqdm's own it/s is the rate then
+        speed = {"samples/s": f"{(self._n - n0) / (now - t0) * size:.4g}"} if size else {}
+        measured = monitor.metrics if monitor is not None else {}
+        if "throughput/tokens_per_sec" in measured:
+            speed["tokens/s"] = f"{measured['throughput/tokens_per_sec']:.4g}"
+        if "throughput/mfu" in measured:
+            speed["mfu"] = f"{measured['throughput/mfu']:.1%}"
+        self._speed = speed
 
     def get_metrics(self, trainer: Any, module: Any) -> dict[str, Any]:
         """What the bar shows after its counts: ``v_num`` (the first logger's version, when it has one) and every
@@ -123,6 +154,7 @@ class ProgressBar(Callback):
         shown = self.get_metrics(trainer, trainer.lightning_module)
         postfix = {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in shown.items()}
         postfix["step"] = trainer.global_step
+        postfix.update(self._speed)
         bar.set_postfix(postfix, refresh=False)
         bar.refresh()
 
@@ -218,6 +250,7 @@ class TQDMProgressBar(ProgressBar):
             return
         self._n += 1
         if self._n % self.refresh_rate == 0:
+            self._measure_speed(batch, _clock())
             self._redraw(trainer)
 
 
