@@ -18,11 +18,26 @@ needs_lightning = pytest.mark.skipif(
     reason=f"no Lightning environment at {LIGHTNING_PYTHON} (set TF_LIGHTNING_PYTHON) to compare with")
 
 
-def run_in_lightning(code: str, timeout: float = 240) -> str:
-    """Run ``code`` (dedented) with Lightning's Python in a clean environment; return what it printed."""
+def start_in_lightning(code: str) -> subprocess.Popen:
+    """Start ``code`` (dedented) under Lightning's Python in a clean environment; :func:`finish` reads it.
+
+    Starting it before running torchfleet's side of a comparison lets the two interpreters import torch at once."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_GLOBAL_SEED", "PL_GLOBAL_SEED")}
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run([LIGHTNING_PYTHON, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stdout
+    return subprocess.Popen([LIGHTNING_PYTHON, "-c", textwrap.dedent(code)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> str:
+    """What a started program printed, once it ended with status 0."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-4000:]
+    return out
+
+
+def run_in_lightning(code: str, timeout: float = 240) -> str:
+    """Run ``code`` (dedented) with Lightning's Python in a clean environment; return what it printed."""
+    return finish(start_in_lightning(code), timeout)

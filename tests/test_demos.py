@@ -41,18 +41,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @needs_lightning
 def test_demo_programs_give_lightnings_results_bitwise(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("TF_GLOBAL_SEED", "PL_GLOBAL_SEED")}
-    results = {}
-    for lib, python in (("lightning", LIGHTNING_PYTHON), ("torchfleet", sys.executable)):
+    procs = {}
+    for lib, python in (("lightning", LIGHTNING_PYTHON), ("torchfleet", sys.executable)):  # the two run at once
         run_env = dict(env, OMP_NUM_THREADS="1")
         if lib == "lightning":
             run_env.pop("PYTHONPATH", None)
         else:
             run_env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-        out = str(tmp_path / f"{lib}.pt")
-        proc = subprocess.run([python, PROGRAMS, lib, out], capture_output=True, text=True, timeout=300, env=run_env,
-                              cwd=tmp_path)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        results[lib] = torch.load(out)
+        procs[lib] = subprocess.Popen([python, PROGRAMS, lib, str(tmp_path / f"{lib}.pt")], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=run_env, cwd=tmp_path)
+    results = {}
+    for lib, proc in procs.items():
+        try:
+            _, stderr = proc.communicate(timeout=300)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0, stderr[-4000:]
+        results[lib] = torch.load(tmp_path / f"{lib}.pt")
     ours, theirs = results["torchfleet"], results["lightning"]
     assert ours.keys() == theirs.keys() and len(ours) == 10
     for name, want in theirs.items():

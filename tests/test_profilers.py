@@ -162,17 +162,33 @@ def test_bad_profiler_argument(given, match):
         tf.Trainer(accelerator="cpu", profiler=given)
 
 
-@pytest.mark.distributed
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", ["simple", "advanced", "pytorch"])
-def test_ddp_every_rank_writes_its_report(tmp_path, kind):
+KINDS = ("simple", "advanced", "pytorch")
+
+
+@pytest.fixture(scope="module")
+def ddp_profiled(tmp_path_factory):
+    """One 2-rank ddp launch fitting once per profiler kind (each in its own folder): stderr, and per kind the
+    log dir rank 0 printed."""
+    root = tmp_path_factory.mktemp("ddp-profilers")
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK",
                                                             "WORLD_SIZE", "RANK")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "src")]))
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "distributed", "scripts", "profile_train.py"),
-                           str(tmp_path), kind], capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
+                           str(root), *KINDS], capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    log_dir = re.search(r"LOG_DIR (\S+)", proc.stdout).group(1)
+    log_dirs = dict(re.findall(r"^LOG_DIR (\S+) (\S+)$", proc.stdout, flags=re.M))
+    assert sorted(log_dirs) == sorted(KINDS), proc.stdout
+    # rank 0 alone prints a summary: one for each fit, none from rank 1
+    assert proc.stderr.count("FIT Profiler Report") == len(KINDS), proc.stderr[-4000:]
+    return proc.stderr, log_dirs
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_ddp_every_rank_writes_its_report(ddp_profiled, kind):
+    stderr, log_dirs = ddp_profiled
+    log_dir = log_dirs[kind]
     reports = {r: open(os.path.join(log_dir, f"fit-profile-{r}.txt")).read() for r in (0, 1)}
     # 32 samples, batch 4, 2 ranks: 4 batches per rank per epoch, 2 epochs
     for rank, text in reports.items():
@@ -186,5 +202,6 @@ def test_ddp_every_rank_writes_its_report(tmp_path, kind):
             trace = json.load(open(os.path.join(log_dir, f"fit-profile-{rank}.pt.trace.json")))
             names = [e.get("name") for e in trace["traceEvents"]]
             assert names.count("[Strategy]DDPStrategy.training_step") == 8
-    # rank 0 alone prints its summary
-    assert proc.stderr.count("FIT Profiler Report") == 1
+    # rank 0 alone prints its summary (one per fit, counted in the fixture): this fit's is rank 0's, naming its file
+    assert stderr.count(f"Report written to {os.path.join(log_dir, 'fit-profile-0.txt')}") == 1
+    assert "FIT Profiler Report (rank 0)" in stderr and "FIT Profiler Report (rank 1)" not in stderr

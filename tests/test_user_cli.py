@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import yaml
@@ -90,12 +91,13 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def run(tmp_path, *args: str, no_run: bool = False) -> tuple[subprocess.CompletedProcess, dict | None]:
-    import json
-
+def start(tmp_path, *args: str, no_run: bool = False, report_name: str = "report.json") -> tuple[subprocess.Popen, Path]:
+    """Start ``python train.py ARGS`` in ``tmp_path``; :func:`finish` waits for it. The script reports to
+    ``report_name`` (several runs started together each name their own)."""
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    report = tmp_path / "report.json"
+    if not script.exists():
+        script.write_text(SCRIPT)
+    report = tmp_path / report_name
     report.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": os.path.join(ROOT, "src"), "REPORT": str(report), "OMP_NUM_THREADS": "1"}
     env.pop("NO_RUN", None)
@@ -103,9 +105,25 @@ def run(tmp_path, *args: str, no_run: bool = False) -> tuple[subprocess.Complete
         env["NO_RUN"] = "1"
     quiet = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
              f"--trainer.default_root_dir={tmp_path}"] if args and not args[-1].startswith("--print") else []
-    proc = subprocess.run([sys.executable, str(script), *args, *quiet], capture_output=True, text=True, timeout=240,
-                          env=env, cwd=tmp_path)
-    return proc, (json.loads(report.read_text()) if report.exists() else None)
+    proc = subprocess.Popen([sys.executable, str(script), *args, *quiet], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    return proc, report
+
+
+def finish(started: tuple[subprocess.Popen, Path]) -> tuple[subprocess.CompletedProcess, dict | None]:
+    import json
+
+    proc, report = started
+    try:
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return done, (json.loads(report.read_text()) if report.exists() else None)
+
+
+def run(tmp_path, *args: str, no_run: bool = False) -> tuple[subprocess.CompletedProcess, dict | None]:
+    return finish(start(tmp_path, *args, no_run=no_run))
 
 
 def test_fit_with_model_data_and_trainer_options(tmp_path):
@@ -148,15 +166,16 @@ def test_no_run_builds_the_objects(tmp_path):
 
 
 def test_bad_subcommand_and_bad_option(tmp_path):
-    proc, report = run(tmp_path, "fitt")
-    assert proc.returncode == 2 and report is None
-    assert "unknown subcommand 'fitt'" in proc.stderr and "fit, validate, test, predict" in proc.stderr
-    proc, _ = run(tmp_path, "fit", "--model.hiden=3")
-    assert proc.returncode == 2 and "hiden" in proc.stderr
+    # three independent command lines, started together (each imports torch)
+    started = [start(tmp_path, *args, report_name=f"report-{i}.json") for i, args in enumerate(
+        [("fitt",), ("fit", "--model.hiden=3"), ("fit", "--trainer.strategy=dpp")])]
+    (subcommand, report), (option, _), (strategy, _) = [finish(s) for s in started]
+    assert subcommand.returncode == 2 and report is None
+    assert "unknown subcommand 'fitt'" in subcommand.stderr and "fit, validate, test, predict" in subcommand.stderr
+    assert option.returncode == 2 and "hiden" in option.stderr
     # a library error: one paragraph, status 2
-    proc, _ = run(tmp_path, "fit", "--trainer.strategy=dpp")
-    assert proc.returncode == 2 and "Unknown strategy 'dpp'. Did you mean" in proc.stderr
-    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert strategy.returncode == 2 and "Unknown strategy 'dpp'. Did you mean" in strategy.stderr
+    assert "Traceback" not in strategy.stderr and len(strategy.stderr.strip().splitlines()) == 1
 
 
 def test_classes_must_be_module_classes():

@@ -40,3 +40,29 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if " passed" not in proc.stdout:
         pytest.fail(f"{pyfuncitem.nodeid} ran no test in a fresh interpreter:\n{proc.stdout[-3000:]}")
     return True
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_ddp_run(tmp_path_factory) -> dict:
+    """``scripts/preempt_train.py`` on 2 ddp ranks, never stopped: its final weights and global step.
+
+    The one reference of test_preemption_ddp.py and test_restarts.py (restart_train.py trains the same seeded model
+    on the same data with the same shuffling; its checkpoints do not change the run), launched once per session."""
+    import json
+
+    import torch
+
+    from tests.distributed.sharded_helpers import ROOT, child_env
+
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    env = child_env()
+    for var in ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "TF_RESTART_COUNT"):
+        env.pop(var, None)
+    script = os.path.join(ROOT, "tests", "distributed", "scripts", "preempt_train.py")
+    cfg = {"strategy": "ddp", "root": str(folder), "out": str(folder / "out.pt")}
+    proc = subprocess.run([sys.executable, script, json.dumps(cfg)], capture_output=True, text=True, timeout=120,
+                          env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    result = torch.load(folder / "out.pt")
+    assert result["global_step"] == 8  # 2 epochs of 4 batches of 8 per rank
+    return result

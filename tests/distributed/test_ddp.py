@@ -74,13 +74,25 @@ def check_run(result: dict, ref: dict) -> None:
     assert result["metrics"]["train_loss"] == pytest.approx(ref["metrics"]["train_loss"], rel=1e-5)
 
 
-def test_ddp_script_relaunch_matches_one_process(tmp_path, ref16):
-    out = tmp_path / "result.pt"
-    # two Trainers in one script: the second trains from scratch again and must match as well
-    proc = run_script({"strategy": "ddp", "devices": 2, "batch": 8, "out": str(out), "twice": True, "verbose": True})
+@pytest.fixture(scope="module")
+def ddp_launch(tmp_path_factory) -> dict:
+    """One ``python ddp_train.py`` launch on 2 ranks (rank 1 a re-run of the script) fitting, in turn: two Trainers
+    of batch 8 (the second trains from scratch again), batch 4 with 2 accumulated micro-batches and a counting
+    all-reduce hook, batch 8 shuffled. Each run writes its own file; the three share the ranks and their start."""
+    folder = tmp_path_factory.mktemp("ddp-launch")
+    outs = {name: str(folder / f"{name}.pt") for name in ("twice", "accumulate", "shuffle")}
+    proc = run_script({"strategy": "ddp", "devices": 2, "batch": 8, "out": outs["twice"], "twice": True,
+                       "verbose": True, "also": [
+                           {"batch": 4, "accumulate": 2, "comm_count": True, "out": outs["accumulate"]},
+                           {"batch": 8, "shuffle": True, "out": outs["shuffle"]}]}, timeout=240)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.count("Started local ranks 1..1") == 1  # the children were started once
-    result = torch.load(out)
+    return {"proc": proc, **{name: torch.load(out) for name, out in outs.items()}}
+
+
+def test_ddp_script_relaunch_matches_one_process(ddp_launch, ref16):
+    # two Trainers in one script: the second trains from scratch again and must match as well
+    assert ddp_launch["proc"].stderr.count("Started local ranks 1..1") == 1  # the children were started once
+    result = ddp_launch["twice"]
     assert result["world_size"] == 2 and result["ranks"] == [0, 1]
     check_run(result, ref16)
 
@@ -108,12 +120,8 @@ def test_spawn_and_fork_match_one_process_and_fill_the_parent(strategy):
     assert any((before[k] != trained[k]).any() for k in before)
 
 
-def test_gradient_accumulation_skips_allreduce_on_non_final_micro_batches(tmp_path):
-    out = tmp_path / "result.pt"
-    proc = run_script({"strategy": "ddp", "devices": 2, "batch": 4, "accumulate": 2, "comm_count": True,
-                       "out": str(out)})
-    assert proc.returncode == 0, proc.stderr
-    result = torch.load(out)
+def test_gradient_accumulation_skips_allreduce_on_non_final_micro_batches(ddp_launch):
+    result = ddp_launch["accumulate"]
     ref = reference(batch=8, accumulate=2)
     assert_same_weights(result["weights"], ref["weights"])
     # 64 samples / 2 ranks / batch 4 = 8 micro-batches per epoch -> 4 optimizer steps; 2 epochs; the
@@ -148,12 +156,9 @@ def test_model_checkpoint_after_spawn_names_the_best_file(tmp_path):
     assert saved["global_step"] in (4, 8)  # the end of epoch 0 or 1, whichever validated better
 
 
-def test_sampler_set_epoch_reshuffles_each_epoch_alike_on_every_rank(tmp_path):
-    out = tmp_path / "result.pt"
-    proc = run_script({"strategy": "ddp", "devices": 2, "batch": 8, "shuffle": True, "out": str(out)})
-    assert proc.returncode == 0, proc.stderr
+def test_sampler_set_epoch_reshuffles_each_epoch_alike_on_every_rank(ddp_launch):
     # with shuffling the DDP run matches no fixed reference, but it must train and agree across ranks
-    result = torch.load(out)
+    result = ddp_launch["shuffle"]
     assert result["global_step"] == 8
     assert result["metrics"]["val_seen"] == N_VAL
 

@@ -39,13 +39,10 @@ def run(cfg: dict, restart: bool = False, timeout: float = 120) -> subprocess.Co
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict:
-    folder = tmp_path_factory.mktemp("reference")
-    proc = run({"strategy": "ddp", "root": str(folder), "out": str(folder / "out.pt")})
-    assert proc.returncode == 0, proc.stderr
-    result = torch.load(folder / "out.pt")
-    assert result["global_step"] == TOTAL_STEPS
-    return result
+def reference(uninterrupted_ddp_run) -> dict:
+    """The uninterrupted run (tests/distributed/conftest.py: launched once, shared with test_restarts.py)."""
+    assert uninterrupted_ddp_run["global_step"] == TOTAL_STEPS
+    return uninterrupted_ddp_run
 
 
 def _preempt_then_restart(tmp_path, cfg: dict, reference: dict, step: int, atol: float = 0.0,

@@ -36,13 +36,11 @@ def starts(root, rank: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict:
-    folder = tmp_path_factory.mktemp("reference")
-    proc = run({"root": str(folder), "out": str(folder / "out.pt")})
-    assert proc.returncode == 0, proc.stderr
-    result = torch.load(folder / "out.pt")
-    assert result["global_step"] == TOTAL_STEPS
-    return result
+def reference(uninterrupted_ddp_run) -> dict:
+    """The uninterrupted run: preempt_train.py's, the same model, data and shuffling as restart_train.py's without
+    the checkpoints (tests/distributed/conftest.py: launched once, shared with test_preemption_ddp.py)."""
+    assert uninterrupted_ddp_run["global_step"] == TOTAL_STEPS
+    return uninterrupted_ddp_run
 
 
 def _fails_once_then_matches(tmp_path, reference: dict, prefix: tuple[str, ...] = (), **cfg) -> str:

@@ -10,6 +10,7 @@ bitwise equal, on one process and under ddp.
 
 from __future__ import annotations
 
+import functools
 import glob
 import math
 import os
@@ -44,6 +45,7 @@ CLASSIFIER_ARGS = ["--model=LitClassifier", "--model.init_args.backbone.hidden_d
 DDP = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
 
 
+@functools.cache  # one probe per session (it imports Lightning: seconds), not one per use
 def _lightning_available() -> bool:
     if not os.path.isfile(LIGHTNING_PYTHON):
         return False

@@ -4,7 +4,8 @@ Rank 0 writes what the tests check to ``out`` (torch.save): final weights, step 
 metrics, the number of gradient all-reduces, the gathered ranks. Options (all optional except
 ``out``): strategy, devices, num_nodes, batch, epochs, accumulate, shuffle, fail_rank, fail_how
 ("raise" | "kill" | "exit"), fail_step, comm_count, max_port_wait, started_fd (rank 0 writes a byte
-there at step 2).
+there at step 2), also: a list of option sets (each with its own ``out``) that the same launch fits afterwards,
+each from a fresh seed-0 model, in the ranks and process group already running (one launch, several runs).
 """
 
 from __future__ import annotations
@@ -110,6 +111,12 @@ def main(cfg: dict) -> None:
 
         logging.basicConfig(level=logging.INFO)
     torch.set_num_threads(1)
+    fit_and_save(cfg)
+    for extra in cfg.get("also", []):
+        fit_and_save({k: v for k, v in cfg.items() if k not in ("also", "twice", "out")} | extra)
+
+
+def fit_and_save(cfg: dict) -> None:
     tf.seed_everything(0)
     counter = CommCounter()
     strategy = None

@@ -1,7 +1,11 @@
-"""Fit a small model under 2-process ddp with a profiler; each rank writes its report. Argument: the root dir."""
+"""Fit a small model under 2-process ddp once per profiler named; each rank writes its reports.
+
+``python profile_train.py ROOT KIND [KIND ...]``: one launch, one fit per kind under ``ROOT/KIND``; rank 0 prints
+``LOG_DIR KIND <log dir>`` after each (the ranks start once, so the three profilers cost one launch)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -23,15 +27,17 @@ class Net(tf.Module):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def main(root: str, kind: str) -> None:
+def main(root: str, kinds: list[str]) -> None:
     torch.set_num_threads(1)
     data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
-    trainer = tf.Trainer(accelerator="cpu", strategy="ddp", devices=2, max_epochs=2, profiler=kind,
-                         default_root_dir=root, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(Net(), DataLoader(data, batch_size=4))
-    if trainer.is_global_zero:
-        print("LOG_DIR", trainer.log_dir)
+    for kind in kinds:
+        trainer = tf.Trainer(accelerator="cpu", strategy="ddp", devices=2, max_epochs=2, profiler=kind,
+                             default_root_dir=os.path.join(root, kind), enable_progress_bar=False,
+                             enable_model_summary=False)
+        trainer.fit(Net(), DataLoader(data, batch_size=4))
+        if trainer.is_global_zero:
+            print("LOG_DIR", kind, trainer.log_dir, flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2:])
