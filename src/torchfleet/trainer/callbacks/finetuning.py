@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
 
@@ -171,7 +170,11 @@ class BaseFinetuning(Callback):
         # DistributedDataParallel synchronises only the parameters that trained when it wrapped the model: those
         # unfrozen since would drift apart between the ranks (as they do under Lightning), so their gradients are
         # averaged here, in one collective (sharded DTensor gradients are the sharding strategy's own)
-        params = [p for p in self._unfrozen if not isinstance(p, DTensor)] if trainer.world_size > 1 else []
+        if trainer.world_size <= 1:
+            return
+        from torch.distributed.tensor import DTensor  # here: importing it costs every process about a second
+
+        params = [p for p in self._unfrozen if not isinstance(p, DTensor)]
         if not params:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
