@@ -13,12 +13,14 @@ import functools
 import inspect
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 #: torch's own default for process groups (30 minutes)
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 
-_Init = TypeVar("_Init", bound=Callable[..., None])
+#: what a type checker sees of a ``@takes`` constructor: any arguments (the checked signature is the runtime one,
+#: ``inspect.signature``; the written function's ``given`` parameter must not look like a required argument)
+_Init = Callable[..., None]
 
 
 def _keyword(name: str, default: Any, annotation: str) -> inspect.Parameter:
