@@ -195,6 +195,8 @@ class AutoChoice:
     build: Callable[[], Any] | None
     label: str
     line: str
+    #: whether the chosen strategy fits (None: the memory is unknown)
+    fits: bool | None = True
 
 
 def choose_auto(module: nn.Module, batch: Any, *, devices: int, num_nodes: int, precision: str,
@@ -205,7 +207,8 @@ def choose_auto(module: nn.Module, batch: Any, *, devices: int, num_nodes: int, 
     unknown, when ddp fits, and when nothing fits (the line then says so)."""
     prefix = f"strategy='auto' on {devices} device(s) x {num_nodes} node(s)"
     if capacity is None:
-        return AutoChoice(None, today, f"{prefix}: {today!r} (the device memory is unknown, nothing is estimated).")
+        return AutoChoice(None, today, f"{prefix}: {today!r} (the device memory is unknown, nothing is estimated).",
+                          fits=None)
     tried: list[str] = []
     for candidate in candidates(module, AUTO_ORDER, devices * num_nodes, start_method):
         row = estimate_row(candidate, module, batch, devices, num_nodes, precision, capacity, trainer)
@@ -214,9 +217,9 @@ def choose_auto(module: nn.Module, batch: Any, *, devices: int, num_nodes: int, 
                 return AutoChoice(None, today, f"{prefix}: {today!r}: its estimated peak "
                                   f"{_size(row.estimate.peak)} per rank fits in {_size(capacity)}.")
             return AutoChoice(candidate.build, candidate.label,
-                              f"{prefix} chose {candidate.label!r}: {'; '.join(tried)} would not fit in "
-                              f"{_size(capacity)} per device; {candidate.label} needs {_size(row.estimate.peak)} "
-                              "(estimated; see `torchfleet estimate`). Pass strategy=... to choose another.")
-        tried.append(f"{candidate.label} needs {_size(row.estimate.peak)}")
+                              f"{prefix} chose {candidate.label!r}: it needs {_size(row.estimate.peak)} per rank, "
+                              f"where {', '.join(tried)} would not fit in {_size(capacity)} per device (estimated; "
+                              "`torchfleet estimate` compares them). Pass strategy=... to choose another.")
+        tried.append(f"{candidate.label} ({_size(row.estimate.peak)})")
     return AutoChoice(None, today, f"{prefix}: {today!r}, although no candidate fits in {_size(capacity)} per device "
-                      f"({'; '.join(tried)}): expect an out-of-memory error (see `torchfleet estimate`).")
+                      f"({', '.join(tried)}): expect an out-of-memory error (see `torchfleet estimate`).", fits=False)
