@@ -92,7 +92,8 @@ def predicted(variant: str, precision: str = "32-true") -> tuple[float, str]:
 
 def planner_prediction(variant: str, cfg: dict) -> dict[str, float] | None:
     """What ``torchfleet.estimate_memory`` predicts per rank for ``variant`` (torchfleet variants only): the model
-    states (params + grads + optimizer states and master copy, as the probe counts them), the offloaded bytes and
+    states (params + grads + optimizer states and master copy, offloaded ones included, as the probe counts them on the
+    CPU), the offloaded bytes and
     the peak of live tensors. The same Net and strategy as the runs (_sharded_fleet.py), built on the meta device,
     estimated in this process on fake tensors before anything is launched."""
     if variant.startswith("raw_"):
@@ -110,7 +111,8 @@ def planner_prediction(variant: str, cfg: dict) -> dict[str, float] | None:
     shape = (cfg["batch"], cfg["seq"], cfg["width"])
     estimate = torchfleet.estimate_memory(net, (torch.empty(shape), torch.empty(shape)), strategy=strategy(variant),
                                           devices=N, precision=cfg.get("precision", "32-true"))
-    return {"model_states": estimate.parameters + estimate.gradients + estimate.optimizer_states,
+    # on the CPU the probe counts offloaded model states with the others: the same sum here
+    return {"model_states": estimate.parameters + estimate.gradients + estimate.optimizer_states + estimate.offloaded,
             "offloaded": estimate.offloaded, "peak": estimate.peak}
 
 
