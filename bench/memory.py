@@ -90,6 +90,32 @@ def predicted(variant: str, precision: str = "32-true") -> tuple[float, str]:
     return float("nan"), "?"
 
 
+def planner_prediction(variant: str, cfg: dict) -> dict[str, float] | None:
+    """What ``torchfleet.estimate_memory`` predicts per rank for ``variant`` (torchfleet variants only): the model
+    states (params + grads + optimizer states and master copy, offloaded ones included, as the probe counts them on the
+    CPU), the offloaded bytes and
+    the peak of live tensors. The same Net and strategy as the runs (_sharded_fleet.py), built on the meta device,
+    estimated in this process on fake tensors before anything is launched."""
+    if variant.startswith("raw_"):
+        return None
+    import types
+
+    import torch
+    from _sharded_fleet import Net, strategy
+
+    import torchfleet
+
+    clock = types.SimpleNamespace(step_start=lambda: None)
+    with torch.device("meta"):
+        net = Net(types.SimpleNamespace(width=cfg["width"], blocks=cfg["blocks"], lr=1e-3), clock)
+    shape = (cfg["batch"], cfg["seq"], cfg["width"])
+    estimate = torchfleet.estimate_memory(net, (torch.empty(shape), torch.empty(shape)), strategy=strategy(variant),
+                                          devices=N, precision=cfg.get("precision", "32-true"))
+    # on the CPU the probe counts offloaded model states with the others: the same sum here
+    return {"model_states": estimate.parameters + estimate.gradients + estimate.optimizer_states + estimate.offloaded,
+            "offloaded": estimate.offloaded, "peak": estimate.peak}
+
+
 def worst(ranks: list[dict], get) -> float:
     return max(get(r) for r in ranks)
 
@@ -138,6 +164,25 @@ def report(cfg: dict, results: dict[str, list[dict]]) -> None:
                  worst(ranks, lambda r: r["rss_before_model"]), worst(ranks, lambda r: r["peak_rss_to_step1"]),
                  worst(ranks, lambda r: r["peak_rss_step2"])]
         print(f"{variant:<26} " + " ".join(f"{c / gb:>{w}.3f}" for c, (_, w) in zip(cells, cols2)))
+    print("\nplanner (torchfleet.estimate_memory, predicted in this process before the runs) vs measured, per rank "
+          "(MB = 10^6 bytes)")
+    cols3 = [("model states", 12), ("model states", 12), ("error", 7), ("offloaded", 9), ("offloaded", 9),
+             ("peak", 8)]
+    units3 = ["predicted", "measured", "", "predicted", "measured", "predicted"]
+    print(f"{'variant':<26} " + " ".join(f"{c:>{w}}" for c, w in cols3))
+    print(f"{'':<26} " + " ".join(f"{u:>{w}}" for u, (_, w) in zip(units3, cols3)))
+    for variant, ranks in results.items():
+        pred = planner_prediction(variant, cfg)
+        if pred is None:
+            continue
+        measured = worst(ranks, lambda r: r["peak_model_states"]["model_states"])
+        off = worst(ranks, lambda r: r["peak_model_states"]["offloaded"])
+        cells = [f"{pred['model_states'] / 1e6:.2f}", f"{measured / 1e6:.2f}",
+                 f"{(pred['model_states'] - measured) / measured:+.1%}", f"{pred['offloaded'] / 1e6:.2f}",
+                 f"{off / 1e6:.2f}", f"{pred['peak'] / 1e6:.2f}"]
+        print(f"{variant:<26} " + " ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, cols3)))
+    print("  measured: the probe's model states at their sampled peak (the larger rank); the planner's peak of live "
+          "tensors is measured against MemTracker in tests/test_memory_estimate.py and tests/distributed")
     print("  model states after step 1: right after the first optimizer step (before zero_grad); buffers, gathered "
           "and all tensors: the peak over step 2's sampled points (DDP's C++ gradient buckets included)")
     print("\nwhere the bytes are (rank 0 at its model-state peak; GB by holder, largest first):")

@@ -39,7 +39,8 @@ commands:
   validate      run the validation loop once
   test          run the test loop once
   predict       run predict_step over the predict data
-  strategies    list the registered strategies (name, class, description)
+  strategies    list the registered strategies (--explain, with fit's options: what strategy='auto' picks)
+  estimate      memory per rank of each candidate strategy, before launching (fit's options, --device-memory)
   accelerators  list the registered accelerators
   consolidate   write a checkpoint of any strategy (fsdp/deepspeed shards too) as one torch.load-able file
   run           start the processes of a Fleet script: torchfleet run train.py --devices 2 --strategy ddp
@@ -520,6 +521,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     try:
+        if command == "estimate" or (command == "strategies" and rest[:1] == ["--explain"]):
+            from torchfleet.cli_estimate import estimate
+            return estimate(command, rest, lambda argv, sink: _run_stage("fit", argv, sink=sink, run=False))
         if command in ("strategies", "accelerators"):
             return _list_registry(command)
         if command == "consolidate":
@@ -536,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from torchfleet.errors import closest
 
-    near = closest(command, [*STAGES, "strategies", "accelerators", "consolidate", "run"])
+    near = closest(command, [*STAGES, "strategies", "accelerators", "consolidate", "run", "estimate"])
     hint = f" Did you mean {near[0]!r}?" if near else ""
     print(f"torchfleet: unknown command {command!r}.{hint}\n\n{_HELP}", file=sys.stderr, end="")
     return 2

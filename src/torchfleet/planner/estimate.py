@@ -170,8 +170,10 @@ def estimate_memory(module: nn.Module, batch: Any, *, strategy: Any = "single_de
                     if isinstance(t, torch.Tensor))
     phases = per_phase(trace, model, units, resident)
     top = max(PHASES, key=lambda phase: phases[phase]["total"])
-    offloaded = (trace.params * ("params" in model.offload) + trace.grads * ("grads" in model.offload)
-                 + (trace.states + (trace.params_fp32 if model.master_copy else 0)) * ("states" in model.offload))
+    master = _share(trace.params_fp32, model.state_shards) if model.master_copy else 0
+    offloaded = (_share(trace.params, model.param_shards) * ("params" in model.offload)  # this rank's shards
+                 + _share(trace.grads, model.grad_shards) * ("grads" in model.offload)
+                 + (_share(trace.states, model.state_shards) + master) * ("states" in model.offload))
     row = phases[top]
     return MemoryEstimate(
         peak=row["total"], parameters=row["parameters"], gradients=phases["optimizer"]["gradients"],

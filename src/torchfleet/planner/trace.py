@@ -110,6 +110,10 @@ def optimizers_of(value: Any) -> list[Optimizer]:
 def fake_copy(module: nn.Module, mode: Any) -> nn.Module:
     """A copy of ``module`` whose parameters and buffers are fake CPU tensors of the same shapes and dtypes."""
     memo: dict[int, Any] = {}
+    for sub in module.modules():  # the Trainer or Fleet a Module is attached to is shared, not copied
+        for owner in (sub.__dict__.get("_trainer"), sub.__dict__.get("_fleet")):
+            if owner is not None:
+                memo[id(owner)] = owner
     with mode:
         for tensor in [*module.parameters(), *module.buffers()]:
             if id(tensor) not in memo:
@@ -165,6 +169,8 @@ def trace_step(module: nn.Module, batch: Any, precision: Any, plan: Callable[[nn
                               if isinstance(t, Tensor) else t, batch)
         fake_batch = precision.convert_input(fake_batch)
         optimizers = optimizers_of(model.configure_optimizers())
+        if model.__dict__.get("_trainer") is not None:  # read by configure_optimizers; self.log records nothing here
+            model.trainer = None
         params = [p for p in model.parameters()]
         for tensor in [*params, *model.buffers(), *tree_flatten(fake_batch)[0]]:
             if isinstance(tensor, Tensor):

@@ -176,6 +176,10 @@ class Trainer(TrainerProperties, UserCollectives):
             max_restarts=max_restarts,
             hang_timeout=self.hang_timeout,
         )
+        #: strategy="auto": resolve's arguments, for fit to choose again by the model's memory (trainer/auto_strategy.py)
+        self._auto_request = None if not (isinstance(strategy, str) and strategy == "auto") else dict(
+            accelerator=accelerator, devices=devices, precision=precision, num_nodes=num_nodes, plugins=plugins,
+            max_restarts=max_restarts, hang_timeout=self.hang_timeout)
         #: seconds between validations when val_check_interval is a duration, else None
         self.val_check_seconds: float | None = None
         if isinstance(val_check_interval, (str, timedelta, dict)):
@@ -438,6 +442,10 @@ class Trainer(TrainerProperties, UserCollectives):
         eval_dl, datamodule = loaders_or_datamodule(eval_dl, datamodule, stage)
         args.check_stage_args(stage, train_dl, eval_dl, datamodule, ckpt_path, kw)
         model = self._connect(stage, model, train_dl, eval_dl, datamodule)
+        if stage == "fit" and self._auto_request is not None:  # before any process starts: by the model's memory
+            from torchfleet.trainer.auto_strategy import choose_at_fit
+
+            choose_at_fit(self, model, train_dl, datamodule)
         launcher = self.strategy.launcher
         if launcher is None or not launcher.runs_in_children:
             if launcher is None:
