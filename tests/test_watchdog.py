@@ -137,6 +137,28 @@ def test_black_box_round_trip(tmp_path, monkeypatch):
     assert watchdog.read_box(path)["site"].endswith("test_watchdog.py:" + str(_line_of("with watchdog.collective(\"barrier\")")))
 
 
+
+def test_black_box_numbers_a_group_collective_within_its_group(tmp_path, monkeypatch):
+    rec = watchdog._Recorder()
+    monkeypatch.setattr(watchdog.numbering, "_REC", rec)
+    import mmap
+
+    path = watchdog.box_path(str(tmp_path), 0)
+    with open(path, "wb") as f:
+        f.write(b"\0" * 4096)
+    with open(path, "r+b") as f:
+        rec.box = mmap.mmap(f.fileno(), 4096)
+    tp = watchdog.group_text([0, 1], "tensor_parallel")
+    for name, group in (("barrier", ""), ("all_reduce", tp), ("all_reduce", tp), ("barrier", "")):
+        with watchdog.collective(name, site="s.py:1", group=group):
+            pass
+    box = watchdog.read_box(path)
+    assert box["seq"] == 2 and box["group"] == "" and box["name"] == "barrier"  # the world's second
+    assert box["history"][(tp, 2)] == ("all_reduce", "s.py:1", "") and set(box["history"]) == {1, 2, (tp, 1), (tp, 2)}
+    assert watchdog.describe_record(0, {**box, "group": tp}).startswith(
+        "rank 0: not in a collective; its last was #2 barrier over 'tensor_parallel' (ranks 0,1)")
+
+
 def _line_of(text: str) -> int:
     with open(__file__) as f:
         return next(n for n, line in enumerate(f, 1) if text in line and "_line_of" not in line)

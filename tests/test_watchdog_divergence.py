@@ -68,3 +68,41 @@ def test_a_fleet_loop_without_positions_gets_no_positions_line():
                                     1: _rec(4, "in", "barrier(end of step)", "")})
     assert kind == "desync" and not any(line.startswith("Loop positions") for line in lines)
     assert "control-flow divergence inside the run" in lines[-1]
+
+
+def _grec(seq, state, name, group, site="t.py:1"):
+    return {"seq": seq, "state": state, "name": name, "site": site, "where": "", "waited": 1.0, "group": group,
+            "history": {(group, seq) if group else seq: (name, site, "")}}
+
+
+def test_groups_running_different_numbers_of_their_own_collectives_are_no_desync():
+    tp01, tp23 = watchdog.group_text([0, 1], "tensor_parallel"), watchdog.group_text([2, 3], "tensor_parallel")
+    # {0,1} is at its 9th collective over its group, {2,3} at its 4th; nobody waits: nothing to report
+    records = {0: _grec(9, "done", "all_reduce", tp01), 1: _grec(9, "done", "all_reduce", tp01),
+               2: _grec(4, "done", "all_reduce", tp23), 3: _grec(4, "done", "all_reduce", tp23)}
+    assert watchdog.analyse(records) == ("", [])
+    # every group waits in its own collective: a hang of the collectives themselves, not ranks disagreeing
+    for rec in records.values():
+        rec["state"] = "in"
+    kind, lines = watchdog.analyse(records)
+    assert kind == "hang" and "over 'tensor_parallel' (ranks 0,1)" in lines[0] and "(ranks 2,3)" in lines[0]
+
+
+def test_a_rank_of_the_group_that_never_reached_its_collective_is_named_with_the_group():
+    tp23 = watchdog.group_text([2, 3], "tensor_parallel")
+    records = {0: _rec(5, "done", "barrier(end of step)", ""), 1: _rec(5, "done", "barrier(end of step)", ""),
+               2: _grec(3, "in", "all_reduce(self.all_reduce)", tp23, "t.py:7"),
+               3: _rec(5, "done", "barrier(end of step)", "", "t.py:8")}
+    kind, lines = watchdog.analyse(records)
+    assert kind == "hang"
+    assert lines[0].startswith("Hang: rank 2 waits in #3 all_reduce(self.all_reduce) over 'tensor_parallel' "
+                               "(ranks 2,3) (called at t.py:7), which rank 3 never reached")
+
+
+def test_group_text_names_the_dimension_and_lists_a_long_progression_short():
+    from torchfleet.watchdog.groups import group_ranks
+
+    text = watchdog.group_text(list(range(0, 64, 4)), "data_parallel")
+    assert text == "data_parallel|0,4,...,60" and group_ranks(text) == set(range(0, 64, 4))
+    assert watchdog.over(text) == " over 'data_parallel' (ranks 0,4,...,60)"
+    assert watchdog.over(watchdog.group_text([3, 1])) == " over ranks 1,3" and watchdog.over("") == ""

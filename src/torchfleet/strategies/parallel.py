@@ -16,6 +16,7 @@ from torch import Tensor
 from torchfleet import watchdog
 from torchfleet.errors import ConfigurationError, TorchfleetError
 from torchfleet.strategies.arguments import PARALLEL, PARTS, pick, takes
+from torchfleet.strategies.groups import resolve_group
 from torchfleet.strategies.processes import (
     ProcessOptions,
     Rank,
@@ -232,11 +233,16 @@ class ParallelStrategy(Strategy, ABC):
     # payload of broadcast/all_gather_object (free there), and in CPU all_reduces in the debug mode
     # TORCHFLEET_CHECK_COLLECTIVES=1: ranks that paired different collectives notice it at once.
     def reduce(self, tensor: Tensor | Any, group: Any | None = None, reduce_op: Any = "mean") -> Tensor | Any:
-        """Reduce ``tensor`` over ``group`` (None: every rank); a number becomes a tensor on ``root_device``."""
+        """Reduce ``tensor`` over ``group`` (None: every rank; a ProcessGroup, a 1-D DeviceMesh or the name of a
+        dimension of ``module_device_mesh``); a number becomes a tensor on ``root_device``."""
         op = normalize_op(reduce_op)
         if self.world_size == 1 or not self.distributed_ready:
             return tensor
         import torch.distributed as dist
+
+        over = ""
+        if group is not None:
+            group, over = resolve_group(self, group, "all_reduce")
 
         if not isinstance(tensor, Tensor):
             tensor = torch.tensor(float(tensor), device=self.root_device)
@@ -245,7 +251,7 @@ class ParallelStrategy(Strategy, ABC):
             out = out.float()
         size = self.world_size if group is None else dist.get_world_size(group)
         dist_op = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
-        with collective("all_reduce") as record:
+        with collective("all_reduce", group=over) as record:
             if out.device.type == "cpu" and out.dtype in _CHECKED_DTYPES and group is None:
                 fingerprint = record.fingerprint()
                 packed = torch.cat([out.reshape(-1), out.new_tensor([fingerprint])])
@@ -265,14 +271,16 @@ class ParallelStrategy(Strategy, ABC):
 
         When the ranks' tensors differ in their first dimension (per-sample outputs of uneven
         shards), the result is instead a list with each rank's tensor, in rank order. A ``group`` other than
-        every rank gathers through torch directly (same shapes on its ranks).
+        every rank (as ``reduce``'s) gathers through torch directly (same shapes on its ranks).
         """
         if self.world_size == 1 or not self.distributed_ready:
             return tensor.unsqueeze(0)
         if group is not None:
+            group, over = resolve_group(self, group, "all_gather")
+        if group is not None:
             import torch.distributed as dist
 
-            with collective("all_gather"):
+            with collective("all_gather", group=over):
                 if sync_grads:
                     from torch.distributed.nn.functional import all_gather as differentiable_all_gather
 

@@ -404,16 +404,20 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
         return [obj]
 
     # the user-facing forms (Module, Trainer, Fleet): nested collections of tensors or numbers
-    def all_gather_tree(self, data: Any, sync_grads: bool = False, name: str | None = None) -> Any:
-        """``all_gather`` every tensor inside ``data`` (nested dicts, lists, tuples)."""
+    # ``group``: every rank (None), a ProcessGroup, a 1-D DeviceMesh or a dimension name of ``module_device_mesh``;
+    # passed on only when given (a subclass may override all_gather(tensor, sync_grads) without it)
+    def all_gather_tree(self, data: Any, sync_grads: bool = False, name: str | None = None, group: Any = None) -> Any:
+        """``all_gather`` every tensor inside ``data`` (nested dicts, lists, tuples) over ``group``."""
+        over = {} if group is None else {"group": group}
         with labelled(name):  # by label, not argument: subclasses may override all_gather(tensor, sync_grads)
-            return apply_to_tensors(data, lambda t: self.all_gather(t, sync_grads=sync_grads))
+            return apply_to_tensors(data, lambda t: self.all_gather(t, sync_grads=sync_grads, **over))
 
-    def all_reduce_tree(self, data: Any, op: ReduceOp = "mean", name: str | None = None) -> Any:
-        """``reduce`` every tensor or number inside ``data`` (nested dicts, lists, tuples) with ``op``."""
+    def all_reduce_tree(self, data: Any, op: ReduceOp = "mean", name: str | None = None, group: Any = None) -> Any:
+        """``reduce`` every tensor or number inside ``data`` (nested dicts, lists, tuples) with ``op`` over ``group``."""
         _check_op(op)
+        over = {} if group is None else {"group": group}
         with labelled(name):
-            return apply_to_tensors(data, lambda t: self.reduce(t, reduce_op=op))
+            return apply_to_tensors(data, lambda t: self.reduce(t, reduce_op=op, **over))
 
     def barrier(self, name: str | None = None) -> None:
         """Wait until every process reaches this point. One process: returns at once."""

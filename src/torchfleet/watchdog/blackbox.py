@@ -1,10 +1,12 @@
 """The black box: a rank's collectives record in a small file of its own (a memory map), readable whatever killed it.
 
 Writing costs about a microsecond per collective, and the file survives the process (a gloo abort, SIGKILL), so the
-launching process reads every rank's box (``read_box``) for its report. Layout: a header (magic, pid, the number of
-the current or last collective, its state, when it started and ended), then the last ``_SLOTS`` collectives, slot
-``seq % _SLOTS``: the number, then ``name\\0site\\0where``; so the report can compare the ranks at the first number
-where they differ even when one rank has run past it.
+launching process reads every rank's box (``read_box``) for its report. Layout: a header (magic, pid, the index of
+the current or last collective among all this process began, its state, when it started and ended), then the last
+``_SLOTS`` collectives, slot ``index % _SLOTS``: the index, the collective's number (within its group: numbering.py),
+then ``group\\0name\\0site\\0where``; so the report can compare the ranks at the first number where they differ
+even when one rank has run past it. ``history`` keys a collective over every rank by its number, one over a group by
+``(group, number)`` (groups.py's text).
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ import time
 from typing import Any
 
 BOX_SIZE = 4096
-_HEADER = struct.Struct("<4sqqbdd")  # magic, pid, seq, state, started, ended
+_HEADER = struct.Struct("<4sqqbdd")  # magic, pid, index, state, started, ended
 _SLOT_START, _SLOT_SIZE, _SLOTS = 128, 248, 16
-_SLOT_SEQ = struct.Struct("<q")
+_SLOT_SEQ = struct.Struct("<qq")  # index, number
 _MAGIC = b"TFWD"
 #: a collective's state: none yet, waiting in it, finished, raised
 NOT_IN, IN, DONE, FAILED = 0, 1, 2, 3
@@ -44,19 +46,19 @@ def open_box(folder: str, rank: int) -> mmap.mmap:
         return mmap.mmap(f.fileno(), BOX_SIZE)
 
 
-def write_record(box: mmap.mmap, seq: int, state: int, started: float, ended: float, name: str, site: str,
-                 where: str) -> None:
-    """Collective ``seq`` into its slot, and the header: it is the current one."""
-    text = f"{name}\0{site}\0{where}".encode(errors="replace")[: _SLOT_SIZE - _SLOT_SEQ.size - 1]
-    start = _SLOT_START + (seq % _SLOTS) * _SLOT_SIZE
-    _SLOT_SEQ.pack_into(box, start, seq)
-    box[start + _SLOT_SEQ.size:start + _SLOT_SEQ.size + len(text) + 1] = text + b"\0"
-    write_state(box, seq, state, started, ended)
+def write_record(box: mmap.mmap, index: int, seq: int, state: int, started: float, ended: float, name: str, site: str,
+                 where: str, group: str = "") -> None:
+    """Collective ``index`` (number ``seq`` in ``group``) into its slot, and the header: it is the current one."""
+    text = f"{group}\0{name}\0{site}\0{where}".encode(errors="replace")[: _SLOT_SIZE - _SLOT_SEQ.size - 2]
+    start = _SLOT_START + (index % _SLOTS) * _SLOT_SIZE
+    _SLOT_SEQ.pack_into(box, start, index, seq)
+    box[start + _SLOT_SEQ.size:start + _SLOT_SEQ.size + len(text) + 2] = text + b"\0\0"
+    write_state(box, index, state, started, ended)
 
 
-def write_state(box: mmap.mmap, seq: int, state: int, started: float, ended: float) -> None:
+def write_state(box: mmap.mmap, index: int, state: int, started: float, ended: float) -> None:
     """The header alone: the current collective's state changed (it finished or raised)."""
-    _HEADER.pack_into(box, 0, _MAGIC, os.getpid(), seq, state, started, ended)
+    _HEADER.pack_into(box, 0, _MAGIC, os.getpid(), index, state, started, ended)
 
 
 def read_box(path: str, now: float | None = None) -> dict[str, Any] | None:
@@ -68,18 +70,22 @@ def read_box(path: str, now: float | None = None) -> dict[str, Any] | None:
         return None
     if len(data) < _HEADER.size or data[:4] != _MAGIC:
         return None
-    _, pid, seq, state, started, ended = _HEADER.unpack_from(data, 0)
-    history = {}
+    _, pid, index, state, started, ended = _HEADER.unpack_from(data, 0)
+    history: dict[Any, tuple[str, str, str]] = {}
+    seq, name, site, where, group = 0, "", "", "", ""
     for slot in range(_SLOTS):
         start = _SLOT_START + slot * _SLOT_SIZE
-        (number,) = _SLOT_SEQ.unpack_from(data, start)
+        number, n = _SLOT_SEQ.unpack_from(data, start)
         if number > 0:
             text = data[start + _SLOT_SEQ.size:start + _SLOT_SIZE].split(b"\0\0", 1)[0].decode(errors="replace")
-            history[number] = tuple((text.split("\0") + ["", "", ""])[:3])
-    name, site, where = history.get(seq, ("", "", ""))
+            g, nm, st, wh = (text.split("\0") + ["", "", "", ""])[:4]
+            history[(g, n) if g else n] = (nm, st, wh)
+            if number == index:
+                seq, name, site, where, group = n, nm, st, wh, g
     now = time.monotonic() if now is None else now
     return {"seq": seq, "state": STATES.get(state, "none"), "name": name, "site": site, "where": where,
-            "pid": pid, "waited": (now - started) if state == IN else (ended - started), "history": history}
+            "group": group, "pid": pid, "waited": (now - started) if state == IN else (ended - started),
+            "history": history}
 
 
 def read_boxes(folder: str) -> dict[int, dict[str, Any] | None]:

@@ -6,6 +6,10 @@ next sequence number, names it (``labelled`` adds what it is for) and records th
 loop position (``set_position``). Ranks that run the same program issue the same collectives in the same order, so
 the same number names the same collective on every rank. Once the watchdog has started, each record is also written
 to this rank's black box (blackbox.py).
+
+A collective over a group of ranks (``collective(name, group=...)``: a mesh dimension, a process group; the text of
+groups.py) is numbered within its group: tensor-parallel groups {0,1} and {2,3} that each run their own collectives,
+as many as they like, stay in step with the world's numbering and with each other's.
 """
 
 from __future__ import annotations
@@ -24,10 +28,19 @@ class _Recorder:
     """This process's collectives: the number of the last one begun, the current one, where the loops are."""
 
     __slots__ = ("seq", "name", "site", "where", "state", "started", "ended", "bounded", "box", "position",
-                 "next_site", "label")
+                 "next_site", "label", "index", "world", "group", "counts")
 
     def __init__(self) -> None:
+        #: the current or last collective's number: within its group (``group``), the world's when ``group`` is ""
         self.seq = 0
+        #: how many collectives this process has begun, every group together (the black box's slots)
+        self.index = 0
+        #: how many collectives over every rank this process has begun
+        self.world = 0
+        #: the current or last collective's group (groups.py's text; "" for every rank)
+        self.group = ""
+        #: group text -> how many collectives over that group this process has begun
+        self.counts: dict[str, int] = {}
         self.name = ""
         self.site = ""
         self.where = ""
@@ -84,14 +97,20 @@ class collective:  # noqa: N801 - used as a statement: ``with collective("barrie
     """Record one collective: ``with collective(name): dist.barrier()``.
 
     ``bounded=False``: a wait of unknown length (rank 0 downloading a data set) that the watchdog leaves alone.
+    ``group``: the ranks it runs over (groups.group_text), numbered within that group; "" for every rank.
     """
 
     __slots__ = ("seq",)
 
-    def __init__(self, name: str, site: str | None = None, bounded: bool = True) -> None:
+    def __init__(self, name: str, site: str | None = None, bounded: bool = True, group: str = "") -> None:
         rec = _REC
-        rec.seq += 1
-        self.seq = rec.seq
+        rec.index += 1
+        if group:
+            self.seq = rec.seq = rec.counts[group] = rec.counts.get(group, 0) + 1
+        else:
+            rec.world += 1
+            self.seq = rec.seq = rec.world
+        rec.group = group
         if rec.label is not None and "(" not in name:
             name = f"{name}({rec.label})"
         rec.name = name
@@ -103,7 +122,8 @@ class collective:  # noqa: N801 - used as a statement: ``with collective("barrie
         rec.started = time.monotonic()
         rec.state = IN
         if rec.box is not None:
-            write_record(rec.box, rec.seq, rec.state, rec.started, rec.ended, rec.name, rec.site, rec.where)
+            write_record(rec.box, rec.index, rec.seq, rec.state, rec.started, rec.ended, rec.name, rec.site, rec.where,
+                         group)
 
     def __enter__(self) -> collective:
         return self
@@ -114,27 +134,28 @@ class collective:  # noqa: N801 - used as a statement: ``with collective("barrie
         rec.ended = time.monotonic()
         box = rec.box
         if box is not None:
-            write_state(box, rec.seq, rec.state, rec.started, rec.ended)
+            write_state(box, rec.index, rec.state, rec.started, rec.ended)
 
     def fingerprint(self) -> int:
         """A number in [1, 65536] that every rank computes alike for the same collective at the same point."""
         rec = _REC
-        return (zlib.crc32(f"{self.seq}|{rec.name}|{rec.where}".encode()) & 0xFFFF) + 1
+        return (zlib.crc32(f"{self.seq}|{rec.name}|{rec.where}|{rec.group}".encode()) & 0xFFFF) + 1
 
 
 def current() -> dict[str, Any]:
     """This process's record: the collective it is in, or the last it finished."""
     rec = _REC
     return {"seq": rec.seq, "state": STATES.get(rec.state, "none"), "name": rec.name, "site": rec.site,
-            "where": rec.where, "started": rec.started, "ended": rec.ended, "pid": os.getpid(), "position": rec.position}
+            "where": rec.where, "group": rec.group, "started": rec.started, "ended": rec.ended, "pid": os.getpid(), "position": rec.position}
 
 
 def attach_box(box: mmap.mmap) -> None:
     """Write this process's records into its black box from now on (the watchdog opens it when it starts)."""
     rec = _REC
     rec.box = box
-    if rec.seq:
-        write_record(box, rec.seq, rec.state, rec.started, rec.ended, rec.name, rec.site, rec.where)
+    if rec.index:
+        write_record(box, rec.index, rec.seq, rec.state, rec.started, rec.ended, rec.name, rec.site, rec.where,
+                     rec.group)
 
 
 def bounded_wait(now: float) -> float | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from torchfleet.watchdog.blackbox import box_path, read_box, stacks_path
 from torchfleet.watchdog.desync import analyse
+from torchfleet.watchdog.groups import over
 from torchfleet.watchdog.nccl import dump_prefix
 from torchfleet.watchdog.numbering import current
 
@@ -27,10 +28,11 @@ def describe_record(rank: int, rec: dict[str, Any] | None, timeout: float | None
         return f"rank {rank}: no torchfleet collective yet"
     where = f", {rec['where']}" if rec.get("where") else ""
     at = f" called at {rec['site']}{where}"
+    what = f"#{rec['seq']} {rec['name']}{over(rec.get('group') or '')}"
     if rec["state"] == "in":
-        return f"rank {rank}: in #{rec['seq']} {rec['name']} for {rec['waited']:.1f}s,{at}"
+        return f"rank {rank}: in {what} for {rec['waited']:.1f}s,{at}"
     verb = "failed in" if rec["state"] == "failed" else "not in a collective; its last was"
-    return f"rank {rank}: {verb} #{rec['seq']} {rec['name']},{at}"
+    return f"rank {rank}: {verb} {what},{at}"
 
 
 def _indent(text: str, prefix: str = "    ") -> str:
@@ -56,7 +58,7 @@ def report(folder: str, ranks: Iterator[int] | list[int], timeout: float | None 
         return "", ""
     kind, analysis = analyse(records)
     lines = ["Collectives (torchfleet numbers each collective it issues; the same number is the same collective "
-             "on every rank):"]
+             "on every rank, or on every rank of the group a collective runs over):"]
     lines += ["  " + describe_record(r, rec, timeout) for r, rec in sorted(records.items())]
     lines += analysis
     if kind == "hang" and timeout:
