@@ -4,10 +4,11 @@ between a pipeline mesh and no pipeline, both ways.
 
 Three launches serve the multi-process tests: 4 ranks train PP2xDP2 with 1F1B (validating through the pipeline,
 saving a checkpoint mid-epoch), with GPipe, with gradient clipping, a Fleet loop PP2xDP2 (fleet.save mid-epoch),
-PP2xTP2, then
+PP2xTP2, PP2xDP2 with two stages per rank under Interleaved1F1B (validating, saving mid-epoch) and LoopedBFS, then
 microbatches that do not divide the batch (refused); 1 rank resumes the PP2xDP2 checkpoint without pipeline
-parallelism and writes a 1x1-mesh checkpoint, and a Fleet loop without pipeline saves its own and resumes the Fleet
-PP2xDP2 one; 2 ranks resume the 1x1 one as PP2 and the Fleet one in a Fleet PP2 loop. The reference is the same
+parallelism and writes a 1x1-mesh checkpoint, a Fleet loop without pipeline saves its own and resumes the Fleet
+PP2xDP2 one, and the interleaved checkpoint resumes; 2 ranks resume the 1x1 one as PP2 and the Fleet one in a Fleet
+PP2 loop, train PP2 interleaved with clipping, then shard the whole Module under interleaved (refused). The reference is the same
 Module trained in this process with the global batch.
 """
 
@@ -152,10 +153,11 @@ def runs(tmp_path_factory) -> dict:
         {"name": "pp2dp2_clip", **pp, "dp": 2, "clip": 0.05},
         {"name": "fleet_pp2dp2", "fleet": True, "pp": 2, "dp": 2, "ckpt_dir": d},
         {"name": "pp2tp2", **pp, "dp": 1, "tp": 2},
-        {"name": "uneven_microbatches", **pp, "dp": 2, "microbatches": 3, "expect_error": True},
         {"name": "pp2dp2_interleaved", **pp, "dp": 2, **INTERLEAVED, "microbatches": 4, "save_at": mp_script.SAVE_AT,
          "ckpt_dir": d, "validate": True},
         {"name": "pp2dp2_bfs", **pp, "dp": 2, **INTERLEAVED, "schedule": "LoopedBFS"},
+        # a failing run ends its launch's processes: last
+        {"name": "uneven_microbatches", **pp, "dp": 2, "microbatches": 3, "expect_error": True},
     ]})
     one = run_script({"out": f"{d}/one.pt", "devices": 1, "runs": [
         {"name": "single_from_pp2dp2", "strategy": "single_device", "resume": f"{d}/pp2dp2.ckpt"},
