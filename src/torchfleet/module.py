@@ -224,6 +224,13 @@ class Module(nn.Module, HyperparametersMixin, ModuleExport, UserCollectives):
         return None if strategy is None else strategy.module_device_mesh
 
     @property
+    def pipeline_stages(self) -> Any:
+        """This rank's pipeline stages (one ``nn.Sequential`` each) to shard in ``configure_model`` under a schedule
+        running several per rank (``pipeline_schedule="Interleaved1F1B"``); None otherwise."""
+        strategy = self._strategy()
+        return None if strategy is None else strategy.pipeline_stages
+
+    @property
     def device(self) -> torch.device:
         """The device of the module's first parameter or buffer (CPU when it has none)."""
         for t in self.parameters():

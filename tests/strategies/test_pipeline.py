@@ -4,10 +4,11 @@ between a pipeline mesh and no pipeline, both ways.
 
 Three launches serve the multi-process tests: 4 ranks train PP2xDP2 with 1F1B (validating through the pipeline,
 saving a checkpoint mid-epoch), with GPipe, with gradient clipping, a Fleet loop PP2xDP2 (fleet.save mid-epoch),
-PP2xTP2, then
+PP2xTP2, PP2xDP2 with two stages per rank under Interleaved1F1B (validating, saving mid-epoch) and LoopedBFS, then
 microbatches that do not divide the batch (refused); 1 rank resumes the PP2xDP2 checkpoint without pipeline
-parallelism and writes a 1x1-mesh checkpoint, and a Fleet loop without pipeline saves its own and resumes the Fleet
-PP2xDP2 one; 2 ranks resume the 1x1 one as PP2 and the Fleet one in a Fleet PP2 loop. The reference is the same
+parallelism and writes a 1x1-mesh checkpoint, a Fleet loop without pipeline saves its own and resumes the Fleet
+PP2xDP2 one, and the interleaved checkpoint resumes; 2 ranks resume the 1x1 one as PP2 and the Fleet one in a Fleet
+PP2 loop, train PP2 interleaved with clipping, then shard the whole Module under interleaved (refused). The reference is the same
 Module trained in this process with the global batch.
 """
 
@@ -29,6 +30,8 @@ from torchfleet.strategies.model_parallel import pipeline_mesh_sizes
 
 ATOL = 1e-5
 MSE = nn.functional.mse_loss
+#: two stages on each of 2 ranks: [layers.0], [layers.1 (Tanh, no parameters)], [layers.2-3], [layers.4]
+INTERLEAVED = {"schedule": "Interleaved1F1B", "stages_per_rank": 2, "split": ["layers.1", "layers.2", "layers.4"]}
 
 
 def build(devices=4, **kwargs):
@@ -83,6 +86,30 @@ def test_bad_pipeline_arguments_say_what_is_accepted(kwargs, words):
         ModelParallelStrategy(**kwargs)
 
 
+@pytest.mark.parametrize(("kwargs", "words"), [
+    ({"pipeline_parallel_size": 2, "stages_per_rank": 2},
+     r"pipeline_schedule='1F1B'\) runs one stage per rank, but stages_per_rank=2: give pipeline_schedule="),
+    ({"pipeline_parallel_size": 2, "pipeline_schedule": "GPipe", "stages_per_rank": 2}, "runs one stage per rank"),
+    ({"stages_per_rank": 0}, r"stages_per_rank=0\) is not valid"),
+    # torch's interleaved schedule: max(1, 5 // 2) = 2 rounds, which 5 microbatches do not fill evenly
+    ({"pipeline_parallel_size": 2, "pipeline_schedule": "Interleaved1F1B", "stages_per_rank": 2, "microbatches": 5},
+     r"= 2 rounds of equal size, which 5 microbatches do not make\. Give a multiple of pipeline_parallel_size"),
+    ({"pipeline_parallel_size": 4, "microbatches": 3}, r"Schedule1F1B needs at least as many microbatches as stages"),
+])
+def test_impossible_schedules_are_refused_before_any_process(kwargs, words):
+    with pytest.raises(ConfigurationError, match=words):
+        ModelParallelStrategy(**kwargs)
+
+
+@pytest.mark.parametrize(("schedule", "microbatches"), [("Interleaved1F1B", 1), ("Interleaved1F1B", 6),
+                                                        ("Interleaved1F1B", 10), ("LoopedBFS", 5)])
+def test_microbatches_the_multi_stage_schedules_take(schedule, microbatches):
+    strategy = ModelParallelStrategy(pipeline_parallel_size=4, pipeline_schedule=schedule, stages_per_rank=2,
+                                     microbatches=microbatches)
+    assert strategy.pipeline_stages is None  # the stages exist once a Module is split
+    assert script.Stack().pipeline_stages is None  # outside a run
+
+
 def test_stage_children_split_the_sequential_at_the_points():
     model = script.Stack()
     assert stage_children(model, model.configure_pipeline(), 2) == ("layers", [["0", "1"], ["2", "3", "4"]])
@@ -99,6 +126,7 @@ class WithHead(script.Stack):
 @pytest.mark.parametrize(("model", "spec", "stages", "words"), [
     (script.Stack(), None, 2, "returned NoneType, but pipeline_parallel_size=2 needs"),
     (script.Stack(), PipelineSpec(["layers.2"], MSE), 3, "needs 2 of them"),
+    (script.Stack(), PipelineSpec(["layers.2"], MSE), (4, 2), r"pipeline_parallel_size=2 x stages_per_rank=2 needs 3"),
     (script.Stack(), PipelineSpec(["layers.2", "layers.0.weight"], MSE), 3, "a child of the same nn.Sequential"),
     (script.Stack(), PipelineSpec(["layers.3", "layers.2"], MSE), 3, "in increasing order"),
     (script.Stack(), PipelineSpec(["layers.0"], MSE), 2, "other than the first"),
@@ -106,7 +134,7 @@ class WithHead(script.Stack):
 ])
 def test_bad_stage_specs_are_refused(model, spec, stages, words):
     with pytest.raises(MisconfiguredModuleError, match=words):
-        stage_children(model, spec, stages)
+        stage_children(model, spec, *(stages if isinstance(stages, tuple) else (stages,)))
 
 
 # ----------------------------------------------------------------------------------------- on 4, 1 and 2 processes
@@ -125,6 +153,10 @@ def runs(tmp_path_factory) -> dict:
         {"name": "pp2dp2_clip", **pp, "dp": 2, "clip": 0.05},
         {"name": "fleet_pp2dp2", "fleet": True, "pp": 2, "dp": 2, "ckpt_dir": d},
         {"name": "pp2tp2", **pp, "dp": 1, "tp": 2},
+        {"name": "pp2dp2_interleaved", **pp, "dp": 2, **INTERLEAVED, "microbatches": 4, "save_at": mp_script.SAVE_AT,
+         "ckpt_dir": d, "validate": True},
+        {"name": "pp2dp2_bfs", **pp, "dp": 2, **INTERLEAVED, "schedule": "LoopedBFS"},
+        # a failing run ends its launch's processes: last
         {"name": "uneven_microbatches", **pp, "dp": 2, "microbatches": 3, "expect_error": True},
     ]})
     one = run_script({"out": f"{d}/one.pt", "devices": 1, "runs": [
@@ -132,11 +164,15 @@ def runs(tmp_path_factory) -> dict:
         {"name": "mesh_1x1", "strategy": "model_parallel", "dp": 1, "tp": 1, "save_at": mp_script.SAVE_AT,
          "ckpt_dir": d},
         {"name": "fleet_single", "fleet": True, "ckpt_dir": d, "resume": f"{d}/fleet_pp2dp2.ckpt"},
+        {"name": "single_from_interleaved", "strategy": "single_device", "resume": f"{d}/pp2dp2_interleaved.ckpt"},
     ]})
     two = run_script({"out": f"{d}/two.pt", "devices": 2, "runs": [
         {"name": "pp2_from_1x1", **pp, "dp": 1, "resume": f"{d}/mesh_1x1.ckpt", "validate": True},
         {"name": "fleet_pp2_from_single", "fleet": True, "pp": 2, "ckpt_dir": d,
          "resume": f"{d}/fleet_single.ckpt"},
+        {"name": "pp2_interleaved_clip", **pp, "dp": 1, **INTERLEAVED, "clip": 0.05},
+        {"name": "interleaved_whole_module_sharded", **pp, "dp": 1, **INTERLEAVED, "shard_whole": True,
+         "expect_error": True},
     ]})
     return {**four, **one, **two}
 
@@ -185,7 +221,24 @@ def test_pp2_dp2_equals_one_process(runs, ref, name):
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["pp2dp2", "pp2_from_1x1"])
+@pytest.mark.parametrize("name", ["pp2dp2_interleaved", "pp2dp2_bfs"])
+def test_two_stages_per_rank_equal_one_process(runs, ref, name):
+    got = runs[name]
+    assert_close(got["weights"], ref["weights"], ATOL)
+    assert got["global_step"] == ref["global_step"] == mp_script.STEPS
+    # rank r of a replica holds stages r and r + 2: layers 0 and 2 (stages 0, 2), layer 4 (stage 3; stage 1 is a Tanh)
+    first, last = ["layers.0.bias", "layers.0.weight", "layers.2.bias", "layers.2.weight"], ["layers.4.bias",
+                                                                                             "layers.4.weight"]
+    assert got["names"] == [first, first, last, last]
+    losses = got["losses"]
+    # the last stage (3) is on pipeline rank 1 (global ranks 2, 3), which sends the loss to its replica's rank 0 or 1
+    assert losses[0] == losses[2] and losses[1] == losses[3] and losses[0] != losses[1]
+    assert [(a + b) / 2 for a, b in zip(losses[0], losses[1])] == pytest.approx(ref["losses"], abs=ATOL)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["pp2dp2", "pp2_from_1x1", "pp2dp2_interleaved"])
 def test_validation_runs_through_the_pipeline(runs, ref, name):
     # the schedule's forward-only step, its loss sent from the last stage and logged with sync_dist on every rank
     assert ref["val_loss"] > 0
@@ -228,11 +281,13 @@ def test_gradient_clipping_takes_the_norm_over_every_stage(runs, ref):
     clipped = reference(clip=0.05)
     assert max((clipped["weights"][k] - ref["weights"][k]).abs().max().item() for k in ref["weights"]) > 1e-3
     assert_close(runs["pp2dp2_clip"]["weights"], clipped["weights"], ATOL)
+    # two stages on each of 2 ranks (PP2, no data parallel): the norm over all four stages
+    assert_close(runs["pp2_interleaved_clip"]["weights"], clipped["weights"], ATOL)
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["single_from_pp2dp2", "pp2_from_1x1"])
+@pytest.mark.parametrize("name", ["single_from_pp2dp2", "pp2_from_1x1", "single_from_interleaved"])
 def test_a_pipeline_checkpoint_resumes_without_pipeline_and_the_reverse(runs, ref, name):
     got = runs[name]
     assert_close(got["weights"], ref["weights"], ATOL)
@@ -245,6 +300,7 @@ def test_a_pipeline_checkpoint_resumes_without_pipeline_and_the_reverse(runs, re
 @pytest.mark.slow
 def test_refusals_of_a_running_pipeline(runs):
     assert "A training batch of 4 samples does not split into microbatches=3" in runs["uneven_microbatches"]["error"]
+    assert "fully_shard must shard each stage whole" in runs["interleaved_whole_module_sharded"]["error"]
 
 
 def test_predict_and_a_pipeline_step_without_a_pipeline_are_refused():

@@ -37,8 +37,10 @@ from torchfleet.errors import ConfigurationError, MisconfiguredModuleError, unkn
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
+#: the schedules running several stages on each rank (``stages_per_rank``), rank r holding stages r, r + pp, ...
+MULTI_STAGE = ("Interleaved1F1B", "LoopedBFS")
 #: the schedules ``ModelParallelStrategy(pipeline_schedule=...)`` accepts, by name (torch's class names)
-SCHEDULES = ("GPipe", "1F1B")
+SCHEDULES = ("GPipe", "1F1B", *MULTI_STAGE)
 #: the 3-D mesh's dimension names when pipeline_parallel_size > 1, outermost first
 PIPELINE_MESH_DIMS = ("pipeline_parallel", "data_parallel", "tensor_parallel")
 
@@ -67,25 +69,50 @@ class PipelineSpec:
     log_test_loss_as: str | None = None
 
 
-def check_schedule(name: Any) -> str:
+def check_schedule(name: Any, stages_per_rank: int = 1, microbatches: int | None = None, size: int = 1) -> str:
+    """``name`` when torch's schedule of that name takes ``stages_per_rank`` and ``microbatches`` over ``size`` ranks."""
     if name not in SCHEDULES:
         raise unknown_name("pipeline_schedule", name, SCHEDULES,
-                           hint="They are torch.distributed.pipelining's ScheduleGPipe and Schedule1F1B.")
+                           hint="They are torch.distributed.pipelining's ScheduleGPipe, Schedule1F1B, "
+                                "ScheduleInterleaved1F1B and ScheduleLoopedBFS.")
+    if stages_per_rank > 1 and name not in MULTI_STAGE:
+        raise ConfigurationError(
+            f"ModelParallelStrategy(pipeline_schedule={name!r}) runs one stage per rank, but stages_per_rank="
+            f"{stages_per_rank}: give pipeline_schedule='Interleaved1F1B' or 'LoopedBFS', or stages_per_rank=1."
+        )
+    if microbatches is None or size == 1:
+        return name
+    if name == "1F1B" and microbatches < size:
+        raise ConfigurationError(
+            f"ModelParallelStrategy(pipeline_schedule='1F1B', microbatches={microbatches}): torch's Schedule1F1B "
+            f"needs at least as many microbatches as stages ({size}). Raise microbatches, or use 'GPipe'."
+        )
+    rounds = max(1, microbatches // size)  # torch's ScheduleInterleaved1F1B's rounds of microbatches
+    if name == "Interleaved1F1B" and microbatches % rounds:
+        raise ConfigurationError(
+            f"ModelParallelStrategy(pipeline_schedule='Interleaved1F1B', microbatches={microbatches}, "
+            f"pipeline_parallel_size={size}): torch's interleaved schedule runs max(1, microbatches // "
+            f"pipeline_parallel_size) = {rounds} rounds of equal size, which {microbatches} microbatches do not "
+            f"make. Give a multiple of pipeline_parallel_size ({size}, e.g. {size * rounds}), or fewer than {size}."
+        )
     return name
 
 
 def _schedule_class(name: str) -> Any:
     from torch.distributed import pipelining
 
-    return {"GPipe": pipelining.ScheduleGPipe, "1F1B": pipelining.Schedule1F1B}[name]
+    return {"GPipe": pipelining.ScheduleGPipe, "1F1B": pipelining.Schedule1F1B,
+            "Interleaved1F1B": pipelining.ScheduleInterleaved1F1B, "LoopedBFS": pipelining.ScheduleLoopedBFS}[name]
 
 
-def stage_children(module: nn.Module, spec: Any, num_stages: int) -> tuple[str, list[list[str]]]:
+def stage_children(module: nn.Module, spec: Any, num_stages: int, per_rank: int = 1) -> tuple[str, list[list[str]]]:
     """The Sequential's name and, per stage, the names of its children that stage keeps; refuses a bad spec."""
     owner = type(module).__name__
+    sizes = f"pipeline_parallel_size={num_stages // per_rank}" + (
+        f" x stages_per_rank={per_rank}" if per_rank > 1 else "")
     if not isinstance(spec, PipelineSpec):
         raise MisconfiguredModuleError(
-            f"{owner}.configure_pipeline() returned {type(spec).__name__}, but pipeline_parallel_size={num_stages} "
+            f"{owner}.configure_pipeline() returned {type(spec).__name__}, but {sizes} "
             "needs a torchfleet.strategies.PipelineSpec(split_points=[...], loss_fn=...) naming where each stage "
             "after the first begins."
         )
@@ -96,7 +123,7 @@ def stage_children(module: nn.Module, spec: Any, num_stages: int) -> tuple[str, 
     sequential = modules.get(parent) if parent is not None else None
     if len(points) != num_stages - 1 or not isinstance(sequential, nn.Sequential):
         raise MisconfiguredModuleError(
-            f"{owner}.configure_pipeline() gave split points {points}; pipeline_parallel_size={num_stages} needs "
+            f"{owner}.configure_pipeline() gave split points {points}; {sizes} needs "
             f"{num_stages - 1} of them, each the name of a child of the same nn.Sequential of the Module (e.g. "
             "'layers.2' for stage 1 to begin at self.layers[2]), whose forward runs that Sequential."
         )
@@ -120,10 +147,16 @@ def stage_children(module: nn.Module, spec: Any, num_stages: int) -> tuple[str, 
 
 
 class Pipeline:
-    """One rank's pipeline stage: the pruned Module, its ``PipelineStage`` and schedule, and the pipelined step."""
+    """One rank's pipeline stages: the pruned Module, its ``PipelineStage`` objects and schedule, and the pipelined step.
+
+    With ``stages_per_rank`` > 1 (a multi-stage schedule) the split points make ``pp * stages_per_rank`` stages,
+    rank r keeping stages r, r + pp, ... (torch's round-robin); ``modules`` holds one ``nn.Sequential`` per local
+    stage over the kept children (the same modules, still registered under their names in the Module), which
+    the schedule runs and ``configure_model`` shards one by one.
+    """
 
     def __init__(self, module: nn.Module, mesh: DeviceMesh, schedule: str, microbatches: int | None,
-                 spec: PipelineSpec | None = None) -> None:
+                 spec: PipelineSpec | None = None, stages_per_rank: int = 1) -> None:
         if not getattr(module, "automatic_optimization", True):
             raise ConfigurationError(
                 f"{type(module).__name__} uses manual optimisation, which pipeline parallelism does not support: "
@@ -140,30 +173,63 @@ class Pipeline:
             )
         spec = configure()
         self.group = mesh.get_group("pipeline_parallel")
-        self.num_stages = mesh.size(0)
-        self.stage_index = mesh.get_local_rank("pipeline_parallel")
-        parent, stages = stage_children(module, spec, self.num_stages)
+        self.size = mesh.size(0)
+        self.num_stages = self.size * stages_per_rank
+        rank = mesh.get_local_rank("pipeline_parallel")
+        #: this rank's stages, in order: rank, rank + pp, ... (the stage-to-rank mapping torch's schedules assume)
+        self.stage_indices = list(range(rank, self.num_stages, self.size))
+        parent, stages = stage_children(module, spec, self.num_stages, stages_per_rank)
         sequential = module.get_submodule(parent)
-        for name in [n for i, kept in enumerate(stages) if i != self.stage_index for n in kept]:
+        for name in [n for i, kept in enumerate(stages) if i not in self.stage_indices for n in kept]:
             delattr(sequential, name)  # not ``del seq[i]``, which renumbers the rest: the names stay the model's
         self.spec, self.module, self.schedule_name = spec, module, schedule
-        self.microbatches = microbatches if microbatches is not None else self.num_stages
+        self._child_stage = {f"{parent}.{n}": i for i, kept in enumerate(stages) for n in kept}
+        self.multi_stage = schedule in MULTI_STAGE
+        #: one Sequential per local stage (multi-stage schedules; not registered in the Module: no second names)
+        self.modules: list[nn.Module] | None = None
+        if self.multi_stage:
+            from collections import OrderedDict
+
+            self.modules = [nn.Sequential(OrderedDict((n, sequential.get_submodule(n)) for n in stages[i]))
+                            for i in self.stage_indices]
+        self.microbatches = microbatches if microbatches is not None else self.size
         self.schedule: Any = None
+
+    def stage_of(self, name: str) -> int:
+        """The index of the stage holding the parameter ``name`` (a fully qualified name; 0 when none matches)."""
+        parts = name.split(".")
+        return next((self._child_stage[".".join(parts[:k])] for k in range(len(parts), 0, -1)
+                     if ".".join(parts[:k]) in self._child_stage), 0)
 
     @property
     def is_first(self) -> bool:
-        return self.stage_index == 0
+        return self.stage_indices[0] == 0
 
     @property
     def is_last(self) -> bool:
-        return self.stage_index == self.num_stages - 1
+        return self.stage_indices[-1] == self.num_stages - 1
 
     def build(self, module: nn.Module, device: torch.device) -> None:
-        """The stage and schedule, once the Module is parallelised (``configure_model`` ran)."""
+        """The stages and schedule, once the Module is parallelised (``configure_model`` ran)."""
+        from torch.distributed.fsdp import FSDPModule
         from torch.distributed.pipelining import PipelineStage
 
-        stage = PipelineStage(module, self.stage_index, self.num_stages, device, group=self.group)
-        self.schedule = _schedule_class(self.schedule_name)(stage, self.microbatches, loss_fn=self.spec.loss_fn)
+        if self.modules is None:
+            stage = PipelineStage(module, self.stage_indices[0], self.num_stages, device, group=self.group)
+            self.schedule = _schedule_class(self.schedule_name)(stage, self.microbatches, loss_fn=self.spec.loss_fn)
+            return
+        sharded = any(isinstance(m, FSDPModule) for m in module.modules())
+        if sharded and not all(isinstance(m, FSDPModule) for m in self.modules):
+            raise ConfigurationError(
+                f"pipeline_schedule={self.schedule_name!r} runs each of this rank's stages by itself, so fully_shard "
+                "must shard each stage whole: apply it to the stages (`for stage in self.pipeline_stages: "
+                "fully_shard(stage, mesh=self.device_mesh['data_parallel'])`; under Fleet "
+                "strategy.pipeline_stages), not to the Module or its layers, whose gather hooks the schedule "
+                "would never run."
+            )
+        stages = [PipelineStage(m, i, self.num_stages, device, group=self.group)
+                  for m, i in zip(self.modules, self.stage_indices)]
+        self.schedule = _schedule_class(self.schedule_name)(stages, self.microbatches, loss_fn=self.spec.loss_fn)
 
     def training_step(self, batch: Any, batch_idx: int | None = None) -> Tensor:
         """The schedule over ``batch`` (forward and backward); the mean microbatch loss, the same on every stage."""
@@ -200,14 +266,15 @@ class Pipeline:
         run(*args, target=target if self.is_last else None, losses=losses if self.is_last else None)
         device = target.device
         loss = torch.stack([x.detach().float() for x in losses]).mean() if self.is_last else torch.zeros((), device=device)
-        torch.distributed.broadcast(loss, group=self.group, group_src=self.num_stages - 1)
+        torch.distributed.broadcast(loss, group=self.group, group_src=(self.num_stages - 1) % self.size)
         if log_as:
             self.module.log(log_as, loss, sync_dist=True)  # type: ignore[operator]
         return loss
 
 
-def all_stages_param_groups(state: Any, group: Any) -> Any:
-    """An FQN-keyed optimizer state whose ``param_groups`` name every stage's parameters, in stage order.
+def all_stages_param_groups(state: Any, group: Any, stage_of: Callable[[str], int] = lambda name: 0) -> Any:
+    """An FQN-keyed optimizer state whose ``param_groups`` name every stage's parameters, in stage order
+    (``stage_of(name)``: its stage; ranks hold several, not consecutive, under a multi-stage schedule).
 
     A distributed checkpoint keeps one copy of an entry that is not a tensor (rank 0's): without this, its
     param_groups would name stage 0's parameters only, and a run without pipeline stages could not load it.
@@ -218,7 +285,7 @@ def all_stages_param_groups(state: Any, group: Any) -> Any:
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, [g["params"] for g in groups], group=group)
     for i, g in enumerate(groups):
-        g["params"] = [name for stage in gathered for name in stage[i]]
+        g["params"] = sorted((name for rank in gathered for name in rank[i]), key=stage_of)  # stable
     return state
 
 

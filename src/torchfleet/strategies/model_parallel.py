@@ -129,8 +129,9 @@ class ModelParallelStrategy(ParallelStrategy):
     ``process_group_backend``, ``timeout`` and ``max_restarts`` are the shared process options (processes.py). The model stays
     parallelised after a stage (as Lightning's). ``pipeline_parallel_size`` > 1: a third, outermost mesh dimension
     "pipeline_parallel"; the Module declares its stages with ``configure_pipeline()`` (``_pipeline.PipelineSpec``)
-    and each training step runs ``pipeline_schedule`` ("GPipe" or "1F1B") over ``microbatches`` (default: the
-    number of stages) microbatches of the rank's batch. Under Fleet, ``pipeline`` (a ``PipelineSpec``; default: the
+    and each training step runs ``pipeline_schedule`` ("GPipe", "1F1B", or with ``stages_per_rank`` stages on each
+    rank "Interleaved1F1B" or "LoopedBFS") over ``microbatches`` (default: pipeline_parallel_size) microbatches of
+    the rank's batch. Under Fleet, ``pipeline`` (a ``PipelineSpec``; default: the
     module's ``configure_pipeline()``) splits the module ``setup_module`` gets, and ``pipeline_step(model, batch)``
     runs a step.
     """
@@ -153,6 +154,7 @@ class ModelParallelStrategy(ParallelStrategy):
         pipeline_parallel_size: int = 1,
         pipeline_schedule: str = "1F1B",
         microbatches: int | None = None,
+        stages_per_rank: int = 1,
         pipeline: _pipeline.PipelineSpec | None = None,
         max_restarts: int = 0,
         # the parts, as every strategy takes them (resolve() fills in those not given)
@@ -178,8 +180,10 @@ class ModelParallelStrategy(ParallelStrategy):
                             "written by rank 0)", owner="ModelParallelStrategy")
         self._save_distributed_checkpoint = save_distributed_checkpoint
         self._pipeline_size: int = _check_size("pipeline_parallel_size", pipeline_parallel_size, auto=False)
-        self._pipeline_schedule = _pipeline.check_schedule(pipeline_schedule)
         self._microbatches = None if microbatches is None else _check_size("microbatches", microbatches, auto=False)
+        self._stages_per_rank: int = _check_size("stages_per_rank", stages_per_rank, auto=False)
+        self._pipeline_schedule = _pipeline.check_schedule(pipeline_schedule, stages_per_rank, self._microbatches,
+                                                           self._pipeline_size)
         if self._pipeline_size > 1 and not save_distributed_checkpoint:
             raise ConfigurationError(
                 "ModelParallelStrategy(pipeline_parallel_size > 1) saves distributed checkpoints only: each stage's "
@@ -211,6 +215,14 @@ class ModelParallelStrategy(ParallelStrategy):
     def pipeline_parallel_size(self) -> int:
         """The number of pipeline stages (1: no "pipeline_parallel" mesh dimension)."""
         return self._pipeline_size
+
+    @property
+    def pipeline_stages(self) -> list[nn.Module] | None:
+        """Under a multi-stage schedule ("Interleaved1F1B", "LoopedBFS"), this rank's stages: one ``nn.Sequential``
+        of the kept layers each (the Module's own, under their names), which the schedule runs one by one and which
+        ``configure_model`` / ``parallelize_fn`` shard each (``fully_shard(stage, mesh=...)``) instead of the
+        whole Module; None otherwise."""
+        return None if self._pipeline is None else self._pipeline.modules
 
     @property
     def step_backpropagates(self) -> bool:
@@ -262,7 +274,7 @@ class ModelParallelStrategy(ParallelStrategy):
         if self._pipeline_size > 1 and self.lightning_module is not None and self._pipeline is None:
             # the stage's layers only, before configure_model parallelises them
             self._pipeline = _pipeline.Pipeline(self.lightning_module, self.device_mesh, self._pipeline_schedule,
-                                                self._microbatches)
+                                                self._microbatches, stages_per_rank=self._stages_per_rank)
 
     def _check_configure_model(self) -> None:
         from torchfleet.utilities.model_helpers import is_overridden
@@ -325,7 +337,7 @@ class ModelParallelStrategy(ParallelStrategy):
         if self._pipeline_size > 1 and (self._pipeline is None or module is not self._pipeline.module):
             # Fleet: the stage's layers, before parallelize_fn; the model set up last is the one pipeline_step runs
             self._pipeline = _pipeline.Pipeline(module, self.device_mesh, self._pipeline_schedule, self._microbatches,
-                                                self._pipeline_spec)
+                                                self._pipeline_spec, self._stages_per_rank)
         if self._parallelize_fn is not None:
             module = self._parallelize_fn(module, self.device_mesh)
             if not isinstance(module, nn.Module):
@@ -441,7 +453,7 @@ class ModelParallelStrategy(ParallelStrategy):
         state = _fsdp_checkpoint.optimizer_state(self, optimizer)
         if self._pipeline is None:
             return state
-        return _pipeline.all_stages_param_groups(state, self._pipeline.group)
+        return _pipeline.all_stages_param_groups(state, self._pipeline.group, self._pipeline.stage_of)
 
     #: any layout; DCP entries stay on disk until ``load_into`` reads them straight into the DTensors
     load_checkpoint = FSDPStrategy.load_checkpoint

@@ -85,6 +85,8 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
     #: the DeviceMesh a Module parallelises itself over in ``configure_model`` (``Module.device_mesh``); None but
     #: under a strategy that builds one (ModelParallelStrategy)
     module_device_mesh: Any = None
+    #: this rank's pipeline stages, one module each, when a schedule runs several per rank (``Module.pipeline_stages``)
+    pipeline_stages: Any = None
 
     @classmethod
     def unusable_here(cls, cuda: bool) -> str | None:

@@ -6,6 +6,8 @@ batches in the same steps and must end with the one-process weights. Every run i
 - ``{"name", "strategy": "model_parallel" | "single_device", "pp": int, "dp": int, "tp": int}`` (``tp`` > 1:
   the stages' Linear layers column- then row-wise tensor parallel);
 - ``"schedule"``: the pipeline schedule; ``"microbatches"``: their number; ``"clip"``: ``gradient_clip_val``;
+  ``"stages_per_rank"`` and ``"split"`` (the split points, default ``["layers.2"]``) for a multi-stage schedule;
+  ``"shard_whole": true``: ``fully_shard`` the whole Module, not its stages;
 - ``"save_at": step`` with ``"ckpt_dir"``: write ``ckpt_dir/<name>.ckpt`` after that optimizer step;
 - ``"resume": path``: resume from a checkpoint and train to the end;
 - ``"validate": true``: give a validation loader (its loss logged as ``val_loss``); ``"expect_error": true``: the
@@ -58,15 +60,17 @@ def make_layers() -> nn.Sequential:
 class Stack(tf.Module):
     """Linear-Tanh-Linear-Tanh-Linear in one Sequential; stage 1 begins at ``layers.2`` under pipeline parallel."""
 
-    def __init__(self) -> None:
+    def __init__(self, split_points: list[str] | None = None, shard_whole: bool = False) -> None:
         super().__init__()
         self.layers = make_layers()
+        self.split_points = split_points or ["layers.2"]
+        self.shard_whole = shard_whole  # fully_shard the Module even under a multi-stage schedule (refused)
 
     def forward(self, x):
         return self.layers(x)
 
     def configure_pipeline(self):
-        return PipelineSpec(split_points=["layers.2"], loss_fn=nn.functional.mse_loss, log_loss_as="train_loss",
+        return PipelineSpec(split_points=self.split_points, loss_fn=nn.functional.mse_loss, log_loss_as="train_loss",
                             log_val_loss_as="val_loss")
 
     def configure_model(self):
@@ -82,6 +86,11 @@ class Stack(tf.Module):
                     "layers.4": RowwiseParallel()}
             kept = dict(self.named_modules())
             parallelize_module(self, mesh["tensor_parallel"], {k: v for k, v in plan.items() if k in kept})
+        if self.shard_whole:
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(self, mesh=mesh["data_parallel"])
+            return
         shard(self, mesh)
 
     def training_step(self, batch, batch_idx):
@@ -115,7 +124,8 @@ def build(run: dict, devices: int, callbacks=()):
                                          tensor_parallel_size=run.get("tp", 1),
                                          pipeline_parallel_size=run.get("pp", 1),
                                          pipeline_schedule=run.get("schedule", "1F1B"),
-                                         microbatches=run.get("microbatches"))
+                                         microbatches=run.get("microbatches"),
+                                         stages_per_rank=run.get("stages_per_rank", 1))
     trainer = tf.Trainer(strategy=strategy, accelerator="cpu", devices=devices, max_epochs=EPOCHS, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                          num_sanity_val_steps=0, gradient_clip_val=run.get("clip"), callbacks=list(callbacks))
@@ -123,7 +133,7 @@ def build(run: dict, devices: int, callbacks=()):
     dp = run.get("dp", 1)
     train = DataLoader(data, batch_size=GLOBAL_BATCH // dp, sampler=InOrder(data))
     val = DataLoader(data, batch_size=4) if run.get("validate") else None
-    return Stack(), trainer, train, val
+    return Stack(run.get("split"), run.get("shard_whole", False)), trainer, train, val
 
 
 def gathered(strategy, model: nn.Module, losses: list[float]) -> dict:
@@ -142,9 +152,11 @@ def record(model: nn.Module, trainer, callbacks) -> dict:
 
 
 def shard(module: nn.Module, mesh) -> nn.Module:
+    """fully_shard over the data-parallel dimension: each of the rank's stages under a multi-stage schedule."""
     from torch.distributed.fsdp import fully_shard
 
-    fully_shard(module, mesh=mesh["data_parallel"])
+    for unit in getattr(module, "pipeline_stages", None) or [module]:
+        fully_shard(unit, mesh=mesh["data_parallel"])
     return module
 
 
