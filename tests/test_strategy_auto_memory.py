@@ -69,9 +69,18 @@ def test_a_model_that_fits_keeps_todays_strategy(monkeypatch, caplog, launched):
 
 
 def test_unknown_memory_estimates_nothing(monkeypatch, caplog, launched):
+    called = []
+    monkeypatch.setattr(choose, "choose_auto", lambda *args, **kwargs: called.append(args))
+    before, trainer, lines = _fit(None, monkeypatch, caplog)  # the CPU's memory is unknown
+    assert called == [] and launched == [before] and lines == []
+
+
+def test_a_model_the_estimate_cannot_trace_trains_under_todays_strategy(monkeypatch, caplog, launched):
     def fail(*args, **kwargs):
-        raise AssertionError("estimated although the device memory is unknown")
+        raise RuntimeError("an operator fake tensors do not support")
 
     monkeypatch.setattr(choose, "choose_auto", fail)
-    before, trainer, lines = _fit(None, monkeypatch, caplog)  # the CPU's memory is unknown
-    assert launched == [before] and lines == []
+    before, trainer, _ = _fit(2**40, monkeypatch, caplog)
+    assert launched == [before] and trainer.strategy is before
+    said = [r.getMessage() for r in caplog.records if "the memory estimate failed" in r.getMessage()]
+    assert len(said) == 1 and "RuntimeError: an operator fake tensors do not support" in said[0]

@@ -24,9 +24,14 @@ def choose_at_fit(trainer: Any, model: Any, train_dataloaders: Any, datamodule: 
     capacity = device_memory(strategy.accelerator.name, getattr(strategy.root_device, "index", None) or 0)
     if capacity is None:
         return
-    batch = first_batch(model, train_dataloaders, datamodule)
-    choice = choose_auto(model, batch, devices=trainer.num_devices, num_nodes=trainer.num_nodes,
-                         precision=strategy.precision.name, capacity=capacity, trainer=trainer)
+    try:
+        batch = first_batch(model, train_dataloaders, datamodule)
+        choice = choose_auto(model, batch, devices=trainer.num_devices, num_nodes=trainer.num_nodes,
+                             precision=strategy.precision.name, capacity=capacity, trainer=trainer)
+    except Exception as error:  # a model the fake-tensor trace cannot run still trains, under today's choice
+        rank_zero_info(f"strategy='auto' kept {type(strategy).__name__}: the memory estimate failed "
+                       f"({type(error).__name__}: {error}); `torchfleet estimate` shows the same error.")
+        return
     if choice.build is None:
         if choice.fits is False:
             rank_zero_warn(choice.line)
