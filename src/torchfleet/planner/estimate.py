@@ -71,7 +71,7 @@ def _size(value: float) -> str:
     return str(value)
 
 
-def _share(total: int, shards: int) -> int:
+def _share(total: int, shards: float) -> int:
     return math.ceil(total / max(shards, 1))
 
 
@@ -162,7 +162,8 @@ def estimate_memory(module: nn.Module, batch: Any, *, strategy: Any = "single_de
         raise ConfigurationError(f"devices={devices!r} and num_nodes={num_nodes!r} must be positive ints.")
     world = devices * num_nodes
     built, plugin = _resolve(strategy, devices, num_nodes, precision)
-    trace, model = trace_step(module, batch, plugin, lambda fake: built.memory_model(fake, world, num_nodes))
+    trace, model = trace_step(module, batch, plugin, lambda fake: built.memory_model(fake, world, num_nodes),
+                              configure=not built.configure_model_parallelizes)
     compute = getattr(plugin, "compute_dtype", None) if model.gathered_dtype_from_compute else None
     units = _unit_bytes(model.units, compute)
     resident = sum(b.untyped_storage().nbytes() for b in module.buffers())

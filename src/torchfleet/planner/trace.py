@@ -142,12 +142,14 @@ def _loss(output: Any) -> Tensor:
     return loss
 
 
-def trace_step(module: nn.Module, batch: Any, precision: Any, plan: Callable[[nn.Module], Any]) -> tuple[StepTrace, Any]:
+def trace_step(module: nn.Module, batch: Any, precision: Any, plan: Callable[[nn.Module], Any],
+               configure: bool = True) -> tuple[StepTrace, Any]:
     """Trace three training steps of ``module`` (a torchfleet Module) on ``batch`` under ``precision`` (a Precision).
 
     ``plan`` is called with the fake model once it is built (``configure_model`` run, precision applied) and returns
-    the strategy's MemoryModel, whose ``prepare`` (activation checkpointing) is applied before the steps. Returns the
-    trace and that MemoryModel.
+    the strategy's MemoryModel, whose ``prepare`` (activation checkpointing, a tensor-parallel rank's shards) is
+    applied before the steps; ``configure=False``: ``configure_model`` is the strategy's to plan (it parallelises).
+    Returns the trace and that MemoryModel.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -156,7 +158,7 @@ def trace_step(module: nn.Module, batch: Any, precision: Any, plan: Callable[[nn
     tracker = LiveStorages()
     with mode:
         hook = getattr(model, "configure_model", None)
-        if callable(hook):
+        if configure and callable(hook):
             hook()
         name = getattr(precision, "name", "32-true")
         if name.endswith("-true") and name != "32-true":  # module.to(dtype) would swap fake tensors: made anew

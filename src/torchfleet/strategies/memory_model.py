@@ -17,10 +17,11 @@ from torch import nn
 class MemoryModel:
     """The sharding and the extra buffers of one strategy, as the planner needs them (defaults: one device)."""
 
-    #: how many ranks share each parameter's, gradient's and optimizer state's bytes (1: every rank holds all)
-    param_shards: int = 1
-    grad_shards: int = 1
-    state_shards: int = 1
+    #: how many ranks share each parameter's, gradient's and optimizer state's bytes (1: every rank holds all; not
+    #: a whole number where only some parameters are split)
+    param_shards: float = 1
+    grad_shards: float = 1
+    state_shards: float = 1
     #: what is kept in host memory instead of on the device: any of "params", "grads", "states" (with a master copy)
     offload: frozenset[str] = frozenset()
     #: a second copy of every gradient in the communication buckets (DDP without ``gradient_as_bucket_view``)
