@@ -155,3 +155,17 @@ def test_model_parallel_without_a_traceable_configure_model_splits_the_linear_la
         tensor_parallel_size=2), devices=2)
     params = sum(p.numel() * 4 for p in Blocks(WIDTH, BLOCKS).parameters())  # every parameter is a Linear's
     assert estimate.parameters == params // 2 and "could not run" in estimate.note
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_deepspeed_in_half_precision_holds_half_parameters_and_an_fp32_master_partition(precision):
+    from torchfleet.strategies import DeepSpeedStrategy
+
+    config = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 1000, "allgather_bucket_size": 1000}}
+    estimate = estimate_memory(Blocks(WIDTH, BLOCKS), _batch(), strategy=DeepSpeedStrategy(config=config), devices=2,
+                               precision=precision)
+    count = sum(p.numel() for p in Blocks(WIDTH, BLOCKS).parameters())
+    # by hand: 2-byte parameters whole, 2-byte gradients halved, AdamW's 8 bytes and the 4-byte master halved
+    assert estimate.parameters == 2 * count and estimate.gradients == count
+    assert abs(estimate.optimizer_states - (8 + 4) * count // 2) <= 64
+    assert estimate.buffers == 2000 * 2  # the two buckets' elements, 2 bytes each

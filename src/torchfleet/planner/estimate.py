@@ -86,13 +86,19 @@ def _unit_bytes(units: tuple[nn.Module, ...], dtype: torch.dtype | None) -> list
     return sizes
 
 
+def held_ratio(trace: StepTrace, model: Any) -> float:
+    """The strategy's bytes per parameter element over the traced ones (DeepSpeed's half parameters: 2 / 4)."""
+    return model.param_itemsize * trace.elements / trace.params if model.param_itemsize and trace.params else 1.0
+
+
 def per_phase(trace: StepTrace, model: Any, units: list[int], resident: int) -> dict[str, dict[str, int]]:
     """Each phase's bytes per rank, by part. ``units``: gathered bytes per FSDP unit (the root last); ``resident``:
     bytes alive through the whole step that are not model states (buffers, the batch)."""
-    params = 0 if ("params" in model.offload) else _share(trace.params, model.param_shards)
+    held = held_ratio(trace, model)
+    params = 0 if ("params" in model.offload) else _share(int(trace.params * held), model.param_shards)
     master = _share(trace.params_fp32, model.state_shards) if model.master_copy else 0
     states = 0 if ("states" in model.offload) else _share(trace.states, model.state_shards) + master
-    grad_size = trace.grads / max(trace.trainable, 1)
+    grad_size = trace.grads * held / max(trace.trainable, 1)
     buffers = int(model.buffer_elements * grad_size) + (trace.grads if model.gradient_bucket_copy else 0)
     root, largest = (units[-1], max(units[:-1], default=0)) if units else (0, 0)
     if units and not model.reshard_after_forward:
@@ -100,7 +106,7 @@ def per_phase(trace: StepTrace, model: Any, units: list[int], resident: int) -> 
     grads_per_param = trace.grads / max(trace.params, 1)
     out = {}
     for phase in PHASES:
-        grads = trace.grads if phase == "optimizer" else trace.phases[phase].grads
+        grads = int((trace.grads if phase == "optimizer" else trace.phases[phase].grads) * held)
         other = trace.other(phase)
         if phase == "optimizer":  # the optimizer's temporaries are the size of a (sharded) parameter
             on_host = "states" in model.offload
@@ -172,8 +178,9 @@ def estimate_memory(module: nn.Module, batch: Any, *, strategy: Any = "single_de
     phases = per_phase(trace, model, units, resident)
     top = max(PHASES, key=lambda phase: phases[phase]["total"])
     master = _share(trace.params_fp32, model.state_shards) if model.master_copy else 0
-    offloaded = (_share(trace.params, model.param_shards) * ("params" in model.offload)  # this rank's shards
-                 + _share(trace.grads, model.grad_shards) * ("grads" in model.offload)
+    held = held_ratio(trace, model)
+    offloaded = (_share(int(trace.params * held), model.param_shards) * ("params" in model.offload)  # this rank's
+                 + _share(int(trace.grads * held), model.grad_shards) * ("grads" in model.offload)
                  + (_share(trace.states, model.state_shards) + master) * ("states" in model.offload))
     row = phases[top]
     return MemoryEstimate(

@@ -46,6 +46,8 @@ class StepTrace:
     params_fp32: int
     #: elements of the trainable parameters
     trainable: int
+    #: elements of all parameters
+    elements: int = 0
     phases: dict[str, PhasePeak] = field(default_factory=dict)
 
     def other(self, phase: str) -> int:
@@ -207,4 +209,5 @@ def trace_step(module: nn.Module, batch: Any, precision: Any, plan: Callable[[nn
     trainable = [p for p in params if p.requires_grad]
     return StepTrace(params=sum(p.untyped_storage().nbytes() for p in params), grads=grads, states=sum(states.values()),
                      params_fp32=sum(p.numel() * 4 for p in trainable), trainable=sum(p.numel() for p in trainable),
+                     elements=sum(p.numel() for p in params),
                      phases={phase: tracker.peaks.get(phase, PhasePeak()) for phase in PHASES}), memory_model

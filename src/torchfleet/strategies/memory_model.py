@@ -36,6 +36,9 @@ class MemoryModel:
     buffer_elements: int = 0
     #: an fp32 copy of the parameters beside the optimizer states, sharded as they are (DeepSpeed's partitions)
     master_copy: bool = False
+    #: bytes per element of the parameters and their gradients as the strategy holds them, when not as traced
+    #: (DeepSpeed's fp16/bf16: 2, its fp32 master copy apart); 0: as traced
+    param_itemsize: int = 0
     #: changes the strategy makes to the module that alter the step (activation checkpointing)
     prepare: Callable[[nn.Module], None] | None = None
     #: what the planner should say about this strategy's figures (e.g. "buffers from the DeepSpeed config")
