@@ -39,6 +39,23 @@ class Blocks(Module):
         return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
 
+class TPBlocks(Blocks):
+    """Blocks whose ``configure_model`` parallelises each block Megatron's way over the mesh's "tensor_parallel"
+    dimension (``up`` column-wise, ``down`` row-wise), then shards over "data_parallel" when it has several ranks."""
+
+    def configure_model(self):
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        mesh = self.device_mesh
+        for layer in self.layers:
+            parallelize_module(layer, mesh["tensor_parallel"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+        if mesh["data_parallel"].size() > 1:
+            for layer in self.layers:
+                fully_shard(layer, mesh=mesh["data_parallel"])
+            fully_shard(self, mesh=mesh["data_parallel"])
+
+
 class Block(nn.Module):
     def __init__(self, width: int):
         super().__init__()

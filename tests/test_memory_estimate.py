@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 import torchfleet
-from tests.memory_runs import Block, Blocks, measure
+from tests.memory_runs import Block, Blocks, TPBlocks, measure
 from torchfleet import MemoryEstimate, Trainer, estimate_memory
-from torchfleet.strategies import FSDPStrategy
+from torchfleet.strategies import FSDPStrategy, ModelParallelStrategy
 
 PEAK_TOLERANCE, STATE_TOLERANCE = 0.15, 0.05
 #: width 128, 4 blocks, 1024 rows: the activations (~24 MiB) outweigh the model states (~8 MiB), so checkpointing
@@ -28,7 +28,7 @@ def _batch() -> torch.Tensor:
 
 @pytest.mark.parametrize(("precision", "optimizer", "checkpointing"), [
     ("32-true", "adamw", False), ("32-true", "sgd", True), ("bf16-true", "adam", False), ("bf16-true", "sgd", True),
-    ("bf16-mixed", "adamw", True), ("bf16-mixed", "sgd", False),
+    ("bf16-mixed", "adamw", True), ("bf16-mixed", "sgd", False), ("16-mixed", "adamw", False), ("16-mixed", "sgd", True),
 ])
 def test_single_device_prediction_matches_a_measured_run(precision, optimizer, checkpointing):
     def model():
@@ -128,3 +128,44 @@ def test_offload_and_deepspeed_config_models():
     # per rank: this rank's half of params 4 + grads 4 + AdamW 8 bytes per parameter (bench/memory.py measured the same)
     count = sum(p.numel() for p in Blocks(WIDTH, BLOCKS).parameters())
     assert abs(offloaded.offloaded - count * 16 / 2) <= 64
+
+
+def test_model_parallel_divides_what_configure_model_splits():
+    # 2 x 2 mesh: up (column-wise) and down (row-wise) weights and up's bias split over tensor parallel, down's bias
+    # whole; every block and the root fully_shard-ed over data parallel (2)
+    estimate = estimate_memory(TPBlocks(WIDTH, BLOCKS), _batch(), strategy=ModelParallelStrategy(
+        data_parallel_size=2, tensor_parallel_size=2), devices=4)
+    hidden = 4 * WIDTH
+    per_block = (WIDTH * hidden // 2 + hidden // 2) + (hidden * WIDTH // 2 + WIDTH)
+    assert estimate.parameters == BLOCKS * per_block * 4 // 2 == estimate.gradients
+    assert abs(estimate.optimizer_states - 2 * estimate.parameters) <= 64
+    assert "traced on a fake 2 x 2 mesh" in estimate.note
+    assert estimate.phases["forward"]["gathered"] == 2 * per_block * 4  # two blocks' tensor-parallel shards whole
+    # tensor parallel narrows the hidden activations: less than one device holds
+    assert estimate.activations < 0.8 * estimate_memory(Blocks(WIDTH, BLOCKS), _batch()).activations
+
+
+class _NeedsMore(TPBlocks):
+    def configure_model(self):
+        raise RuntimeError("needs the real run")
+
+
+def test_model_parallel_without_a_traceable_configure_model_splits_the_linear_layers():
+    estimate = estimate_memory(_NeedsMore(WIDTH, BLOCKS), _batch(), strategy=ModelParallelStrategy(
+        tensor_parallel_size=2), devices=2)
+    params = sum(p.numel() * 4 for p in Blocks(WIDTH, BLOCKS).parameters())  # every parameter is a Linear's
+    assert estimate.parameters == params // 2 and "could not run" in estimate.note
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_deepspeed_in_half_precision_holds_half_parameters_and_an_fp32_master_partition(precision):
+    from torchfleet.strategies import DeepSpeedStrategy
+
+    config = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 1000, "allgather_bucket_size": 1000}}
+    estimate = estimate_memory(Blocks(WIDTH, BLOCKS), _batch(), strategy=DeepSpeedStrategy(config=config), devices=2,
+                               precision=precision)
+    count = sum(p.numel() for p in Blocks(WIDTH, BLOCKS).parameters())
+    # by hand: 2-byte parameters whole, 2-byte gradients halved, AdamW's 8 bytes and the 4-byte master halved
+    assert estimate.parameters == 2 * count and estimate.gradients == count
+    assert abs(estimate.optimizer_states - (8 + 4) * count // 2) <= 64
+    assert estimate.buffers == 2000 * 2  # the two buckets' elements, 2 bytes each

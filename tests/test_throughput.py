@@ -214,3 +214,18 @@ def test_progress_bar_shows_tokens_and_mfu_from_the_monitor(monkeypatch, capsys,
     err = capsys.readouterr().err
     # the monitor's clock: 64 tokens and 2 FLOPs every 0.5 s; MFU 4 / 16
     assert "tokens/s=128" in err and "mfu=25.0%" in err and "samples/s=32" in err
+
+
+def test_rich_progress_bar_shows_samples_tokens_and_mfu(monkeypatch, half_second_batches):
+    pytest.importorskip("rich")
+    import io
+
+    from torchfleet.callbacks import RichProgressBar
+
+    out = io.StringIO()
+    tm = ThroughputMonitor(length_fn=lambda b: b[0].numel(), flops_per_batch=2.0, available_flops=16.0,
+                           window_size=2)
+    _fit_with_bar(RichProgressBar(console_kwargs={"file": out, "width": 200}), monkeypatch, [tm])
+    text = out.getvalue()
+    # as ProgressBar's postfix: 8 samples every 0.25 s; the monitor's 64 tokens and 2 FLOPs every 0.5 s, MFU 4 / 16
+    assert "samples/s: 32" in text and "tokens/s: 128" in text and "mfu: 25.0%" in text

@@ -1,5 +1,6 @@
-"""estimate_memory for ddp and fsdp (with and without activation checkpointing, AdamW and SGD) against 2 real gloo
-ranks measured inside the training processes (tests/distributed/scripts/memory_train.py): one launch, five runs."""
+"""estimate_memory for ddp, fsdp (with and without activation checkpointing, AdamW and SGD) and model_parallel (tensor
+parallel x 2, AdamW and SGD) against 2 real gloo ranks measured inside the training processes
+(tests/distributed/scripts/memory_train.py): one launch, seven runs."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import pytest
 import torch
 
 from tests.distributed.sharded_helpers import run_script
-from tests.memory_runs import Block, Blocks
+from tests.memory_runs import Block, Blocks, TPBlocks
 from torchfleet import estimate_memory
-from torchfleet.strategies import FSDPStrategy
+from torchfleet.strategies import FSDPStrategy, ModelParallelStrategy
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -19,10 +20,15 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "memory_train.py")
 WIDTH, BLOCKS, ROWS = 128, 4, 1024
 RUNS = [{"name": "ddp", "strategy": "ddp"}, {"name": "ddp_sgd", "strategy": "ddp", "optimizer": "sgd"},
         {"name": "fsdp", "strategy": "fsdp"}, {"name": "fsdp_ac", "strategy": "fsdp", "ac": True},
-        {"name": "fsdp_sgd", "strategy": "fsdp", "optimizer": "sgd"}]
+        {"name": "fsdp_sgd", "strategy": "fsdp", "optimizer": "sgd"},
+        {"name": "tp", "strategy": "model_parallel", "tp": 2},
+        {"name": "tp_sgd", "strategy": "model_parallel", "tp": 2, "optimizer": "sgd"}]
 
 
 def _predict(run: dict):
+    if run["strategy"] == "model_parallel":
+        return estimate_memory(TPBlocks(WIDTH, BLOCKS, run.get("optimizer", "adamw")), torch.randn(ROWS, WIDTH),
+                               strategy=ModelParallelStrategy(tensor_parallel_size=run["tp"]), devices=2)
     strategy = "ddp" if run["strategy"] == "ddp" else FSDPStrategy(
         auto_wrap_policy={Block}, activation_checkpointing_policy={Block} if run.get("ac") else None)
     return estimate_memory(Blocks(WIDTH, BLOCKS, run.get("optimizer", "adamw")), torch.randn(ROWS, WIDTH),
@@ -43,3 +49,5 @@ def test_ddp_and_fsdp_predictions_match_two_measured_ranks(tmp_path):
     # the measured runs are ones where the strategies differ: ddp's buckets, fsdp's shards, checkpointing
     assert ranks[0]["ddp"]["buckets"] > 0 and ranks[0]["fsdp"]["parameters"] < ranks[0]["ddp"]["parameters"]
     assert ranks[0]["fsdp_ac"]["peak"] < 0.8 * ranks[0]["fsdp"]["peak"]
+    # tensor parallel splits the activations too: its peak is well under ddp's without the bucket copy
+    assert ranks[0]["tp"]["peak"] < 0.7 * (ranks[0]["ddp"]["peak"] - ranks[0]["ddp"]["buckets"])

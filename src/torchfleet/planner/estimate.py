@@ -71,7 +71,7 @@ def _size(value: float) -> str:
     return str(value)
 
 
-def _share(total: int, shards: int) -> int:
+def _share(total: int, shards: float) -> int:
     return math.ceil(total / max(shards, 1))
 
 
@@ -86,13 +86,19 @@ def _unit_bytes(units: tuple[nn.Module, ...], dtype: torch.dtype | None) -> list
     return sizes
 
 
+def held_ratio(trace: StepTrace, model: Any) -> float:
+    """The strategy's bytes per parameter element over the traced ones (DeepSpeed's half parameters: 2 / 4)."""
+    return model.param_itemsize * trace.elements / trace.params if model.param_itemsize and trace.params else 1.0
+
+
 def per_phase(trace: StepTrace, model: Any, units: list[int], resident: int) -> dict[str, dict[str, int]]:
     """Each phase's bytes per rank, by part. ``units``: gathered bytes per FSDP unit (the root last); ``resident``:
     bytes alive through the whole step that are not model states (buffers, the batch)."""
-    params = 0 if ("params" in model.offload) else _share(trace.params, model.param_shards)
+    held = held_ratio(trace, model)
+    params = 0 if ("params" in model.offload) else _share(int(trace.params * held), model.param_shards)
     master = _share(trace.params_fp32, model.state_shards) if model.master_copy else 0
     states = 0 if ("states" in model.offload) else _share(trace.states, model.state_shards) + master
-    grad_size = trace.grads / max(trace.trainable, 1)
+    grad_size = trace.grads * held / max(trace.trainable, 1)
     buffers = int(model.buffer_elements * grad_size) + (trace.grads if model.gradient_bucket_copy else 0)
     root, largest = (units[-1], max(units[:-1], default=0)) if units else (0, 0)
     if units and not model.reshard_after_forward:
@@ -100,7 +106,7 @@ def per_phase(trace: StepTrace, model: Any, units: list[int], resident: int) -> 
     grads_per_param = trace.grads / max(trace.params, 1)
     out = {}
     for phase in PHASES:
-        grads = trace.grads if phase == "optimizer" else trace.phases[phase].grads
+        grads = int((trace.grads if phase == "optimizer" else trace.phases[phase].grads) * held)
         other = trace.other(phase)
         if phase == "optimizer":  # the optimizer's temporaries are the size of a (sharded) parameter
             on_host = "states" in model.offload
@@ -162,7 +168,8 @@ def estimate_memory(module: nn.Module, batch: Any, *, strategy: Any = "single_de
         raise ConfigurationError(f"devices={devices!r} and num_nodes={num_nodes!r} must be positive ints.")
     world = devices * num_nodes
     built, plugin = _resolve(strategy, devices, num_nodes, precision)
-    trace, model = trace_step(module, batch, plugin, lambda fake: built.memory_model(fake, world, num_nodes))
+    trace, model = trace_step(module, batch, plugin, lambda fake: built.memory_model(fake, world, num_nodes),
+                              configure=not built.configure_model_parallelizes)
     compute = getattr(plugin, "compute_dtype", None) if model.gathered_dtype_from_compute else None
     units = _unit_bytes(model.units, compute)
     resident = sum(b.untyped_storage().nbytes() for b in module.buffers())
@@ -171,8 +178,9 @@ def estimate_memory(module: nn.Module, batch: Any, *, strategy: Any = "single_de
     phases = per_phase(trace, model, units, resident)
     top = max(PHASES, key=lambda phase: phases[phase]["total"])
     master = _share(trace.params_fp32, model.state_shards) if model.master_copy else 0
-    offloaded = (_share(trace.params, model.param_shards) * ("params" in model.offload)  # this rank's shards
-                 + _share(trace.grads, model.grad_shards) * ("grads" in model.offload)
+    held = held_ratio(trace, model)
+    offloaded = (_share(int(trace.params * held), model.param_shards) * ("params" in model.offload)  # this rank's
+                 + _share(int(trace.grads * held), model.grad_shards) * ("grads" in model.offload)
                  + (_share(trace.states, model.state_shards) + master) * ("states" in model.offload))
     row = phases[top]
     return MemoryEstimate(

@@ -46,6 +46,8 @@ class StepTrace:
     params_fp32: int
     #: elements of the trainable parameters
     trainable: int
+    #: elements of all parameters
+    elements: int = 0
     phases: dict[str, PhasePeak] = field(default_factory=dict)
 
     def other(self, phase: str) -> int:
@@ -142,12 +144,14 @@ def _loss(output: Any) -> Tensor:
     return loss
 
 
-def trace_step(module: nn.Module, batch: Any, precision: Any, plan: Callable[[nn.Module], Any]) -> tuple[StepTrace, Any]:
+def trace_step(module: nn.Module, batch: Any, precision: Any, plan: Callable[[nn.Module], Any],
+               configure: bool = True) -> tuple[StepTrace, Any]:
     """Trace three training steps of ``module`` (a torchfleet Module) on ``batch`` under ``precision`` (a Precision).
 
     ``plan`` is called with the fake model once it is built (``configure_model`` run, precision applied) and returns
-    the strategy's MemoryModel, whose ``prepare`` (activation checkpointing) is applied before the steps. Returns the
-    trace and that MemoryModel.
+    the strategy's MemoryModel, whose ``prepare`` (activation checkpointing, a tensor-parallel rank's shards) is
+    applied before the steps; ``configure=False``: ``configure_model`` is the strategy's to plan (it parallelises).
+    Returns the trace and that MemoryModel.
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -156,7 +160,7 @@ def trace_step(module: nn.Module, batch: Any, precision: Any, plan: Callable[[nn
     tracker = LiveStorages()
     with mode:
         hook = getattr(model, "configure_model", None)
-        if callable(hook):
+        if configure and callable(hook):
             hook()
         name = getattr(precision, "name", "32-true")
         if name.endswith("-true") and name != "32-true":  # module.to(dtype) would swap fake tensors: made anew
@@ -205,4 +209,5 @@ def trace_step(module: nn.Module, batch: Any, precision: Any, plan: Callable[[nn
     trainable = [p for p in params if p.requires_grad]
     return StepTrace(params=sum(p.untyped_storage().nbytes() for p in params), grads=grads, states=sum(states.values()),
                      params_fp32=sum(p.numel() * 4 for p in trainable), trainable=sum(p.numel() for p in trainable),
+                     elements=sum(p.numel() for p in params),
                      phases={phase: tracker.peaks.get(phase, PhasePeak()) for phase in PHASES}), memory_model

@@ -400,12 +400,14 @@ def _elements(value: object, default: int) -> int:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
-def memory_model(config: Mapping[str, Any], world_size: int) -> MemoryModel:
+def memory_model(config: Mapping[str, Any], world_size: int, precision_name: str = "32-true") -> MemoryModel:
     """The ranks' shares of the model states that ``config``'s ZeRO stage sets, and its buffers (from the config).
 
     Stage 1 shards the optimizer states and the fp32 master partition, 2 also the gradients, 3 also the parameters;
     every stage keeps that fp32 partition as a copy of its own. The buffers are the config's reduce bucket (stages
-    1-3) plus its all-gather bucket (1-2) or its prefetch bucket (3), in elements of the gradients' dtype.
+    1-3) plus its all-gather bucket (1-2) or its prefetch bucket (3), in elements of the gradients' dtype. Under
+    fp16/bf16 (the config's or ``precision_name``'s) the module's parameters and gradients are 2-byte, the master
+    partition and the optimizer states fp32.
     """
     stage = zero_stage(config)
     zero = config.get("zero_optimization") or {}
@@ -414,11 +416,13 @@ def memory_model(config: Mapping[str, Any], world_size: int) -> MemoryModel:
     reduce = _elements(zero.get("reduce_bucket_size"), 500_000_000)
     second = (_elements(zero.get("stage3_prefetch_bucket_size"), 50_000_000) if stage == 3
               else _elements(zero.get("allgather_bucket_size"), 500_000_000))
+    explicit = [section for section in ("fp16", "bf16") if _enabled(config.get(section)) is True]
+    half = explicit[0] if explicit else precision_section(precision_name)
     offload_states = (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
     offload_params = stage == 3 and (zero.get("offload_param") or {}).get("device", "none") not in ("none", None)
     return MemoryModel(
         param_shards=world_size if stage == 3 else 1, grad_shards=world_size if stage >= 2 else 1,
         state_shards=world_size,
         offload=frozenset((["grads", "states"] if offload_states else []) + (["params"] if offload_params else [])),
-        buffer_elements=reduce + second, master_copy=True,
+        buffer_elements=reduce + second, master_copy=True, param_itemsize=2 if half else 0,
         note="DeepSpeed's buffers are sized from its config (reduce/all-gather or prefetch buckets)")

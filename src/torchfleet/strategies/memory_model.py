@@ -17,10 +17,11 @@ from torch import nn
 class MemoryModel:
     """The sharding and the extra buffers of one strategy, as the planner needs them (defaults: one device)."""
 
-    #: how many ranks share each parameter's, gradient's and optimizer state's bytes (1: every rank holds all)
-    param_shards: int = 1
-    grad_shards: int = 1
-    state_shards: int = 1
+    #: how many ranks share each parameter's, gradient's and optimizer state's bytes (1: every rank holds all; not
+    #: a whole number where only some parameters are split)
+    param_shards: float = 1
+    grad_shards: float = 1
+    state_shards: float = 1
     #: what is kept in host memory instead of on the device: any of "params", "grads", "states" (with a master copy)
     offload: frozenset[str] = frozenset()
     #: a second copy of every gradient in the communication buckets (DDP without ``gradient_as_bucket_view``)
@@ -35,6 +36,9 @@ class MemoryModel:
     buffer_elements: int = 0
     #: an fp32 copy of the parameters beside the optimizer states, sharded as they are (DeepSpeed's partitions)
     master_copy: bool = False
+    #: bytes per element of the parameters and their gradients as the strategy holds them, when not as traced
+    #: (DeepSpeed's fp16/bf16: 2, its fp32 master copy apart); 0: as traced
+    param_itemsize: int = 0
     #: changes the strategy makes to the module that alter the step (activation checkpointing)
     prepare: Callable[[nn.Module], None] | None = None
     #: what the planner should say about this strategy's figures (e.g. "buffers from the DeepSpeed config")

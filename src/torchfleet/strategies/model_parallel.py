@@ -32,8 +32,10 @@ from torchfleet.errors import ConfigurationError, not_valid
 from torchfleet.strategies import _fsdp_checkpoint, _fsdp_hooks, _pipeline
 from torchfleet.strategies._dtensor_checks import MESH_DIMS, check_even_shards, has_dtensors, total_norm
 from torchfleet.strategies._fsdp_init import _materialize, _on_meta
+from torchfleet.strategies._tp_memory import tensor_parallel_model
 from torchfleet.strategies.arguments import DEFAULT_TIMEOUT
 from torchfleet.strategies.fsdp import FSDPStrategy
+from torchfleet.strategies.memory_model import MemoryModel
 from torchfleet.strategies.parallel import ParallelStrategy
 from torchfleet.strategies.processes import ProcessOptions
 
@@ -479,6 +481,20 @@ class ModelParallelStrategy(ParallelStrategy):
             save_dcp_checkpoint(filepath, checkpoint, self)
         else:
             super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    # ----------------------------------------------------------------- planning
+    configure_model_parallelizes = True
+
+    def memory_model(self, module: nn.Module, world_size: int, num_nodes: int) -> MemoryModel:
+        """One rank's share of a (data parallel x tensor parallel) mesh: ``configure_model``'s plan traced on a fake
+        mesh (strategies/_tp_memory.py); with pipeline stages, every stage is counted as holding the whole model."""
+        per_node = world_size // num_nodes
+        if self._pipeline_size > 1:
+            dp, tp = pipeline_mesh_sizes(self._pipeline_size, self._data_parallel_size, self._tensor_parallel_size,
+                                         per_node, num_nodes)[1:]
+        else:
+            dp, tp = mesh_sizes(self._data_parallel_size, self._tensor_parallel_size, per_node, num_nodes)
+        return tensor_parallel_model(module, dp, tp)
 
     # ----------------------------------------------------------------- teardown
     def teardown(self) -> None:

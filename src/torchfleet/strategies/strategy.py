@@ -438,6 +438,10 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
         return bool(decision)
 
     # --------------------------------------------------------------- planning
+    #: the Module's ``configure_model`` parallelises it over this strategy's mesh (ModelParallelStrategy): the
+    #: planner leaves it to ``memory_model``, which knows the mesh, instead of running it on the traced copy
+    configure_model_parallelizes = False
+
     def memory_model(self, module: nn.Module, world_size: int, num_nodes: int) -> MemoryModel:
         """How this strategy would place ``module``'s bytes on ``world_size`` ranks (read by estimate_memory)."""
         return MemoryModel()

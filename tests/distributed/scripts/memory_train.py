@@ -11,14 +11,16 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from tests.memory_runs import Block, Blocks, StepPeak
+from tests.memory_runs import Block, Blocks, StepPeak, TPBlocks
 from torchfleet import Trainer
-from torchfleet.strategies import DDPStrategy, FSDPStrategy
+from torchfleet.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 
 
 def strategy_for(run: dict):
     if run["strategy"] == "ddp":
         return DDPStrategy()
+    if run["strategy"] == "model_parallel":
+        return ModelParallelStrategy(tensor_parallel_size=run["tp"])
     return FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block} if run.get("ac") else None)
 
 
@@ -44,7 +46,8 @@ def main(cfg: dict) -> None:
                           precision=run.get("precision", "32-true"), logger=False, enable_checkpointing=False,
                           enable_progress_bar=False, enable_model_summary=False, callbacks=[probe])
         batch = torch.randn(cfg["rows"], cfg["width"], generator=torch.Generator().manual_seed(0))
-        module = Blocks(cfg["width"], cfg["blocks"], run.get("optimizer", "adamw"))
+        model = TPBlocks if run["strategy"] == "model_parallel" else Blocks
+        module = model(cfg["width"], cfg["blocks"], run.get("optimizer", "adamw"))
         trainer.fit(module, DataLoader([batch] * 6, batch_size=None))
         results[run["name"]] = {"peak": probe.peak + probe.buckets, "buckets": probe.buckets,
                                 "parameters": probe.params, "optimizer_states": probe.states}

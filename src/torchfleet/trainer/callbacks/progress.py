@@ -101,10 +101,14 @@ class ProgressBar(Callback):
         self._bar = self._new_bar(f"Epoch {trainer.current_epoch}", total, self.leave)
         self._n = 0
         self._next_refresh = _clock() + self.refresh_interval
-        self._speed = {}
-        self._rate_from = (0, _clock())
+        self._start_speed(trainer)
+
+    def _start_speed(self, trainer: Any) -> None:
+        """Start counting samples/s for this epoch's postfix, and find the run's ThroughputMonitor (tokens/s, MFU)."""
         from torchfleet.trainer.callbacks.throughput import ThroughputMonitor
 
+        self._speed = {}
+        self._rate_from = (0, _clock())
         self._monitor = next((cb for cb in trainer.callbacks if isinstance(cb, ThroughputMonitor)), None)
 
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -117,9 +121,10 @@ class ProgressBar(Callback):
             self._measure_speed(batch, now)
             self._redraw(trainer)
 
-    def _measure_speed(self, batch: Any, now: float) -> None:
+    def _measure_speed(self, batch: Any, now: float | None = None) -> None:
         """Samples/s since the previous redraw (and the ThroughputMonitor's tokens/s and MFU), for the postfix;
         called at redraws only."""
+        now = _clock() if now is None else now
         n0, t0 = self._rate_from
         if now <= t0 or self._n <= n0:
             return

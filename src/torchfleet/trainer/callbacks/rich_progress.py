@@ -55,7 +55,7 @@ class RichProgressBar(ProgressBar):
         return None if total is None or total == float("inf") else float(total)
 
     def _metrics_text(self, trainer: Any) -> str:
-        values = {"step": trainer.global_step, **self.get_metrics(trainer, trainer.lightning_module)}
+        values = {"step": trainer.global_step, **self.get_metrics(trainer, trainer.lightning_module), **self._speed}
         return " ".join(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}" for k, v in values.items())
 
     # --------------------------------------------------------------- training
@@ -68,12 +68,14 @@ class RichProgressBar(ProgressBar):
         self._train_task = progress.add_task(f"Epoch {trainer.current_epoch}", metrics="",
                                              total=self._total(trainer.num_training_batches))
         self._n = 0
+        self._start_speed(trainer)
 
     def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self._train_task is None:
             return
         self._n += 1
         if self._n % self.refresh_rate == 0:
+            self._measure_speed(batch)  # samples/s (tokens/s, MFU) at redraws only, as ProgressBar's
             self._redraw(trainer)
 
     def _redraw(self, trainer: Any) -> None:
