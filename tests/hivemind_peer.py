@@ -43,12 +43,17 @@ class SlowRegressor(Regressor):
 class Collaboration(tf.Callback):
     """Records the collaborative epoch, reports progress to a file and stops at the target epoch."""
 
-    def __init__(self, epochs: int, progress: Path) -> None:
-        self.epochs, self.progress = epochs, progress
+    def __init__(self, epochs: int, progress: Path, peers: int) -> None:
+        self.epochs, self.progress, self.peers = epochs, progress, peers
         self.start_epoch: int | None = None
 
     def on_train_start(self, trainer, module):
-        self.start_epoch = trainer.strategy.hivemind_optimizer.local_epoch
+        opt = trainer.strategy.hivemind_optimizer
+        self.start_epoch = opt.local_epoch
+        # a peer that does not see the others before its first collaborative epoch ends averages alone
+        deadline = time.monotonic() + 60
+        while opt.tracker.global_progress.num_peers < self.peers and time.monotonic() < deadline:
+            time.sleep(0.2)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         epoch = trainer.strategy.hivemind_optimizer.local_epoch
@@ -73,6 +78,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--target", type=int, default=64)
     parser.add_argument("--max-steps", type=int, default=400)
+    parser.add_argument("--peers", type=int, default=1, help="wait until the tracker sees this many peers")
     parser.add_argument("--go", default=None, help="after starting the peer, train once this file exists")
     parser.add_argument("--wait-for", default=None, help="start once this file holds at least --wait-epoch")
     parser.add_argument("--wait-epoch", type=int, default=0)
@@ -99,7 +105,7 @@ def main() -> None:
     (out.parent / (out.name + ".ready")).write_text(str(os.getpid()))
     while args.go and not Path(args.go).exists():
         time.sleep(0.1)
-    collab = Collaboration(args.epochs, out.parent / (out.name + ".progress"))
+    collab = Collaboration(args.epochs, out.parent / (out.name + ".progress"), args.peers)
     trainer = tf.Trainer(**quiet(strategy=strategy, max_steps=args.max_steps, max_epochs=-1, callbacks=[collab]))
     trainer.fit(model, train)
     with torch.no_grad():

@@ -237,19 +237,6 @@ class HivemindStrategy(SingleDeviceStrategy):
             kwargs["batch_size"] = self._batch_size_now
         return super().optimizer_step(optimizer, closure, model, **kwargs)
 
-    # ------------------------------------------------------------------ one peer, no process group
-    def reduce(self, tensor: Tensor | Any, group: Any = None, reduce_op: Any = "mean") -> Tensor | Any:
-        return tensor
-
-    def all_gather(self, tensor: Tensor, group: Any = None, sync_grads: bool = False) -> Tensor:
-        return tensor
-
-    def barrier(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def broadcast(self, obj: Any, src: int = 0) -> Any:
-        return obj
-
     # ------------------------------------------------------------------ teardown
     def teardown(self) -> None:
         """Shut the hivemind Optimizer and the DHT down (the process exits only then), then the one-device teardown."""
