@@ -1,0 +1,122 @@
+"""One hivemind peer for tests/test_hivemind.py: an ordinary one-device Trainer with HivemindStrategy.
+
+Run as a script (``python tests/hivemind_peer.py OUT.json [options]``). It trains tests.helpers' Regressor on its
+own slice of data until the collaboration reaches ``--epochs`` collaborative epochs, and writes to OUT.json what
+the test checks: the join line it logged (first peer), its collaborative epoch at the start of training (after
+loading the peers' state) and at the end, its parameters, and the validation loss before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torchfleet as tf  # noqa: E402
+from tests.helpers import Regressor, quiet  # noqa: E402
+from torchfleet_hivemind import HivemindStrategy  # noqa: E402
+
+
+def samples(n: int, seed: int) -> torch.utils.data.TensorDataset:
+    """``n`` samples of one linear function (the same for every peer), drawn with ``seed``."""
+    w = torch.randn(8, 1, generator=torch.Generator().manual_seed(1234))
+    x = torch.randn(n, 8, generator=torch.Generator().manual_seed(seed))
+    return torch.utils.data.TensorDataset(x, x @ w)
+
+
+class SlowRegressor(Regressor):
+    """Each step sleeps a little, so that peers on one loaded machine overlap in time."""
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(0.05)
+        return super().training_step(batch, batch_idx)
+
+
+class Collaboration(tf.Callback):
+    """Records the collaborative epoch, reports progress to a file and stops at the target epoch."""
+
+    def __init__(self, epochs: int, progress: Path, peers: int) -> None:
+        self.epochs, self.progress, self.peers = epochs, progress, peers
+        self.start_epoch: int | None = None
+
+    def on_train_start(self, trainer, module):
+        opt = trainer.strategy.hivemind_optimizer
+        self.start_epoch = opt.local_epoch
+        # a peer that does not see the others before its first collaborative epoch ends averages alone
+        deadline = time.monotonic() + 60
+        while opt.tracker.global_progress.num_peers < self.peers and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        epoch = trainer.strategy.hivemind_optimizer.local_epoch
+        self.progress.write_text(str(epoch))
+        if epoch >= self.epochs:
+            trainer.should_stop = True
+
+
+class JoinLine(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines += [line for line in record.getMessage().splitlines() if "TORCHFLEET_INITIAL_PEERS=" in line]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--target", type=int, default=64)
+    parser.add_argument("--max-steps", type=int, default=400)
+    parser.add_argument("--peers", type=int, default=1, help="wait until the tracker sees this many peers")
+    parser.add_argument("--go", default=None, help="after starting the peer, train once this file exists")
+    parser.add_argument("--wait-for", default=None, help="start once this file holds at least --wait-epoch")
+    parser.add_argument("--wait-epoch", type=int, default=0)
+    args = parser.parse_args()
+    out = Path(args.out)
+    if args.wait_for:
+        while not (Path(args.wait_for).exists() and Path(args.wait_for).read_text().strip()
+                   and int(Path(args.wait_for).read_text()) >= args.wait_epoch):
+            time.sleep(0.1)
+    join = JoinLine()
+    logging.getLogger("torchfleet").addHandler(join)
+    logging.getLogger("torchfleet").setLevel(logging.INFO)
+    torch.manual_seed(0)  # every peer starts from the same model; the data differ
+    model = SlowRegressor(lr=0.05)
+    train = torch.utils.data.DataLoader(samples(512, args.seed), batch_size=8, shuffle=True)
+    val_x, val_y = samples(128, 99).tensors
+    with torch.no_grad():
+        loss_before = torch.nn.functional.mse_loss(model(val_x), val_y).item()
+    strategy = HivemindStrategy(target_batch_size=args.target, run_id="tf_test", matchmaking_time=1.0,
+                                averaging_timeout=5.0, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    strategy.dht  # noqa: B018 - start the peer now: the first one logs the join line
+    if join.lines:
+        (out.parent / (out.name + ".join")).write_text(join.lines[0])
+    (out.parent / (out.name + ".ready")).write_text(str(os.getpid()))
+    while args.go and not Path(args.go).exists():
+        time.sleep(0.1)
+    collab = Collaboration(args.epochs, out.parent / (out.name + ".progress"), args.peers)
+    trainer = tf.Trainer(**quiet(strategy=strategy, max_steps=args.max_steps, max_epochs=-1, callbacks=[collab]))
+    trainer.fit(model, train)
+    with torch.no_grad():
+        loss_after = torch.nn.functional.mse_loss(model(val_x), val_y).item()
+    out.write_text(json.dumps({
+        "join": join.lines, "start_epoch": collab.start_epoch,
+        "end_epoch": trainer.optimizers[0].local_epoch, "global_step": trainer.global_step,
+        "params": [p.detach().flatten().tolist() for p in model.parameters()],
+        "loss_before": loss_before, "loss_after": loss_after, "pid": os.getpid(),
+    }))
+
+
+if __name__ == "__main__":
+    main()
