@@ -6,12 +6,14 @@ tests/examples/test_tp_transformer.py go to one launch per world size (scripts/m
 each script's runs to that script's ``main``), in the order their checkpoints need: 4 processes, then 1 (model_parallel's
 resume the 4-process checkpoints and a consolidated copy made before it; pipeline's write ``mesh_1x1.ckpt`` and
 ``fleet_single.ckpt``), then 2 (model_parallel's resume the 4-process checkpoints; pipeline's the 1-process ones).
-Each script's runs write their own results file in their own folder, as a launch of that script alone would.
+Each script's runs write their own results file in their own folder, as a launch of that script alone would; a
+session launches the runs of the test files it collected only.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from tests.distributed import sharded_helpers
 from tests.distributed.scripts import model_parallel_train as mp_script
@@ -22,6 +24,9 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "model_parallel_laun
 PARTS = {"model_parallel": "model_parallel_train", "pipeline": "pipeline_train", "tp_example": "tp_transformer_train",
          "features": "tp_transformer_train"}
 WORDS = {4: "four", 2: "two", 1: "one"}
+#: the test file that reads each part's results, under tests/
+READERS = {"model_parallel": "strategies/test_model_parallel.py", "pipeline": "strategies/test_pipeline.py",
+           "tp_example": "examples/test_tp_transformer.py", "features": "strategies/test_model_parallel_features.py"}
 
 
 def model_parallel_runs(d: str) -> dict[int, list[dict]]:
@@ -102,28 +107,32 @@ RUNS = {"model_parallel": model_parallel_runs, "pipeline": pipeline_runs, "tp_ex
         "features": features_runs}
 
 
-def launch(devices: int, dirs: dict[str, str], timeout: float) -> dict[str, dict]:
-    """Every part's runs on ``devices`` processes: ``{part: {run name: its results}}``.
+def launch(devices: int, dirs: dict[str, str], timeout: float, parts: Iterable[str] = PARTS) -> dict[str, dict]:
+    """The runs on ``devices`` processes of each of ``parts``: ``{part: {run name: its results}}``.
 
     A run that must fail stops the launch's other ranks (the script launcher ends a run when a rank raises: tested in
     test_faults), so it comes last, and each further one gets a launch of its own: one launch on ``devices``
     processes, plus one per further run that must fail."""
     launches: list[dict[str, dict]] = [{}]
     failing = []
-    for part, script in PARTS.items():
+    for part in parts:
+        script = PARTS[part]
         runs = RUNS[part](dirs[part]).get(devices, [])
         out = os.path.join(dirs[part], f"{WORDS[devices]}.pt")
-        if [run for run in runs if not run.get("expect_error")]:
-            launches[0][part] = {"script": script, "out": out, "runs": [r for r in runs if not r.get("expect_error")]}
+        passing = [run for run in runs if not run.get("expect_error")]
+        if passing:
+            launches[0][part] = {"script": script, "out": out, "runs": passing}
         failing += [(part, {"script": script, "out": out.replace(".pt", f"-{run['name']}.pt"), "runs": [run]})
                     for run in runs if run.get("expect_error")]
     for i, (part, cfg) in enumerate(failing):
         if i:
             launches.append({})
         launches[-1][f"{part}:{cfg['runs'][0]['name']}"] = cfg
-    results: dict[str, dict] = {part: {} for part in PARTS}
-    for parts in launches:
-        proc = sharded_helpers.run_script(SCRIPT, {"devices": devices, "parts": list(parts.values())}, timeout)
-        for key, cfg in parts.items():
+    results: dict[str, dict] = {part: {} for part in parts}
+    for one_launch in launches:
+        if not one_launch:
+            continue
+        proc = sharded_helpers.run_script(SCRIPT, {"devices": devices, "parts": list(one_launch.values())}, timeout)
+        for key, cfg in one_launch.items():
             results[key.split(":")[0]].update(load_results(cfg, proc))
     return results
