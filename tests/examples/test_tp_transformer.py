@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.distributed import sharded_helpers
 from tests.distributed.scripts import tp_transformer_train as script
-from tests.distributed.sharded_helpers import assert_close, load_results
+from tests.distributed.sharded_helpers import assert_close
 from torchfleet.examples import tp_transformer as example
 
 ATOL = 1e-5
@@ -33,15 +32,14 @@ def test_the_data_follow_the_documented_rule():
 
 
 @pytest.fixture(scope="module")
-def ref() -> dict:
-    return script.train({"name": "ref", "strategy": "single_device"}, 1)
+def ref(tp_transformer_reference) -> dict:
+    return tp_transformer_reference
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
-    cfg = {"out": str(tmp_path_factory.mktemp("tp_example") / "four.pt"), "devices": 4, "runs": [
-        {"name": "tp2dp2", "dp": 2, "tp": 2}, {"name": "tp4", "dp": 1, "tp": 4}]}
-    return load_results(cfg, sharded_helpers.run_script(script.__file__, cfg, timeout=400))
+def runs(four_process_runs) -> dict:
+    """This file's runs (tests/distributed/model_parallel_launches.py), from the 4-process launch the session shares."""
+    return four_process_runs["tp_example"]
 
 
 @pytest.mark.distributed

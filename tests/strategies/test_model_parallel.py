@@ -1,7 +1,8 @@
 """ModelParallelStrategy: mesh sizes and their refusals (no processes), then tensor parallel + FSDP2 on real CPU
 processes over gloo, equal to one process, and checkpoints that move between meshes and strategies.
 
-Three launches serve the multi-process tests (starting ranks costs seconds): 4 ranks train TP2xDP2 (saving a
+Three launches serve the multi-process tests (starting ranks costs seconds; they are shared with the other
+model-parallel test files, tests/distributed/model_parallel_launches.py): 4 ranks train TP2xDP2 (saving a
 distributed and a one-file checkpoint mid-epoch), TP2xDP2 with gradient clipping and with gradient accumulation,
 the "auto" mesh 1x4 resuming the
 distributed checkpoint, DP4 resuming the file; 2 ranks run a Fleet loop (TP2) and resume the 2x2 checkpoint under
@@ -18,15 +19,13 @@ import pytest
 import torch
 from torch import nn
 
-from tests.distributed import sharded_helpers
 from tests.distributed.scripts import model_parallel_train as script
-from tests.distributed.sharded_helpers import assert_close, load_results
+from tests.distributed.sharded_helpers import assert_close
 from torchfleet.connector import resolve
 from torchfleet.errors import ConfigurationError
 from torchfleet.strategies import ModelParallelStrategy, StrategyRegistry
 from torchfleet.strategies.model_parallel import mesh_sizes, total_norm
 
-SCRIPT = script.__file__
 ATOL = 1e-5
 
 
@@ -154,40 +153,12 @@ def test_total_norm_of_plain_tensors_is_torchs(norm_type):
 
 
 # ----------------------------------------------------------------------------------------- on 4, 2 and 1 processes
-def run_script(cfg: dict, timeout: float = 300) -> dict:
-    return load_results(cfg, sharded_helpers.run_script(SCRIPT, cfg, timeout))
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
-    from torchfleet.checkpoint.consolidate import consolidate
-
-    d = str(tmp_path_factory.mktemp("model_parallel"))
-    mp = {"strategy": "model_parallel"}
-    four = run_script({"out": f"{d}/four.pt", "devices": 4, "runs": [
-        {"name": "tp2dp2", **mp, "dp": 2, "tp": 2, "save_at": script.SAVE_AT, "ckpt_dir": d},
-        {"name": "tp2dp2_file", **mp, "dp": 2, "tp": 2, "distributed": False, "save_at": script.SAVE_AT,
-         "ckpt_dir": d},
-        {"name": "clip", **mp, "dp": 2, "tp": 2, "clip": 0.05},
-        {"name": "accumulate", **mp, "dp": 2, "tp": 2, "accumulate": 2},
-        {"name": "auto_from_2x2", **mp, "resume": f"{d}/tp2dp2.ckpt"},
-        {"name": "dp4_from_file", **mp, "dp": 4, "tp": 1, "resume": f"{d}/tp2dp2_file.ckpt"},
-        {"name": "uneven", **mp, "dp": 1, "tp": 4, "hidden": 6, "expect_error": True},
-    ]})
-    two = run_script({"out": f"{d}/two.pt", "devices": 2, "runs": [
-        {"name": "fleet_tp2", "fleet": True, "dp": 1, "tp": 2, "ckpt_dir": d},
-        {"name": "fsdp_from_2x2", "strategy": "fsdp", "resume": f"{d}/tp2dp2.ckpt"},
-        {"name": "ddp_from_2x2", "strategy": "ddp", "resume": f"{d}/tp2dp2.ckpt"},
-    ]})
-    consolidate(f"{d}/tp2dp2.ckpt", f"{d}/consolidated.ckpt", with_optimizer=True)
-    one = run_script({"out": f"{d}/one.pt", "devices": 1, "runs": [
-        {"name": "single_from_2x2", "strategy": "single_device", "resume": f"{d}/tp2dp2.ckpt"},
-        {"name": "mesh_1x1_from_file", **mp, "resume": f"{d}/tp2dp2_file.ckpt"},
-        {"name": "single_from_consolidated", "strategy": "single_device", "resume": f"{d}/consolidated.ckpt"},
-        # on one rank: under the script launcher an error in every rank ends the run (tested in test_faults)
-        {"name": "unconfigured", **mp, "unconfigured": True, "expect_error": True},
-    ]})
-    return {**four, **two, **one, "dir": d}
+def runs(four_process_runs, one_process_runs, two_process_runs, model_parallel_dirs) -> dict:
+    """This file's runs (tests/distributed/model_parallel_launches.py), from the launches the session shares."""
+    part = "model_parallel"
+    return {**four_process_runs[part], **two_process_runs[part], **one_process_runs[part],
+            "dir": model_parallel_dirs[part]}
 
 
 def reference(clip: float | None = None, accumulate: int = 1) -> dict:

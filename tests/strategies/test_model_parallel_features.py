@@ -1,7 +1,8 @@
 """ModelParallelStrategy with the features a Module applies itself: precision, activation checkpointing and
 torch.compile per block inside ``configure_model`` (the tensor/sequence/loss-parallel Transformer example).
 
-One launch of 4 CPU processes (gloo), TP2xDP2, trains the example five times; the references are the same
+One launch of 4 CPU processes (gloo; shared with the other model-parallel test files,
+tests/distributed/model_parallel_launches.py), TP2xDP2, trains the example five times; the references are the same
 Module in this process (single_device, float32, the global batch):
 
 - ``precision="bf16-mixed"``: the Trainer's autocast: parameters stay float32, the logits come out bfloat16;
@@ -19,9 +20,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed import sharded_helpers
 from tests.distributed.scripts import tp_transformer_train as script
-from tests.distributed.sharded_helpers import assert_close, load_results
+from tests.distributed.sharded_helpers import assert_close
 
 ATOL = 1e-5
 #: bfloat16 against float32, per step's loss (measured here: the last step differs by 0.02 under bf16-true, < 1e-3 otherwise)
@@ -30,21 +30,14 @@ MESH = (("data_parallel", "tensor_parallel"), (2, 2))
 
 
 @pytest.fixture(scope="module")
-def ref() -> dict:
-    return script.train({"name": "ref", "strategy": "single_device"}, 1)
+def ref(tp_transformer_reference) -> dict:
+    return tp_transformer_reference
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
-    tp2dp2 = {"dp": 2, "tp": 2}
-    cfg = {"out": str(tmp_path_factory.mktemp("mp_features") / "four.pt"), "devices": 4, "runs": [
-        {"name": "bf16_mixed", **tp2dp2, "precision": "bf16-mixed"},
-        {"name": "bf16_true", **tp2dp2, "precision": "bf16-true"},
-        {"name": "fsdp_bf16", **tp2dp2, "fsdp_bf16": True},
-        {"name": "recompute", **tp2dp2, "recompute": True},
-        {"name": "compile", **tp2dp2, "compile": True},
-    ]}
-    return load_results(cfg, sharded_helpers.run_script(script.__file__, cfg, timeout=500))
+def runs(four_process_runs) -> dict:
+    """This file's runs (tests/distributed/model_parallel_launches.py), from the 4-process launch the session shares."""
+    return four_process_runs["features"]
 
 
 def _max_diff(a: dict, b: dict) -> float:

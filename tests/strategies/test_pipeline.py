@@ -2,7 +2,8 @@
 processes), then PP2xDP2 and PP2 on real CPU processes over gloo, equal to one process, and checkpoints moving
 between a pipeline mesh and no pipeline, both ways.
 
-Three launches serve the multi-process tests: 4 ranks train PP2xDP2 with 1F1B (validating through the pipeline,
+Three launches serve the multi-process tests (shared with the other model-parallel test files,
+tests/distributed/model_parallel_launches.py): 4 ranks train PP2xDP2 with 1F1B (validating through the pipeline,
 saving a checkpoint mid-epoch), with GPipe, with gradient clipping, a Fleet loop PP2xDP2 (fleet.save mid-epoch),
 PP2xTP2, PP2xDP2 with two stages per rank under Interleaved1F1B (validating, saving mid-epoch) and LoopedBFS, then
 microbatches that do not divide the batch (refused); 1 rank resumes the PP2xDP2 checkpoint without pipeline
@@ -18,10 +19,9 @@ import pytest
 import torch
 from torch import nn
 
-from tests.distributed import sharded_helpers
 from tests.distributed.scripts import model_parallel_train as mp_script
 from tests.distributed.scripts import pipeline_train as script
-from tests.distributed.sharded_helpers import assert_close, load_results
+from tests.distributed.sharded_helpers import assert_close
 from torchfleet.connector import resolve
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError
 from torchfleet.strategies import ModelParallelStrategy, PipelineSpec
@@ -31,7 +31,6 @@ from torchfleet.strategies.model_parallel import pipeline_mesh_sizes
 ATOL = 1e-5
 MSE = nn.functional.mse_loss
 #: two stages on each of 2 ranks: [layers.0], [layers.1 (Tanh, no parameters)], [layers.2-3], [layers.4]
-INTERLEAVED = {"schedule": "Interleaved1F1B", "stages_per_rank": 2, "split": ["layers.1", "layers.2", "layers.4"]}
 
 
 def build(devices=4, **kwargs):
@@ -138,43 +137,11 @@ def test_bad_stage_specs_are_refused(model, spec, stages, words):
 
 
 # ----------------------------------------------------------------------------------------- on 4, 1 and 2 processes
-def run_script(cfg: dict, timeout: float = 300) -> dict:
-    return load_results(cfg, sharded_helpers.run_script(script.__file__, cfg, timeout))
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
-    d = str(tmp_path_factory.mktemp("pipeline"))
-    pp = {"strategy": "model_parallel", "pp": 2, "tp": 1}
-    four = run_script({"out": f"{d}/four.pt", "devices": 4, "runs": [
-        {"name": "pp2dp2", **pp, "dp": 2, "microbatches": 2, "save_at": mp_script.SAVE_AT, "ckpt_dir": d,
-         "validate": True},
-        {"name": "pp2dp2_gpipe", **pp, "dp": 2, "schedule": "GPipe", "microbatches": 4},
-        {"name": "pp2dp2_clip", **pp, "dp": 2, "clip": 0.05},
-        {"name": "fleet_pp2dp2", "fleet": True, "pp": 2, "dp": 2, "ckpt_dir": d},
-        {"name": "pp2tp2", **pp, "dp": 1, "tp": 2},
-        {"name": "pp2dp2_interleaved", **pp, "dp": 2, **INTERLEAVED, "microbatches": 4, "save_at": mp_script.SAVE_AT,
-         "ckpt_dir": d, "validate": True},
-        {"name": "pp2dp2_bfs", **pp, "dp": 2, **INTERLEAVED, "schedule": "LoopedBFS"},
-        # a failing run ends its launch's processes: last
-        {"name": "uneven_microbatches", **pp, "dp": 2, "microbatches": 3, "expect_error": True},
-    ]})
-    one = run_script({"out": f"{d}/one.pt", "devices": 1, "runs": [
-        {"name": "single_from_pp2dp2", "strategy": "single_device", "resume": f"{d}/pp2dp2.ckpt"},
-        {"name": "mesh_1x1", "strategy": "model_parallel", "dp": 1, "tp": 1, "save_at": mp_script.SAVE_AT,
-         "ckpt_dir": d},
-        {"name": "fleet_single", "fleet": True, "ckpt_dir": d, "resume": f"{d}/fleet_pp2dp2.ckpt"},
-        {"name": "single_from_interleaved", "strategy": "single_device", "resume": f"{d}/pp2dp2_interleaved.ckpt"},
-    ]})
-    two = run_script({"out": f"{d}/two.pt", "devices": 2, "runs": [
-        {"name": "pp2_from_1x1", **pp, "dp": 1, "resume": f"{d}/mesh_1x1.ckpt", "validate": True},
-        {"name": "fleet_pp2_from_single", "fleet": True, "pp": 2, "ckpt_dir": d,
-         "resume": f"{d}/fleet_single.ckpt"},
-        {"name": "pp2_interleaved_clip", **pp, "dp": 1, **INTERLEAVED, "clip": 0.05},
-        {"name": "interleaved_whole_module_sharded", **pp, "dp": 1, **INTERLEAVED, "shard_whole": True,
-         "expect_error": True},
-    ]})
-    return {**four, **one, **two}
+def runs(four_process_runs, one_process_runs, two_process_runs) -> dict:
+    """This file's runs (tests/distributed/model_parallel_launches.py), from the launches the session shares."""
+    part = "pipeline"
+    return {**four_process_runs[part], **one_process_runs[part], **two_process_runs[part]}
 
 
 def reference(clip: float | None = None) -> dict:
