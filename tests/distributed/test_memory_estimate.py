@@ -1,6 +1,6 @@
 """estimate_memory for ddp, fsdp (with and without activation checkpointing, AdamW and SGD) and model_parallel (tensor
-parallel x 2, AdamW and SGD) against 2 real gloo ranks measured inside the training processes
-(tests/distributed/scripts/memory_train.py): one launch, seven runs."""
+parallel x 2, AdamW and SGD), in fp32 and (ddp, fsdp, fsdp with checkpointing) bf16-mixed, against 2 real gloo ranks
+measured inside the training processes (tests/distributed/scripts/memory_train.py): one launch, ten runs."""
 
 from __future__ import annotations
 
@@ -22,17 +22,21 @@ RUNS = [{"name": "ddp", "strategy": "ddp"}, {"name": "ddp_sgd", "strategy": "ddp
         {"name": "fsdp", "strategy": "fsdp"}, {"name": "fsdp_ac", "strategy": "fsdp", "ac": True},
         {"name": "fsdp_sgd", "strategy": "fsdp", "optimizer": "sgd"},
         {"name": "tp", "strategy": "model_parallel", "tp": 2},
-        {"name": "tp_sgd", "strategy": "model_parallel", "tp": 2, "optimizer": "sgd"}]
+        {"name": "tp_sgd", "strategy": "model_parallel", "tp": 2, "optimizer": "sgd"},
+        {"name": "ddp_bf16", "strategy": "ddp", "precision": "bf16-mixed"},
+        {"name": "fsdp_bf16", "strategy": "fsdp", "precision": "bf16-mixed"},
+        {"name": "fsdp_ac_bf16", "strategy": "fsdp", "ac": True, "precision": "bf16-mixed"}]
 
 
 def _predict(run: dict):
     if run["strategy"] == "model_parallel":
         return estimate_memory(TPBlocks(WIDTH, BLOCKS, run.get("optimizer", "adamw")), torch.randn(ROWS, WIDTH),
-                               strategy=ModelParallelStrategy(tensor_parallel_size=run["tp"]), devices=2)
+                               strategy=ModelParallelStrategy(tensor_parallel_size=run["tp"]), devices=2,
+                               precision=run.get("precision", "32-true"))
     strategy = "ddp" if run["strategy"] == "ddp" else FSDPStrategy(
         auto_wrap_policy={Block}, activation_checkpointing_policy={Block} if run.get("ac") else None)
     return estimate_memory(Blocks(WIDTH, BLOCKS, run.get("optimizer", "adamw")), torch.randn(ROWS, WIDTH),
-                           strategy=strategy, devices=2)
+                           strategy=strategy, devices=2, precision=run.get("precision", "32-true"))
 
 
 def test_ddp_and_fsdp_predictions_match_two_measured_ranks(tmp_path):

@@ -91,9 +91,11 @@ def held_ratio(trace: StepTrace, model: Any) -> float:
     return model.param_itemsize * trace.elements / trace.params if model.param_itemsize and trace.params else 1.0
 
 
-def per_phase(trace: StepTrace, model: Any, units: list[int], resident: int) -> dict[str, dict[str, int]]:
+def per_phase(trace: StepTrace, model: Any, units: list[int], resident: int,
+              uncast: bool = False) -> dict[str, dict[str, int]]:
     """Each phase's bytes per rank, by part. ``units``: gathered bytes per FSDP unit (the root last); ``resident``:
-    bytes alive through the whole step that are not model states (buffers, the batch)."""
+    bytes alive through the whole step that are not model states (buffers, the batch); ``uncast``: the units are
+    gathered in the compute dtype, so autocast's copies of the parameters in that dtype do not exist."""
     held = held_ratio(trace, model)
     params = 0 if ("params" in model.offload) else _share(int(trace.params * held), model.param_shards)
     master = _share(trace.params_fp32, model.state_shards) if model.master_copy else 0
@@ -107,7 +109,7 @@ def per_phase(trace: StepTrace, model: Any, units: list[int], resident: int) -> 
     out = {}
     for phase in PHASES:
         grads = int((trace.grads if phase == "optimizer" else trace.phases[phase].grads) * held)
-        other = trace.other(phase)
+        other = trace.other(phase, uncast)
         if phase == "optimizer":  # the optimizer's temporaries are the size of a (sharded) parameter
             on_host = "states" in model.offload
             other = 0 if on_host else resident + _share(max(other - resident, 0), model.state_shards)
@@ -175,7 +177,7 @@ def estimate_memory(module: nn.Module, batch: Any, *, strategy: Any = "single_de
     resident = sum(b.untyped_storage().nbytes() for b in module.buffers())
     resident += sum(t.untyped_storage().nbytes() for t in torch.utils._pytree.tree_flatten(batch)[0]
                     if isinstance(t, torch.Tensor))
-    phases = per_phase(trace, model, units, resident)
+    phases = per_phase(trace, model, units, resident, uncast=compute is not None)
     top = max(PHASES, key=lambda phase: phases[phase]["total"])
     master = _share(trace.params_fp32, model.state_shards) if model.master_copy else 0
     held = held_ratio(trace, model)

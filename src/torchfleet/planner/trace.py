@@ -49,10 +49,13 @@ class StepTrace:
     #: elements of all parameters
     elements: int = 0
     phases: dict[str, PhasePeak] = field(default_factory=dict)
+    #: each phase's peak not counting autocast's copies of the parameters in the compute dtype (a strategy that
+    #: already holds the parameters in that dtype, FSDP's mixed-precision policy, has no such copies)
+    uncast_phases: dict[str, PhasePeak] = field(default_factory=dict)
 
-    def other(self, phase: str) -> int:
+    def other(self, phase: str, uncast: bool = False) -> int:
         """Bytes alive at ``phase``'s peak that are neither parameters, gradients nor optimizer states."""
-        peak = self.phases[phase]
+        peak = (self.uncast_phases if uncast else self.phases)[phase]
         return max(peak.total - self.params - self.states - peak.grads, 0)
 
 
@@ -65,20 +68,26 @@ class LiveStorages(TorchDispatchMode):
         self.grads = 0
         self.phase: str | None = None
         self.peaks: dict[str, PhasePeak] = {}
+        #: bytes of live copies of parameters made by a dtype cast (autocast's), and the peaks without them
+        self.casts = 0
+        self.uncast_peaks: dict[str, PhasePeak] = {}
+        self.param_ids: set[int] = set()
         self._seen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
-    def add(self, tensor: Tensor) -> None:
+    def add(self, tensor: Tensor, cast: bool = False) -> None:
         storage = tensor.untyped_storage()
         if storage in self._seen:
             return
         size = storage.nbytes()
         self._seen[storage] = size
         self.live += size
-        weakref.finalize(storage, self._free, size)
+        self.casts += size if cast else 0
+        weakref.finalize(storage, self._free, size, cast)
         self.note_peak()
 
-    def _free(self, size: int) -> None:
+    def _free(self, size: int, cast: bool = False) -> None:
         self.live -= size
+        self.casts -= size if cast else 0
 
     def note_peak(self) -> None:
         if self.phase is None:
@@ -86,12 +95,17 @@ class LiveStorages(TorchDispatchMode):
         peak = self.peaks.setdefault(self.phase, PhasePeak())
         if self.live > peak.total:
             peak.total, peak.grads = self.live, self.grads
+        uncast = self.uncast_peaks.setdefault(self.phase, PhasePeak())
+        if self.live - self.casts > uncast.total:
+            uncast.total, uncast.grads = self.live - self.casts, self.grads
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        cast = (func is torch.ops.aten._to_copy.default and bool(args) and id(args[0]) in self.param_ids
+                and args[0].dtype != getattr(out, "dtype", args[0].dtype))
         for item in tree_flatten(out)[0]:
             if isinstance(item, Tensor):
-                self.add(item)
+                self.add(item, cast)
         return out
 
 
@@ -176,6 +190,7 @@ def trace_step(module: nn.Module, batch: Any, precision: Any, plan: Callable[[nn
         if model.__dict__.get("_trainer") is not None:  # read by configure_optimizers; self.log records nothing here
             model.trainer = None
         params = [p for p in model.parameters()]
+        tracker.param_ids = {id(p) for p in params}
         for tensor in [*params, *model.buffers(), *tree_flatten(fake_batch)[0]]:
             if isinstance(tensor, Tensor):
                 tracker.add(tensor)
@@ -210,4 +225,5 @@ def trace_step(module: nn.Module, batch: Any, precision: Any, plan: Callable[[nn
     return StepTrace(params=sum(p.untyped_storage().nbytes() for p in params), grads=grads, states=sum(states.values()),
                      params_fp32=sum(p.numel() * 4 for p in trainable), trainable=sum(p.numel() for p in trainable),
                      elements=sum(p.numel() for p in params),
-                     phases={phase: tracker.peaks.get(phase, PhasePeak()) for phase in PHASES}), memory_model
+                     phases={phase: tracker.peaks.get(phase, PhasePeak()) for phase in PHASES},
+                     uncast_phases={phase: tracker.uncast_peaks.get(phase, PhasePeak()) for phase in PHASES}), memory_model
