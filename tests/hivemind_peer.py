@@ -35,8 +35,10 @@ def samples(n: int, seed: int) -> torch.utils.data.TensorDataset:
 class SlowRegressor(Regressor):
     """Each step sleeps a little, so that peers on one loaded machine overlap in time."""
 
+    pause = 0.05
+
     def training_step(self, batch, batch_idx):
-        time.sleep(0.05)
+        time.sleep(self.pause)
         return super().training_step(batch, batch_idx)
 
 
@@ -46,17 +48,29 @@ class Collaboration(tf.Callback):
     def __init__(self, epochs: int, progress: Path, peers: int) -> None:
         self.epochs, self.progress, self.peers = epochs, progress, peers
         self.start_epoch: int | None = None
+        #: (global_step, collaborative epoch) each time the epoch changed during training
+        self.transitions: list[tuple[int, int]] = []
 
     def on_train_start(self, trainer, module):
         opt = trainer.strategy.hivemind_optimizer
         self.start_epoch = opt.local_epoch
-        # a peer that does not see the others before its first collaborative epoch ends averages alone
+        self.waited = False
+
+    def _meet(self, opt) -> None:
+        # a peer that does not see the others before its first collaborative epoch ends averages alone; hivemind
+        # publishes a peer's progress only once it has accumulated samples, so the peers meet after their first step
         deadline = time.monotonic() + 60
         while opt.tracker.global_progress.num_peers < self.peers and time.monotonic() < deadline:
-            time.sleep(0.2)
+            time.sleep(0.1)
+        self.waited = True
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        epoch = trainer.strategy.hivemind_optimizer.local_epoch
+        opt = trainer.strategy.hivemind_optimizer
+        if not self.waited:
+            self._meet(opt)
+        epoch = opt.local_epoch
+        if epoch != (self.transitions[-1][1] if self.transitions else self.start_epoch):
+            self.transitions.append((trainer.global_step, epoch))
         self.progress.write_text(str(epoch))
         if epoch >= self.epochs:
             trainer.should_stop = True
@@ -82,6 +96,9 @@ def main() -> None:
     parser.add_argument("--go", default=None, help="after starting the peer, train once this file exists")
     parser.add_argument("--wait-for", default=None, help="start once this file holds at least --wait-epoch")
     parser.add_argument("--wait-epoch", type=int, default=0)
+    parser.add_argument("--sleep", type=float, default=0.05, help="seconds each training step sleeps")
+    parser.add_argument("--matchmaking", type=float, default=1.0)
+    parser.add_argument("--averaging-timeout", type=float, default=5.0)
     args = parser.parse_args()
     out = Path(args.out)
     if args.wait_for:
@@ -93,12 +110,14 @@ def main() -> None:
     logging.getLogger("torchfleet").setLevel(logging.INFO)
     torch.manual_seed(0)  # every peer starts from the same model; the data differ
     model = SlowRegressor(lr=0.05)
+    model.pause = args.sleep
     train = torch.utils.data.DataLoader(samples(512, args.seed), batch_size=8, shuffle=True)
     val_x, val_y = samples(128, 99).tensors
     with torch.no_grad():
         loss_before = torch.nn.functional.mse_loss(model(val_x), val_y).item()
-    strategy = HivemindStrategy(target_batch_size=args.target, run_id="tf_test", matchmaking_time=1.0,
-                                averaging_timeout=5.0, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    strategy = HivemindStrategy(target_batch_size=args.target, run_id="tf_test", matchmaking_time=args.matchmaking,
+                                averaging_timeout=args.averaging_timeout, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                                verbose=True)
     strategy.dht  # noqa: B018 - start the peer now: the first one logs the join line
     if join.lines:
         (out.parent / (out.name + ".join")).write_text(join.lines[0])
@@ -111,7 +130,7 @@ def main() -> None:
     with torch.no_grad():
         loss_after = torch.nn.functional.mse_loss(model(val_x), val_y).item()
     out.write_text(json.dumps({
-        "join": join.lines, "start_epoch": collab.start_epoch,
+        "join": join.lines, "start_epoch": collab.start_epoch, "transitions": collab.transitions,
         "end_epoch": trainer.optimizers[0].local_epoch, "global_step": trainer.global_step,
         "params": [p.detach().flatten().tolist() for p in model.parameters()],
         "loss_before": loss_before, "loss_after": loss_after, "pid": os.getpid(),
