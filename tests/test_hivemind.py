@@ -217,16 +217,27 @@ def test_two_peers_train_together_and_end_with_equal_parameters(tmp_path):
 
 
 @needs_hivemind
-@flaky_peers
 @pytest.mark.slow
 def test_a_late_peer_catches_up_with_the_collaboration(tmp_path):
     go = tmp_path / "go"
     go.write_text("")
-    first = _peer(tmp_path / "a.json", "--seed", "1", "--epochs", "5", "--go", str(go))
+    # the first peer trains alone to epoch 2, then waits there until it sees the late peer
+    first = _peer(tmp_path / "a.json", "--seed", "1", "--epochs", "5", "--go", str(go), "--peers", "2",
+                  "--meet-epoch", "2", *TOGETHER)
     join = _wait_file(tmp_path / "a.json.join", [first])
+    # the late peer starts from other initial parameters, once the first reached epoch 2
     late = _peer(tmp_path / "c.json", "--seed", "3", "--epochs", "5", "--wait-for", str(tmp_path / "a.json.progress"),
-                 "--wait-epoch", "2", "--peers", "2", env={"TORCHFLEET_INITIAL_PEERS": join.split(" ")[0].partition("=")[2]})
+                 "--wait-epoch", "2", "--peers", "2", "--init-seed", "7", *TOGETHER,
+                 env={"TORCHFLEET_INITIAL_PEERS": join.split(" ")[0].partition("=")[2]})
     a, c = _finish([first, late])
-    assert c["start_epoch"] >= 2  # loaded the collaboration's state before its first step
-    assert a["end_epoch"] >= 5 and c["end_epoch"] >= 5
+    seen = f"(global_step, epoch) a: {a['transitions']} c: {c['transitions']}"
+    assert a["met"][0] == 2 and c["start_epoch"] == 2, seen  # load_state_from_peers brought the epoch
+    assert c["init_params"] != a["init_params"]
+    # ... and the parameters the first peer held while it waited at epoch 2, bitwise, before the late one's first step
+    assert c["start_params"] == a["met"][1]
+    assert a["end_epoch"] >= 5 and c["end_epoch"] >= 5, seen
+    # the late peer reached epoch 5 in fewer local steps than 3 epochs alone (3 x 64/8)
+    assert c["global_step"] < 24, seen
+    for name in ("a", "c"):
+        assert "Averaged parameters with 2 peers" in (tmp_path / f"{name}.log").read_text()
     assert a["params"] == c["params"]
