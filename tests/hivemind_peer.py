@@ -51,13 +51,15 @@ class Collaboration(tf.Callback):
     peers cannot meet before their first step.
     """
 
-    def __init__(self, epochs: int, progress: Path, peers: int, meet_epoch: int = 0) -> None:
+    def __init__(self, epochs: int, progress: Path, peers: int, meet_epoch: int = 0, meet_pause: float = 0.0) -> None:
         self.epochs, self.progress, self.peers, self.meet_epoch = epochs, progress, peers, meet_epoch
+        self.meet_pause = meet_pause  # seconds each step sleeps while waiting for the peers (0: stop stepping)
         self.start_epoch: int | None = None
         self.start_params: list[list[float]] | None = None  # before the first step, after loading the peers' state
         self.met: tuple[int, list[list[float]]] | None = None  # (epoch, parameters) when the peers met
         #: (global_step, collaborative epoch) each time the epoch changed during training
         self.transitions: list[tuple[int, int]] = []
+        self.epoch_params: dict[int, list[list[float]]] = {}
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if self.start_epoch is None:  # the strategy's on_train_start (load_state_from_peers) has run
@@ -68,13 +70,22 @@ class Collaboration(tf.Callback):
         opt = trainer.strategy.hivemind_optimizer
         self.progress.write_text(str(opt.local_epoch))  # before waiting: a late peer may start on it
         if self.met is None and opt.local_epoch >= self.meet_epoch:
-            deadline = time.monotonic() + 60
-            while opt.tracker.global_progress.num_peers < self.peers and time.monotonic() < deadline:
-                time.sleep(0.1)
-            self.met = (opt.local_epoch, params(module))
+            if self.meet_pause:
+                # keep stepping, slowly: a peer that stops stepping leaves a stale estimate of when its epoch ends in
+                # the DHT, and the peer that joins would then end that epoch alone on its first step
+                if opt.tracker.global_progress.num_peers < self.peers:
+                    time.sleep(self.meet_pause)
+                else:
+                    self.met = (opt.local_epoch, params(module))
+            else:
+                deadline = time.monotonic() + 60
+                while opt.tracker.global_progress.num_peers < self.peers and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                self.met = (opt.local_epoch, params(module))
         epoch = opt.local_epoch
         if epoch != (self.transitions[-1][1] if self.transitions else self.start_epoch):
             self.transitions.append((trainer.global_step, epoch))
+            self.epoch_params[epoch] = params(module)  # parameters change only when the epoch does
         if epoch >= self.epochs:
             trainer.should_stop = True
 
@@ -104,6 +115,7 @@ def main() -> None:
     parser.add_argument("--wait-for", default=None, help="start once this file holds at least --wait-epoch")
     parser.add_argument("--wait-epoch", type=int, default=0)
     parser.add_argument("--init-seed", type=int, default=0, help="seed of the model's initial parameters")
+    parser.add_argument("--meet-pause", type=float, default=0.0, help="step this slowly while waiting for --peers")
     parser.add_argument("--meet-epoch", type=int, default=0, help="wait for --peers at this collaborative epoch")
     parser.add_argument("--sleep", type=float, default=0.05, help="seconds each training step sleeps")
     parser.add_argument("--matchmaking", type=float, default=1.0)
@@ -134,14 +146,16 @@ def main() -> None:
     (out.parent / (out.name + ".ready")).write_text(str(os.getpid()))
     while args.go and not Path(args.go).exists():
         time.sleep(0.1)
-    collab = Collaboration(args.epochs, out.parent / (out.name + ".progress"), args.peers, args.meet_epoch)
+    collab = Collaboration(args.epochs, out.parent / (out.name + ".progress"), args.peers, args.meet_epoch,
+                           args.meet_pause)
     trainer = tf.Trainer(**quiet(strategy=strategy, max_steps=args.max_steps, max_epochs=-1, callbacks=[collab]))
     trainer.fit(model, train)
     with torch.no_grad():
         loss_after = torch.nn.functional.mse_loss(model(val_x), val_y).item()
     out.write_text(json.dumps({
         "join": join.lines, "start_epoch": collab.start_epoch, "transitions": collab.transitions,
-        "init_params": init_params, "start_params": collab.start_params, "met": collab.met,
+        "init_params": init_params, "start_params": collab.start_params,
+        "epoch_params": collab.epoch_params, "met": collab.met,
         "end_epoch": trainer.optimizers[0].local_epoch, "global_step": trainer.global_step,
         "params": params(model),
         "loss_before": loss_before, "loss_after": loss_after, "pid": os.getpid(),
