@@ -35,31 +35,63 @@ def samples(n: int, seed: int) -> torch.utils.data.TensorDataset:
 class SlowRegressor(Regressor):
     """Each step sleeps a little, so that peers on one loaded machine overlap in time."""
 
+    pause = 0.05
+
     def training_step(self, batch, batch_idx):
-        time.sleep(0.05)
+        time.sleep(self.pause)
         return super().training_step(batch, batch_idx)
 
 
 class Collaboration(tf.Callback):
-    """Records the collaborative epoch, reports progress to a file and stops at the target epoch."""
+    """Records the collaborative epoch, reports progress to a file and stops at the target epoch.
 
-    def __init__(self, epochs: int, progress: Path, peers: int) -> None:
-        self.epochs, self.progress, self.peers = epochs, progress, peers
+    Once its collaborative epoch reaches ``meet_epoch`` (after its first step where that is 0), the peer waits until
+    hivemind's progress tracker sees ``peers`` peers: a peer that does not see the others before its collaborative
+    epoch ends averages alone, and hivemind publishes a peer's progress only once it has accumulated samples, so
+    peers cannot meet before their first step.
+    """
+
+    def __init__(self, epochs: int, progress: Path, peers: int, meet_epoch: int = 0, meet_pause: float = 0.0) -> None:
+        self.epochs, self.progress, self.peers, self.meet_epoch = epochs, progress, peers, meet_epoch
+        self.meet_pause = meet_pause  # seconds each step sleeps while waiting for the peers (0: stop stepping)
         self.start_epoch: int | None = None
+        self.start_params: list[list[float]] | None = None  # before the first step, after loading the peers' state
+        self.met: tuple[int, list[list[float]]] | None = None  # (epoch, parameters) when the peers met
+        #: (global_step, collaborative epoch) each time the epoch changed during training
+        self.transitions: list[tuple[int, int]] = []
+        self.epoch_params: dict[int, list[list[float]]] = {}
 
-    def on_train_start(self, trainer, module):
-        opt = trainer.strategy.hivemind_optimizer
-        self.start_epoch = opt.local_epoch
-        # a peer that does not see the others before its first collaborative epoch ends averages alone
-        deadline = time.monotonic() + 60
-        while opt.tracker.global_progress.num_peers < self.peers and time.monotonic() < deadline:
-            time.sleep(0.2)
+    def on_train_batch_start(self, trainer, module, batch, batch_idx):
+        if self.start_epoch is None:  # the strategy's on_train_start (load_state_from_peers) has run
+            self.start_epoch = trainer.strategy.hivemind_optimizer.local_epoch
+            self.start_params = params(module)
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        epoch = trainer.strategy.hivemind_optimizer.local_epoch
-        self.progress.write_text(str(epoch))
+        opt = trainer.strategy.hivemind_optimizer
+        self.progress.write_text(str(opt.local_epoch))  # before waiting: a late peer may start on it
+        if self.met is None and opt.local_epoch >= self.meet_epoch:
+            if self.meet_pause:
+                # keep stepping, slowly: a peer that stops stepping leaves a stale estimate of when its epoch ends in
+                # the DHT, and the peer that joins would then end that epoch alone on its first step
+                if opt.tracker.global_progress.num_peers < self.peers:
+                    time.sleep(self.meet_pause)
+                else:
+                    self.met = (opt.local_epoch, params(module))
+            else:
+                deadline = time.monotonic() + 60
+                while opt.tracker.global_progress.num_peers < self.peers and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                self.met = (opt.local_epoch, params(module))
+        epoch = opt.local_epoch
+        if epoch != (self.transitions[-1][1] if self.transitions else self.start_epoch):
+            self.transitions.append((trainer.global_step, epoch))
+            self.epoch_params[epoch] = params(module)  # parameters change only when the epoch does
         if epoch >= self.epochs:
             trainer.should_stop = True
+
+
+def params(module: torch.nn.Module) -> list[list[float]]:
+    return [p.detach().flatten().tolist() for p in module.parameters()]
 
 
 class JoinLine(logging.Handler):
@@ -82,6 +114,12 @@ def main() -> None:
     parser.add_argument("--go", default=None, help="after starting the peer, train once this file exists")
     parser.add_argument("--wait-for", default=None, help="start once this file holds at least --wait-epoch")
     parser.add_argument("--wait-epoch", type=int, default=0)
+    parser.add_argument("--init-seed", type=int, default=0, help="seed of the model's initial parameters")
+    parser.add_argument("--meet-pause", type=float, default=0.0, help="step this slowly while waiting for --peers")
+    parser.add_argument("--meet-epoch", type=int, default=0, help="wait for --peers at this collaborative epoch")
+    parser.add_argument("--sleep", type=float, default=0.05, help="seconds each training step sleeps")
+    parser.add_argument("--matchmaking", type=float, default=1.0)
+    parser.add_argument("--averaging-timeout", type=float, default=5.0)
     args = parser.parse_args()
     out = Path(args.out)
     if args.wait_for:
@@ -91,29 +129,35 @@ def main() -> None:
     join = JoinLine()
     logging.getLogger("torchfleet").addHandler(join)
     logging.getLogger("torchfleet").setLevel(logging.INFO)
-    torch.manual_seed(0)  # every peer starts from the same model; the data differ
+    torch.manual_seed(args.init_seed)  # peers start from the same model (unless told otherwise); the data differ
     model = SlowRegressor(lr=0.05)
+    model.pause = args.sleep
     train = torch.utils.data.DataLoader(samples(512, args.seed), batch_size=8, shuffle=True)
     val_x, val_y = samples(128, 99).tensors
     with torch.no_grad():
         loss_before = torch.nn.functional.mse_loss(model(val_x), val_y).item()
-    strategy = HivemindStrategy(target_batch_size=args.target, run_id="tf_test", matchmaking_time=1.0,
-                                averaging_timeout=5.0, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+    init_params = params(model)
+    strategy = HivemindStrategy(target_batch_size=args.target, run_id="tf_test", matchmaking_time=args.matchmaking,
+                                averaging_timeout=args.averaging_timeout, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+                                verbose=True)
     strategy.dht  # noqa: B018 - start the peer now: the first one logs the join line
     if join.lines:
         (out.parent / (out.name + ".join")).write_text(join.lines[0])
     (out.parent / (out.name + ".ready")).write_text(str(os.getpid()))
     while args.go and not Path(args.go).exists():
         time.sleep(0.1)
-    collab = Collaboration(args.epochs, out.parent / (out.name + ".progress"), args.peers)
+    collab = Collaboration(args.epochs, out.parent / (out.name + ".progress"), args.peers, args.meet_epoch,
+                           args.meet_pause)
     trainer = tf.Trainer(**quiet(strategy=strategy, max_steps=args.max_steps, max_epochs=-1, callbacks=[collab]))
     trainer.fit(model, train)
     with torch.no_grad():
         loss_after = torch.nn.functional.mse_loss(model(val_x), val_y).item()
     out.write_text(json.dumps({
-        "join": join.lines, "start_epoch": collab.start_epoch,
+        "join": join.lines, "start_epoch": collab.start_epoch, "transitions": collab.transitions,
+        "init_params": init_params, "start_params": collab.start_params,
+        "epoch_params": collab.epoch_params, "met": collab.met,
         "end_epoch": trainer.optimizers[0].local_epoch, "global_step": trainer.global_step,
-        "params": [p.detach().flatten().tolist() for p in model.parameters()],
+        "params": params(model),
         "loss_before": loss_before, "loss_after": loss_after, "pid": os.getpid(),
     }))
 
