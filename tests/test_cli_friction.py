@@ -116,6 +116,13 @@ def test_strategies_marks_what_cannot_run_here(monkeypatch, capsys):
                 assert row[2] == "yes"
             else:  # torch.nn.DataParallel needs CUDA devices: the connector refuses dp on the CPU
                 assert row[2] == "no" and "needs CUDA GPUs" in notes[row[3]] and "use ddp" in notes[row[3]]
+        elif name == "hivemind":  # torchfleet's own plugin, registered through the entry points
+            import importlib.util
+
+            if importlib.util.find_spec("hivemind") is None:
+                assert row[2] == "no" and "hivemind is not installed" in notes[row[3]]
+            else:
+                assert row[2] == "yes"
         else:
             assert row[2] == "yes", name
     from torchfleet import Trainer

@@ -3,6 +3,8 @@ processes (gloo) end with the one-process weights and losses (fp32, AdamW, 8 ste
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ ATOL = 1e-5
 
 
 def test_the_example_runs_from_its_command_line_and_learns():
+    environ = dict(os.environ)
     try:
         model = example.main(["--devices", "1", "--epochs", "2"])
         assert model.device_mesh.shape == (1, 1)  # one process: a 1x1 mesh, nothing split
@@ -21,6 +24,10 @@ def test_the_example_runs_from_its_command_line_and_learns():
     finally:  # the 1-process group the strategy joined stays up (as Lightning's); later tests expect none
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        # nor the rank variables it set (MASTER_PORT, WORLD_SIZE, ...): a later Trainer would take this process
+        # for a rank another launcher started
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 def test_the_data_follow_the_documented_rule():
