@@ -16,18 +16,18 @@ ATOL = 1e-5
 
 
 def test_the_example_runs_from_its_command_line_and_learns():
-    environ = dict(os.environ)
+    rank_names = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK")
+    before = {n: os.environ.get(n) for n in rank_names}
     try:
         model = example.main(["--devices", "1", "--epochs", "2"])
         assert model.device_mesh.shape == (1, 1)  # one process: a 1x1 mesh, nothing split
         assert len(model.losses) == 16 and model.losses[-1] < model.losses[0] - 0.5
+        # the launch of one process gave back the rank variables it set: a later Trainer in this process is not
+        # taken for a rank another launcher started
+        assert {n: os.environ.get(n) for n in rank_names} == before
     finally:  # the 1-process group the strategy joined stays up (as Lightning's); later tests expect none
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-        # nor the rank variables it set (MASTER_PORT, WORLD_SIZE, ...): a later Trainer would take this process
-        # for a rank another launcher started
-        os.environ.clear()
-        os.environ.update(environ)
 
 
 def test_the_data_follow_the_documented_rule():

@@ -230,3 +230,34 @@ def test_which_launchers_can_start_ranks_from_a_notebook(strategy, compatible):
 
     trainer = tf.Trainer(strategy=strategy, accelerator="cpu", devices=2, logger=False)
     assert trainer.strategy.launcher.is_interactive_compatible is compatible
+
+
+def test_a_one_process_ddp_run_leaves_no_rank_variables_behind(monkeypatch):
+    """The launcher exports MASTER_PORT, WORLD_SIZE, LOCAL_RANK, ... for a run of one process; after it, the
+    process's environment is what it was, so a later Trainer (after destroy_process_group) is not taken for a rank
+    another launcher started and picks a fresh port."""
+    import os
+
+    import torch.distributed as dist
+
+    from tests.helpers import quiet
+    from torchfleet import Trainer
+    from torchfleet.demos import BoringModel
+
+    names = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "LOCAL_RANK")
+    for name in names:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NODE_RANK", "0")  # one the user exported stays as it was
+    ports = []
+    try:
+        for _ in range(2):
+            trainer = Trainer(strategy="ddp", devices=1, max_steps=1, **quiet())
+            trainer.fit(BoringModel())
+            assert trainer.world_size == 1
+            ports.append(dist.distributed_c10d._get_default_store().underlying_store.port)
+            assert {n: os.environ.get(n) for n in names} == dict.fromkeys(names) | {"NODE_RANK": "0"}
+            dist.destroy_process_group()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert ports[0] != ports[1]  # the second run chose its own port: nothing stale was read back

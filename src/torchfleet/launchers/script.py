@@ -19,6 +19,7 @@ the children again, and a Trainer's fit resumes from the newest checkpoint (``au
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import stat
@@ -27,7 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from torchfleet import watchdog
@@ -277,9 +278,18 @@ class ScriptLauncher(Launcher):
         if not env.creates_processes_externally:
             if self.num_processes > 1:
                 self._start_children()
-            else:
+            elif self.num_nodes > 1:
                 # one process per node: nothing to start, but the address/port must be agreed all the same
                 _export_rank_env(env, self.num_processes, self.num_nodes)
+            else:
+                # a run of one process: it joins its group of one inside fn; the rank variables must not outlive
+                # the launch, or a later Trainer in this process (after destroy_process_group) would take the
+                # process for a rank another launcher started, with a stale port
+                with _exported_for_this_launch(env):
+                    return self._run_here(fn, args, kwargs)
+        return self._run_here(fn, args, kwargs)
+
+    def _run_here(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         children = _CHILDREN
         if children is not None:
             children.max_restarts = self.max_restarts
@@ -330,6 +340,21 @@ def _signal_kill(proc: Any) -> None:
         proc.kill()
     except OSError:
         pass
+
+
+@contextlib.contextmanager
+def _exported_for_this_launch(env: ClusterEnvironment) -> Iterator[None]:
+    """Export a one-process run's rank variables for the launch, then put back what the environment had."""
+    before = dict(os.environ)
+    values = _export_rank_env(env, 1, 1)
+    try:
+        yield
+    finally:
+        for key in values:
+            if key in before:
+                os.environ[key] = before[key]
+            else:
+                os.environ.pop(key, None)
 
 
 def _export_rank_env(env: ClusterEnvironment, num_processes: int, num_nodes: int) -> dict[str, str]:
