@@ -106,9 +106,11 @@ def per_phase(trace: StepTrace, model: Any, units: list[int], resident: int,
     if units and not model.reshard_after_forward:
         root, largest = sum(units), 0
     grads_per_param = trace.grads / max(trace.params, 1)
+    whole_params = int(model.gathered_elements * trace.params * held / max(trace.elements, 1))
     out = {}
     for phase in PHASES:
-        grads = int((trace.grads if phase == "optimizer" else trace.phases[phase].grads) * held)
+        all_grads = phase == "optimizer" or (phase == "backward" and model.gradients_held_in_backward)
+        grads = int((trace.grads if all_grads else trace.phases[phase].grads) * held)
         other = trace.other(phase, uncast)
         if phase == "optimizer":  # the optimizer's temporaries are the size of a (sharded) parameter
             on_host = "states" in model.offload
@@ -118,6 +120,7 @@ def per_phase(trace: StepTrace, model: Any, units: list[int], resident: int,
             gathered = root + 2 * largest
         else:  # and the running unit's whole gradients, reduce-scattered from a copy
             gathered = root + 2 * largest + int(2 * largest * grads_per_param)
+        gathered += whole_params if phase != "optimizer" else 0
         row = {"parameters": params, "gradients": 0 if ("grads" in model.offload) else _share(grads, model.grad_shards),
                "optimizer_states": states, "activations": other, "gathered": gathered, "buffers": buffers}
         row["total"] = sum(row.values())

@@ -30,10 +30,17 @@ class MemoryModel:
     units: tuple[nn.Module, ...] = ()
     #: whether a unit is freed after its forward (FSDP FULL_SHARD), else kept whole until backward
     reshard_after_forward: bool = True
-    #: units are gathered in the precision's compute dtype (FSDP's mixed-precision policy)
+    #: the parameters are held (FSDP: its units gathered) in the precision's compute dtype, so autocast makes no
+    #: copies of them (FSDP's mixed-precision policy, DeepSpeed's fp16/bf16)
     gathered_dtype_from_compute: bool = False
-    #: elements of fixed communication buffers, in the gradients' dtype (DeepSpeed's reduce/all-gather buckets)
+    #: elements of fixed communication buffers, in the gradients' dtype (DeepSpeed's reduce buckets)
     buffer_elements: int = 0
+    #: this rank's gradient shard exists through the whole backward, not only as gradients arrive (DeepSpeed's
+    #: contiguous gradient partition)
+    gradients_held_in_backward: bool = False
+    #: elements of parameters held whole in forward and backward beside their shards, in the parameters' dtype
+    #: (ZeRO-3's live parameters: those under its persistence threshold and up to its max live parameters)
+    gathered_elements: int = 0
     #: an fp32 copy of the parameters beside the optimizer states, sharded as they are (DeepSpeed's partitions)
     master_copy: bool = False
     #: bytes per element of the parameters and their gradients as the strategy holds them, when not as traced
