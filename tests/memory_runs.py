@@ -170,3 +170,21 @@ def deepspeed_strategy(stage: int, bucket: int, persistence: int | None = None):
         if persistence is not None:
             strategy.config["zero_optimization"]["stage3_param_persistence_threshold"] = persistence
     return strategy
+
+
+#: the measured DeepSpeed runs (tests/distributed/test_memory_estimate.py, bench/memory.py): ZeRO 2 and 3 x
+#: checkpointing x fp32 / bf16-mixed, AdamW; buckets of 20,000 elements (DeepSpeed's default 200M-element buckets would
+#: be 800 MB beside a 2 MB model); stage 3 partitions every parameter (persistence threshold 0)
+DEEPSPEED_RUNS = [{"name": f"ds{stage}{'_ac' * ac}{'_bf16' * bf16}", "strategy": "deepspeed", "stage": stage, "ac": ac,
+                   "bucket": 20_000, "persistence": 0 if stage == 3 else None,
+                   "precision": "bf16-mixed" if bf16 else "32-true"}
+                  for bf16 in (False, True) for ac in (False, True) for stage in (2, 3)]
+
+
+def predict_deepspeed(run: dict, width: int, blocks: int, rows: int):
+    """estimate_memory for one of ``DEEPSPEED_RUNS`` on the Blocks model (which checkpoints its own blocks)."""
+    from torchfleet import estimate_memory
+
+    return estimate_memory(Blocks(width, blocks, checkpointing=run["ac"]), torch.randn(rows, width),
+                           strategy=deepspeed_strategy(run["stage"], run["bucket"], run["persistence"]),
+                           devices=2, precision=run["precision"])

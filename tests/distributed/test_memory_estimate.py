@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.distributed.sharded_helpers import run_script
-from tests.memory_runs import Block, Blocks, TPBlocks, deepspeed_strategy
+from tests.memory_runs import DEEPSPEED_RUNS, Block, Blocks, TPBlocks, predict_deepspeed
 from torchfleet import estimate_memory
 from torchfleet.checkpoint.deepspeed import deepspeed_available
 from torchfleet.strategies import FSDPStrategy, ModelParallelStrategy
@@ -29,12 +29,6 @@ RUNS = [{"name": "ddp", "strategy": "ddp"}, {"name": "ddp_sgd", "strategy": "ddp
         {"name": "ddp_bf16", "strategy": "ddp", "precision": "bf16-mixed"},
         {"name": "fsdp_bf16", "strategy": "fsdp", "precision": "bf16-mixed"},
         {"name": "fsdp_ac_bf16", "strategy": "fsdp", "ac": True, "precision": "bf16-mixed"}]
-#: ZeRO 2 and 3 x checkpointing x fp32 / bf16-mixed; buckets of 20,000 elements (DeepSpeed's default 200M-element
-#: buckets would be 800 MB beside a 2 MB model); stage 3 partitions every parameter (persistence threshold 0)
-DS_RUNS = [{"name": f"ds{stage}{'_ac' * ac}{'_bf16' * bf16}", "strategy": "deepspeed", "stage": stage, "ac": ac,
-            "bucket": 20_000, "persistence": 0 if stage == 3 else None,
-            "precision": "bf16-mixed" if bf16 else "32-true"}
-           for bf16 in (False, True) for ac in (False, True) for stage in (2, 3)]
 KEYS = ("peak", "parameters", "optimizer_states")
 
 
@@ -43,10 +37,8 @@ def _predict(run: dict):
         return estimate_memory(TPBlocks(WIDTH, BLOCKS, run.get("optimizer", "adamw")), torch.randn(ROWS, WIDTH),
                                strategy=ModelParallelStrategy(tensor_parallel_size=run["tp"]), devices=2,
                                precision=run.get("precision", "32-true"))
-    if run["strategy"] == "deepspeed":  # the module checkpoints its own blocks
-        return estimate_memory(Blocks(WIDTH, BLOCKS, checkpointing=run["ac"]), torch.randn(ROWS, WIDTH),
-                               strategy=deepspeed_strategy(run["stage"], run["bucket"], run["persistence"]),
-                               devices=2, precision=run["precision"])
+    if run["strategy"] == "deepspeed":
+        return predict_deepspeed(run, WIDTH, BLOCKS, ROWS)
     strategy = "ddp" if run["strategy"] == "ddp" else FSDPStrategy(
         auto_wrap_policy={Block}, activation_checkpointing_policy={Block} if run.get("ac") else None)
     return estimate_memory(Blocks(WIDTH, BLOCKS, run.get("optimizer", "adamw")), torch.randn(ROWS, WIDTH),
@@ -57,7 +49,7 @@ def _predict(run: dict):
 def ranks(tmp_path_factory) -> list[dict]:
     """Both ranks' measurements of every run, from one launch (DeepSpeed's runs where it is installed)."""
     out = str(tmp_path_factory.mktemp("memory") / "memory.pt")
-    runs = RUNS + (DS_RUNS if deepspeed_available() else [])
+    runs = RUNS + (DEEPSPEED_RUNS if deepspeed_available() else [])
     proc = run_script(SCRIPT, {"out": out, "rows": ROWS, "width": WIDTH, "blocks": BLOCKS, "runs": runs}, timeout=500)
     assert proc.returncode == 0, proc.stderr[-6000:]
     return [torch.load(f"{out}.{rank}", weights_only=False) for rank in (0, 1)]
@@ -85,10 +77,11 @@ def test_ddp_and_fsdp_predictions_match_two_measured_ranks(ranks):
 
 @pytest.mark.skipif(not deepspeed_available(), reason="deepspeed is not installed (the 'deepspeed' extra)")
 def test_deepspeed_stage_2_and_3_predictions_match_two_measured_ranks(ranks):
-    measured = {run["name"]: _assert_within(run, ranks) for run in DS_RUNS}
-    # fp32 without checkpointing is modelled part by part (docs/memory.md): within 1%
+    # DeepSpeed's parts are modelled one by one (docs/memory.md): every variant within 5% (measured: -0% to +3.7%),
+    # fp32 without checkpointing within 1% (measured: to the kilobyte)
+    measured = {run["name"]: _assert_within(run, ranks, peak_tolerance=0.05) for run in DEEPSPEED_RUNS}
     for name in ("ds2", "ds3"):
-        run = next(r for r in DS_RUNS if r["name"] == name)
+        run = next(r for r in DEEPSPEED_RUNS if r["name"] == name)
         assert abs(_predict(run).peak - measured[name]["peak"]) <= 0.01 * measured[name]["peak"], name
     # the measurement sees what ZeRO does: stage 3 partitions the parameters, stage 2 holds them whole, bf16 halves
     # them, and both keep the fp32 master partition beside AdamW's states (4 + 8 bytes per parameter over 2 ranks)

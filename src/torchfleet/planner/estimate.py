@@ -99,7 +99,7 @@ def per_phase(trace: StepTrace, model: Any, units: list[int], resident: int,
     held = held_ratio(trace, model)
     params = 0 if ("params" in model.offload) else _share(int(trace.params * held), model.param_shards)
     master = _share(trace.params_fp32, model.state_shards) if model.master_copy else 0
-    states = 0 if ("states" in model.offload) else _share(trace.states, model.state_shards) + master
+    states = 0 if ("states" in model.offload) else _share(trace.held_states, model.state_shards) + master
     grad_size = trace.grads * held / max(trace.trainable, 1)
     buffers = int(model.buffer_elements * grad_size) + (trace.grads if model.gradient_bucket_copy else 0)
     root, largest = (units[-1], max(units[:-1], default=0)) if units else (0, 0)
@@ -121,7 +121,10 @@ def per_phase(trace: StepTrace, model: Any, units: list[int], resident: int,
         else:  # and the running unit's whole gradients, reduce-scattered from a copy
             gathered = root + 2 * largest + int(2 * largest * grads_per_param)
         gathered += whole_params if phase != "optimizer" else 0
-        row = {"parameters": params, "gradients": 0 if ("grads" in model.offload) else _share(grads, model.grad_shards),
+        shard = 0 if ("grads" in model.offload) else _share(grads, model.grad_shards)
+        if phase == "backward" and model.gradients_held_in_backward:  # and the whole ones not yet reduced
+            shard += int(trace.phases[phase].grads * held)
+        row = {"parameters": params, "gradients": shard,
                "optimizer_states": states, "activations": other, "gathered": gathered, "buffers": buffers}
         row["total"] = sum(row.values())
         out[phase] = row
@@ -186,7 +189,7 @@ def estimate_memory(module: nn.Module, batch: Any, *, strategy: Any = "single_de
     held = held_ratio(trace, model)
     offloaded = (_share(int(trace.params * held), model.param_shards) * ("params" in model.offload)  # this rank's
                  + _share(int(trace.grads * held), model.grad_shards) * ("grads" in model.offload)
-                 + (_share(trace.states, model.state_shards) + master) * ("states" in model.offload))
+                 + (_share(trace.held_states, model.state_shards) + master) * ("states" in model.offload))
     row = phases[top]
     return MemoryEstimate(
         peak=row["total"], parameters=row["parameters"], gradients=phases["optimizer"]["gradients"],

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
+import torch
+
 from torchfleet.errors import ConfigurationError
 from torchfleet.strategies.memory_model import MemoryModel
 
@@ -437,7 +439,7 @@ def memory_model(config: Mapping[str, Any], world_size: int, precision_name: str
         state_shards=world_size,
         offload=frozenset((["grads", "states"] if offload_states else []) + (["params"] if offload_params else [])),
         buffer_elements=buckets * reduce, master_copy=True, param_itemsize=2 if half else 0,
-        gathered_dtype_from_compute=half is not None,
+        half_dtype=None if half is None else torch.float16 if half == "fp16" else torch.bfloat16,
         gradients_held_in_backward=stage >= 2 and not offload_states, gathered_elements=gathered,
         note="DeepSpeed's buffers are sized from its config (its reduce bucket)"
              + ("; stage 3's live parameters from its persistence threshold and max live parameters" if stage == 3

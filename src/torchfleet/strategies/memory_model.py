@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 
@@ -30,8 +31,7 @@ class MemoryModel:
     units: tuple[nn.Module, ...] = ()
     #: whether a unit is freed after its forward (FSDP FULL_SHARD), else kept whole until backward
     reshard_after_forward: bool = True
-    #: the parameters are held (FSDP: its units gathered) in the precision's compute dtype, so autocast makes no
-    #: copies of them (FSDP's mixed-precision policy, DeepSpeed's fp16/bf16)
+    #: units are gathered in the precision's compute dtype (FSDP's mixed-precision policy)
     gathered_dtype_from_compute: bool = False
     #: elements of fixed communication buffers, in the gradients' dtype (DeepSpeed's reduce buckets)
     buffer_elements: int = 0
@@ -46,6 +46,9 @@ class MemoryModel:
     #: bytes per element of the parameters and their gradients as the strategy holds them, when not as traced
     #: (DeepSpeed's fp16/bf16: 2, its fp32 master copy apart); 0: as traced
     param_itemsize: int = 0
+    #: the module is trained wholly in this dtype (parameters, gradients, inputs, activations), its optimizer states
+    #: and master copy in fp32 (DeepSpeed's fp16/bf16): the step is traced so
+    half_dtype: torch.dtype | None = None
     #: changes the strategy makes to the module that alter the step (activation checkpointing)
     prepare: Callable[[nn.Module], None] | None = None
     #: what the planner should say about this strategy's figures (e.g. "buffers from the DeepSpeed config")
