@@ -3,6 +3,7 @@
     python bench/memory.py            # full: the 100.7M-parameter model, 5 variants, ~3-4 minutes on 2 cores
     python bench/memory.py --quick    # smoke run, < 90 s: an 8.4M-parameter model
     python bench/memory.py --precision bf16-mixed   # the ZeRO paper's mixed-precision case
+    python bench/memory.py --variants ""            # only the DeepSpeed peaks below (~1-2 minutes)
     options: --variants ddp,fsdp,... (add raw_fsdp, raw_deepspeed_stage_3, deepspeed_stage_1, ..._offload),
              --width W --blocks B (model size), --save results.json, --keep
 
@@ -42,6 +43,12 @@ Metrics (per rank; the table shows the larger of the two ranks):
                        to the end of step 1 (model creation, wrapping, first step: the whole model is
                        built in every process before it is sharded), and its peak during step 2
                        (/proc/self/status VmHWM, reset with /proc/self/clear_refs before step 2).
+DeepSpeed peaks (after the table; --no-peaks leaves them out): one more launch of 2 ranks, the measuring
+harness of tests/distributed/test_memory_estimate.py (tests/distributed/scripts/memory_train.py: torch's
+MemTracker over the third step, DeepSpeed's flat buffers, master partition, gradient partitions and buckets
+counted once each, see docs/memory.md), ZeRO 2 and 3 x activation checkpointing x fp32 / bf16-mixed on 4 MLP
+blocks of width 128 and 1024 rows, 20,000-element buckets: the planner's peak, parameters and optimizer
+states (master partition included) beside the measured ones, the larger of the 2 ranks.
 The runs set MALLOC_MMAP_THRESHOLD_=131072 so that freed tensors go back to the system and RSS follows
 the live tensors (--no-malloc-tuning to leave glibc's defaults).
 """
@@ -195,6 +202,44 @@ def report(cfg: dict, results: dict[str, list[dict]]) -> None:
         print("  trained parameters differ between the ranks' views in: " + ", ".join(off))
 
 
+def deepspeed_peaks() -> None:
+    """Measure tests/memory_runs.py's DEEPSPEED_RUNS in one launch and print the planner's figures beside them."""
+    import os
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import torch
+    from tests.distributed.sharded_helpers import ROOT, run_script
+    from tests.memory_runs import DEEPSPEED_RUNS, predict_deepspeed
+
+    shape = {"width": 128, "blocks": 4, "rows": 1024}
+    work = tempfile.mkdtemp(prefix="bench-memory-ds-")
+    out = os.path.join(work, "memory.pt")
+    started = time.time()
+    proc = run_script(os.path.join(ROOT, "tests", "distributed", "scripts", "memory_train.py"),
+                      dict(shape, out=out, runs=DEEPSPEED_RUNS), timeout=900)
+    took = time.time() - started
+    if proc.returncode != 0:
+        print(f"\nDeepSpeed peaks: the launch failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        return
+    ranks = [torch.load(f"{out}.{rank}", weights_only=False) for rank in (0, 1)]
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"\nDeepSpeed peak per rank, planner vs measured: 4 MLP blocks of width 128, 1024 rows, AdamW, 2 ranks "
+          f"(gloo, CPU), 20,000-element buckets; MemTracker over step 3, the larger rank; bytes (launch {took:.0f} s)")
+    cols = [("peak predicted", 14), ("peak measured", 13), ("error", 7), ("params pred", 11), ("measured", 9),
+            ("states pred", 11), ("measured", 9), ("run s", 5)]
+    print(f"{'variant':<14} " + " ".join(f"{c:>{w}}" for c, w in cols))
+    for run in DEEPSPEED_RUNS:
+        measured = {k: max(r[run["name"]][k] for r in ranks) for k in ("peak", "parameters", "optimizer_states")}
+        pred = predict_deepspeed(run, shape["width"], shape["blocks"], shape["rows"])
+        seconds = max(r[run["name"]]["seconds"] for r in ranks)
+        cells = [pred.peak, measured["peak"], f"{(pred.peak - measured['peak']) / measured['peak']:+.2%}",
+                 pred.parameters, measured["parameters"], pred.optimizer_states, measured["optimizer_states"],
+                 f"{seconds:.1f}"]
+        print(f"{run['name']:<14} " + " ".join(f"{c:>{w}}" for c, (_, w) in zip(cells, cols)))
+    print("  ds2/ds3: ZeRO stage; _ac: activation checkpointing (the model checkpoints its blocks); _bf16: "
+          "bf16-mixed (DeepSpeed trains the module in bf16, fp32 master partition and states)")
+
+
 def ranks_differ(ranks: list[dict]) -> bool:
     a, b = ranks[0].get("checksum"), ranks[-1].get("checksum")
     return bool(a and b) and any(abs(x - y) > 1e-6 * max(1.0, abs(x)) for x, y in zip(a, b))
@@ -211,6 +256,8 @@ def main() -> None:
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"],
                         help="the Trainer's precision (bf16-mixed: the ZeRO paper's mixed-precision case; "
                              "torchfleet variants only)")
+    parser.add_argument("--no-peaks", action="store_true",
+                        help="leave out the DeepSpeed peaks (planner vs measured, one more 2-rank launch)")
     parser.add_argument("--no-malloc-tuning", action="store_true", help="leave glibc's mmap threshold alone")
     parser.add_argument("--save", help="write every rank's result to this JSON file")
     parser.add_argument("--keep", action="store_true", help="keep the runs' logs and results (the folder is printed)")
@@ -248,6 +295,13 @@ def main() -> None:
               f"run {time.time() - t:5.1f} s", flush=True)
     if results:
         report(cfg, results)
+    if not args.no_peaks:
+        reason = why["deepspeed_stage_2"] if "deepspeed_stage_2" in why else available(["deepspeed_stage_2"])[
+            "deepspeed_stage_2"]
+        if reason:
+            print(f"  skipping the DeepSpeed peaks: {reason[:200]}")
+        else:
+            deepspeed_peaks()
     print(f"\ntotal {time.time() - started:.0f} s; {load_average()} at the end")
     if args.save:
         with open(args.save, "w") as f:

@@ -2,7 +2,10 @@
 
 The measurement is torch's MemTracker (live tensor storages, the CPU's equivalent of max_memory_allocated), entered
 for the third training step inside the Trainer's run, with the parameters, gradients, optimizer states and batch
-that exist before it given to ``track_external``. Nothing here comes from torchfleet's planner.
+that exist before it given to ``track_external``. Under DeepSpeed the tensors its engine holds are given too (the
+ZeRO optimizer's flat parameter buffers and partitions, its fp32 master partition and its gradients, the inner
+torch optimizer's states, the reduce buckets: ``engine_tensors``), and every figure counts a storage once however
+many tensors view it. Nothing here comes from torchfleet's planner.
 """
 
 from __future__ import annotations
@@ -66,7 +69,11 @@ class Block(nn.Module):
 
 
 class StepPeak(Callback):
-    """Measures the live tensor storages of training step ``step`` (0-based) with torch's MemTracker."""
+    """Measures the live tensor storages of training step ``step`` (0-based) with torch's MemTracker.
+
+    ``params``: the bytes of the storages holding this rank's parameters (a DTensor's local shard, ZeRO-3's partition
+    ``ds_tensor``, ZeRO-1/2's flat buffer once); ``states``: the optimizer's states plus, under DeepSpeed, the fp32
+    master partition the inner torch optimizer updates (what the planner's ``optimizer_states`` holds)."""
 
     def __init__(self, step: int = 2):
         self.step, self.tracker, self.peak, self.states, self.params = step, None, None, None, None
@@ -76,17 +83,27 @@ class StepPeak(Callback):
             return
         from torch.distributed._tools.mem_tracker import MemTracker
 
+        engine = getattr(trainer.strategy, "engine", None)
+        optimizers = _torch_optimizers(engine.optimizer) if engine is not None else trainer.optimizers
         self.tracker = MemTracker()
-        self.tracker.track_external(pl_module, *trainer.optimizers, batch)
-        self.states = sum(_local_bytes(t) for opt in trainer.optimizers for s in opt.state.values()
-                          for t in s.values() if isinstance(t, torch.Tensor))
-        self.params = sum(_local_bytes(p) for p in pl_module.parameters())
+        self.tracker.track_external(pl_module, *optimizers, batch)
+        if engine is not None:
+            self.tracker.track_external(*engine_tensors(engine))
+        # DeepSpeed's fp32 master partition: stages 1-2 keep it in the inner optimizer's param groups, stage 3 puts
+        # it there only during its step
+        zero = engine.optimizer if engine is not None else None
+        masters = [*getattr(zero, "single_partition_of_fp32_groups", ()), *getattr(zero, "fp32_partitioned_groups_flat", ())]
+        self.states = _unique_bytes([t for opt in optimizers for s in opt.state.values() for t in s.values()] + masters)
+        self.params = _unique_bytes([getattr(p, "ds_tensor", p) for p in pl_module.parameters()])
         self.tracker.__enter__()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self.tracker is not None and self.peak is None:
             self.tracker.__exit__(None, None, None)
-            self.peak = max(v["Total"] for v in self.tracker.get_tracker_snapshot("peak").values())
+            peaks = self.tracker.get_tracker_snapshot("peak").values()
+            #: the bytes by MemTracker's kind (Parameter, Gradient, Optstate, Activation, Temp, Other) at the peak
+            self.at_peak = max(peaks, key=lambda v: v["Total"])
+            self.peak = self.at_peak["Total"]
 
 
 def measure(module: Module, batch: torch.Tensor, precision: str = "32-true", **trainer_kwargs) -> dict[str, int]:
@@ -99,6 +116,75 @@ def measure(module: Module, batch: torch.Tensor, precision: str = "32-true", **t
     return {"peak": probe.peak, "parameters": probe.params, "optimizer_states": probe.states}
 
 
-def _local_bytes(tensor: torch.Tensor) -> int:
-    """Bytes of the storage behind ``tensor`` on this rank (a DTensor's local shard)."""
-    return getattr(tensor, "_local_tensor", tensor).untyped_storage().nbytes()
+def _unique_bytes(tensors) -> int:
+    """Bytes of the storages behind ``tensors`` on this rank (a DTensor's local shard), each storage once."""
+    storages = {}
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor):
+            storage = getattr(tensor, "_local_tensor", tensor).untyped_storage()
+            storages[storage.data_ptr(), storage.nbytes()] = storage.nbytes()
+    return sum(storages.values())
+
+
+def _torch_optimizers(zero) -> list[torch.optim.Optimizer]:
+    """The torch optimizer(s) inside DeepSpeed's ZeRO optimizer (its ``optimizer``; the ZeRO one when it is one)."""
+    found = [o for o in (zero, getattr(zero, "optimizer", None)) if isinstance(o, torch.optim.Optimizer)]
+    return found[-1:]
+
+
+def engine_tensors(engine) -> list[torch.Tensor]:
+    """Every tensor DeepSpeed's engine keeps in its ZeRO optimizer: found by walking its attributes (lists, dicts and
+    DeepSpeed's or torch's own objects within, the inner torch optimizer's states and partitions included), so the
+    flat parameter buffers, the fp32 master partition, the gradient partitions and the reduce buckets all count."""
+    found, seen, todo = [], set(), [engine.optimizer]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or obj is None:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            found.append(obj)
+            if obj.grad is not None:
+                todo.append(obj.grad)
+        elif isinstance(obj, dict):
+            todo.extend(obj.keys())
+            todo.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set)):
+            todo.extend(obj)
+        elif isinstance(obj, nn.Module):
+            continue  # the module's parameters are tracked as the module's
+        elif type(obj).__module__.startswith(("deepspeed", "torch.optim")) and hasattr(obj, "__dict__"):
+            todo.extend(vars(obj).values())
+    return found
+
+
+def deepspeed_strategy(stage: int, bucket: int, persistence: int | None = None):
+    """DeepSpeed at ZeRO ``stage`` with reduce and all-gather (stage 3: prefetch) buckets of ``bucket`` elements, so
+    that the buckets do not dwarf a small model; ``persistence``: stage 3's ``stage3_param_persistence_threshold``
+    (parameters smaller than this many elements stay whole on every rank; DeepSpeed's default when None)."""
+    from torchfleet.strategies import DeepSpeedStrategy
+
+    strategy = DeepSpeedStrategy(stage=stage, reduce_bucket_size=bucket, allgather_bucket_size=bucket)
+    if stage == 3:
+        strategy.config["zero_optimization"]["stage3_prefetch_bucket_size"] = bucket
+        if persistence is not None:
+            strategy.config["zero_optimization"]["stage3_param_persistence_threshold"] = persistence
+    return strategy
+
+
+#: the measured DeepSpeed runs (tests/distributed/test_memory_estimate.py, bench/memory.py): ZeRO 2 and 3 x
+#: checkpointing x fp32 / bf16-mixed, AdamW; buckets of 20,000 elements (DeepSpeed's default 200M-element buckets would
+#: be 800 MB beside a 2 MB model); stage 3 partitions every parameter (persistence threshold 0)
+DEEPSPEED_RUNS = [{"name": f"ds{stage}{'_ac' * ac}{'_bf16' * bf16}", "strategy": "deepspeed", "stage": stage, "ac": ac,
+                   "bucket": 20_000, "persistence": 0 if stage == 3 else None,
+                   "precision": "bf16-mixed" if bf16 else "32-true"}
+                  for bf16 in (False, True) for ac in (False, True) for stage in (2, 3)]
+
+
+def predict_deepspeed(run: dict, width: int, blocks: int, rows: int):
+    """estimate_memory for one of ``DEEPSPEED_RUNS`` on the Blocks model (which checkpoints its own blocks)."""
+    from torchfleet import estimate_memory
+
+    return estimate_memory(Blocks(width, blocks, checkpointing=run["ac"]), torch.randn(rows, width),
+                           strategy=deepspeed_strategy(run["stage"], run["bucket"], run["persistence"]),
+                           devices=2, precision=run["precision"])

@@ -119,10 +119,20 @@ def test_offload_and_deepspeed_config_models():
     stage2 = memory_model({"zero_optimization": {"stage": 2, "reduce_bucket_size": 200_000_000,
                                                  "allgather_bucket_size": 200_000_000}}, 8)
     assert (stage2.param_shards, stage2.grad_shards, stage2.state_shards) == (1, 8, 8)
-    assert stage2.buffer_elements == 400_000_000 and stage2.master_copy and not stage2.offload
+    # one reduce bucket; overlap_comm double-buffers it (measured, tests/distributed); the all-gather bucket is a limit
+    assert stage2.buffer_elements == 200_000_000 and stage2.master_copy and not stage2.offload
+    assert stage2.gradients_held_in_backward and stage2.gathered_elements == 0
+    overlapped = memory_model({"zero_optimization": {"stage": 2, "reduce_bucket_size": 1000, "overlap_comm": True}}, 8)
+    assert overlapped.buffer_elements == 2000
     stage3 = memory_model({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
                                                  "offload_param": {"device": "cpu"}}}, 4)
     assert stage3.param_shards == 4 and stage3.offload == {"params", "grads", "states"}
+    # ZeRO-3 holds whole: parameters under the persistence threshold, and the others up to max live parameters
+    module = Blocks(WIDTH, BLOCKS)
+    small = sum(p.numel() for p in module.parameters() if p.numel() < 1000)
+    live = memory_model({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 1000,
+                                               "stage3_max_live_parameters": 5000}}, 4, module=module)
+    assert live.gathered_elements == small + 5000 and live.buffer_elements == 500_000_000
     offloaded = estimate_memory(Blocks(WIDTH, BLOCKS), _batch(), strategy=FSDPStrategy(cpu_offload=True), devices=2)
     assert offloaded.parameters == offloaded.optimizer_states == offloaded.gradients == 0 and offloaded.offloaded > 0
     # per rank: this rank's half of params 4 + grads 4 + AdamW 8 bytes per parameter (bench/memory.py measured the same)
@@ -168,4 +178,4 @@ def test_deepspeed_in_half_precision_holds_half_parameters_and_an_fp32_master_pa
     # by hand: 2-byte parameters whole, 2-byte gradients halved, AdamW's 8 bytes and the 4-byte master halved
     assert estimate.parameters == 2 * count and estimate.gradients == count
     assert abs(estimate.optimizer_states - (8 + 4) * count // 2) <= 64
-    assert estimate.buffers == 2000 * 2  # the two buckets' elements, 2 bytes each
+    assert estimate.buffers == 1000 * 2  # the reduce bucket's elements, 2 bytes each (no overlap_comm: one buffer)

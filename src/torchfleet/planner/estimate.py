@@ -99,16 +99,18 @@ def per_phase(trace: StepTrace, model: Any, units: list[int], resident: int,
     held = held_ratio(trace, model)
     params = 0 if ("params" in model.offload) else _share(int(trace.params * held), model.param_shards)
     master = _share(trace.params_fp32, model.state_shards) if model.master_copy else 0
-    states = 0 if ("states" in model.offload) else _share(trace.states, model.state_shards) + master
+    states = 0 if ("states" in model.offload) else _share(trace.held_states, model.state_shards) + master
     grad_size = trace.grads * held / max(trace.trainable, 1)
     buffers = int(model.buffer_elements * grad_size) + (trace.grads if model.gradient_bucket_copy else 0)
     root, largest = (units[-1], max(units[:-1], default=0)) if units else (0, 0)
     if units and not model.reshard_after_forward:
         root, largest = sum(units), 0
     grads_per_param = trace.grads / max(trace.params, 1)
+    whole_params = int(model.gathered_elements * trace.params * held / max(trace.elements, 1))
     out = {}
     for phase in PHASES:
-        grads = int((trace.grads if phase == "optimizer" else trace.phases[phase].grads) * held)
+        all_grads = phase == "optimizer" or (phase == "backward" and model.gradients_held_in_backward)
+        grads = int((trace.grads if all_grads else trace.phases[phase].grads) * held)
         other = trace.other(phase, uncast)
         if phase == "optimizer":  # the optimizer's temporaries are the size of a (sharded) parameter
             on_host = "states" in model.offload
@@ -118,7 +120,11 @@ def per_phase(trace: StepTrace, model: Any, units: list[int], resident: int,
             gathered = root + 2 * largest
         else:  # and the running unit's whole gradients, reduce-scattered from a copy
             gathered = root + 2 * largest + int(2 * largest * grads_per_param)
-        row = {"parameters": params, "gradients": 0 if ("grads" in model.offload) else _share(grads, model.grad_shards),
+        gathered += whole_params if phase != "optimizer" else 0
+        shard = 0 if ("grads" in model.offload) else _share(grads, model.grad_shards)
+        if phase == "backward" and model.gradients_held_in_backward:  # and the whole ones not yet reduced
+            shard += int(trace.phases[phase].grads * held)
+        row = {"parameters": params, "gradients": shard,
                "optimizer_states": states, "activations": other, "gathered": gathered, "buffers": buffers}
         row["total"] = sum(row.values())
         out[phase] = row
@@ -183,7 +189,7 @@ def estimate_memory(module: nn.Module, batch: Any, *, strategy: Any = "single_de
     held = held_ratio(trace, model)
     offloaded = (_share(int(trace.params * held), model.param_shards) * ("params" in model.offload)  # this rank's
                  + _share(int(trace.grads * held), model.grad_shards) * ("grads" in model.offload)
-                 + (_share(trace.states, model.state_shards) + master) * ("states" in model.offload))
+                 + (_share(trace.held_states, model.state_shards) + master) * ("states" in model.offload))
     row = phases[top]
     return MemoryEstimate(
         peak=row["total"], parameters=row["parameters"], gradients=phases["optimizer"]["gradients"],

@@ -42,6 +42,9 @@ class StepTrace:
     params: int
     grads: int
     states: int
+    #: bytes of the optimizer states as the strategy holds them (fp32 where the step was traced in 16 bits for a
+    #: strategy that keeps fp32 states: MemoryModel.half_dtype); ``states`` is what the trace held
+    held_states: int
     #: bytes of the parameters as fp32 (a master copy's size)
     params_fp32: int
     #: elements of the trainable parameters
@@ -180,10 +183,14 @@ def trace_step(module: nn.Module, batch: Any, precision: Any, plan: Callable[[nn
         if name.endswith("-true") and name != "32-true":  # module.to(dtype) would swap fake tensors: made anew
             _cast_floating(model, precision.param_dtype)
         memory_model = plan(model)
+        half = getattr(memory_model, "half_dtype", None)
+        if half is not None:  # the strategy trains the module wholly in 16 bits, its inputs too
+            _cast_floating(model, half)
         if memory_model.prepare is not None:
             memory_model.prepare(model)
         model.train()
-        fake_batch = tree_map(lambda t: torch.empty(t.shape, dtype=t.dtype, device="cpu")
+        fake_batch = tree_map(lambda t: torch.empty(t.shape, dtype=half if half is not None and t.is_floating_point()
+                                                    else t.dtype, device="cpu")
                               if isinstance(t, Tensor) else t, batch)
         fake_batch = precision.convert_input(fake_batch)
         optimizers = optimizers_of(model.configure_optimizers())
@@ -220,9 +227,14 @@ def trace_step(module: nn.Module, batch: Any, precision: Any, plan: Callable[[nn
             handle.remove()
     states = {id(t.untyped_storage()): t.untyped_storage().nbytes() for opt in optimizers
               for state in opt.state.values() for t in state.values() if isinstance(t, Tensor)}
+    # the states as the strategy holds them: fp32 beside 16-bit parameters trained wholly in 16 bits
+    held_states = {id(t.untyped_storage()): t.numel() * 4 if half is not None and t.is_floating_point()
+                   else t.untyped_storage().nbytes() for opt in optimizers
+                   for state in opt.state.values() for t in state.values() if isinstance(t, Tensor)}
     grads = sum(p.grad.untyped_storage().nbytes() for p in params if p.grad is not None)
     trainable = [p for p in params if p.requires_grad]
     return StepTrace(params=sum(p.untyped_storage().nbytes() for p in params), grads=grads, states=sum(states.values()),
+                     held_states=sum(held_states.values()),
                      params_fp32=sum(p.numel() * 4 for p in trainable), trainable=sum(p.numel() for p in trainable),
                      elements=sum(p.numel() for p in params),
                      phases={phase: tracker.peaks.get(phase, PhasePeak()) for phase in PHASES},

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
+import torch
+
 from torchfleet.errors import ConfigurationError
 from torchfleet.strategies.memory_model import MemoryModel
 
@@ -400,22 +402,34 @@ def _elements(value: object, default: int) -> int:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
-def memory_model(config: Mapping[str, Any], world_size: int, precision_name: str = "32-true") -> MemoryModel:
+def memory_model(config: Mapping[str, Any], world_size: int, precision_name: str = "32-true",
+                 module: Any = None) -> MemoryModel:
     """The ranks' shares of the model states that ``config``'s ZeRO stage sets, and its buffers (from the config).
 
     Stage 1 shards the optimizer states and the fp32 master partition, 2 also the gradients, 3 also the parameters;
-    every stage keeps that fp32 partition as a copy of its own. The buffers are the config's reduce bucket (stages
-    1-3) plus its all-gather bucket (1-2) or its prefetch bucket (3), in elements of the gradients' dtype. Under
-    fp16/bf16 (the config's or ``precision_name``'s) the module's parameters and gradients are 2-byte, the master
-    partition and the optimizer states fp32.
+    every stage keeps that fp32 partition as a copy of its own (measured: also stage 3 in fp32). Stages 2-3 hold this
+    rank's contiguous gradient partition through the backward. The buffers are the config's reduce bucket, twice in
+    stages 1-2 with ``overlap_comm`` (DeepSpeed's double buffer; the all-gather bucket and stage 3's prefetch bucket
+    are limits, not allocations), in elements of the gradients' dtype. Stage 3 holds parameters whole in forward and
+    backward beside their partitions: those of ``module`` under ``stage3_param_persistence_threshold`` elements,
+    and of the others up to ``stage3_max_live_parameters`` (with the default reuse distance a fetched parameter stays
+    until its backward). Under fp16/bf16 (the config's or ``precision_name``'s) the module's parameters and gradients
+    are 2-byte, the master partition and the optimizer states fp32.
     """
     stage = zero_stage(config)
     zero = config.get("zero_optimization") or {}
     if stage == 0:
         return MemoryModel(note="deepspeed without ZeRO: every rank holds every model state")
     reduce = _elements(zero.get("reduce_bucket_size"), 500_000_000)
-    second = (_elements(zero.get("stage3_prefetch_bucket_size"), 50_000_000) if stage == 3
-              else _elements(zero.get("allgather_bucket_size"), 500_000_000))
+    buckets = 0 if zero.get("contiguous_gradients", True) is False else (
+        2 if stage < 3 and zero.get("overlap_comm") is True else 1)
+    gathered = 0
+    if stage == 3 and module is not None:
+        threshold = _elements(zero.get("stage3_param_persistence_threshold"), 100_000)
+        sizes = [p.numel() for p in module.parameters()]
+        persistent = sum(n for n in sizes if n < threshold)
+        gathered = persistent + min(sum(sizes) - persistent,
+                                    _elements(zero.get("stage3_max_live_parameters"), 1_000_000_000))
     explicit = [section for section in ("fp16", "bf16") if _enabled(config.get(section)) is True]
     half = explicit[0] if explicit else precision_section(precision_name)
     offload_states = (zero.get("offload_optimizer") or {}).get("device", "none") not in ("none", None)
@@ -424,5 +438,9 @@ def memory_model(config: Mapping[str, Any], world_size: int, precision_name: str
         param_shards=world_size if stage == 3 else 1, grad_shards=world_size if stage >= 2 else 1,
         state_shards=world_size,
         offload=frozenset((["grads", "states"] if offload_states else []) + (["params"] if offload_params else [])),
-        buffer_elements=reduce + second, master_copy=True, param_itemsize=2 if half else 0,
-        note="DeepSpeed's buffers are sized from its config (reduce/all-gather or prefetch buckets)")
+        buffer_elements=buckets * reduce, master_copy=True, param_itemsize=2 if half else 0,
+        half_dtype=None if half is None else torch.float16 if half == "fp16" else torch.bfloat16,
+        gradients_held_in_backward=stage >= 2 and not offload_states, gathered_elements=gathered,
+        note="DeepSpeed's buffers are sized from its config (its reduce bucket)"
+             + ("; stage 3's live parameters from its persistence threshold and max live parameters" if stage == 3
+                else ""))

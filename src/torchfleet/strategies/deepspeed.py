@@ -509,7 +509,7 @@ class DeepSpeedStrategy(DDPStrategy):
             engine.destroy()
 
     def memory_model(self, module: nn.Module, world_size: int, num_nodes: int) -> Any:  # a MemoryModel
-        return dsc.memory_model(self.config, world_size, self.precision.name)
+        return dsc.memory_model(self.config, world_size, self.precision.name, module)
 
     def teardown(self) -> None:
         """Make the module whole as at a stage's end, destroy an engine still attached to it, then DDPStrategy's

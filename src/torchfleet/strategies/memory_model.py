@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 
@@ -32,13 +33,22 @@ class MemoryModel:
     reshard_after_forward: bool = True
     #: units are gathered in the precision's compute dtype (FSDP's mixed-precision policy)
     gathered_dtype_from_compute: bool = False
-    #: elements of fixed communication buffers, in the gradients' dtype (DeepSpeed's reduce/all-gather buckets)
+    #: elements of fixed communication buffers, in the gradients' dtype (DeepSpeed's reduce buckets)
     buffer_elements: int = 0
+    #: this rank's gradient shard exists through the whole backward, not only as gradients arrive (DeepSpeed's
+    #: contiguous gradient partition)
+    gradients_held_in_backward: bool = False
+    #: elements of parameters held whole in forward and backward beside their shards, in the parameters' dtype
+    #: (ZeRO-3's live parameters: those under its persistence threshold and up to its max live parameters)
+    gathered_elements: int = 0
     #: an fp32 copy of the parameters beside the optimizer states, sharded as they are (DeepSpeed's partitions)
     master_copy: bool = False
     #: bytes per element of the parameters and their gradients as the strategy holds them, when not as traced
     #: (DeepSpeed's fp16/bf16: 2, its fp32 master copy apart); 0: as traced
     param_itemsize: int = 0
+    #: the module is trained wholly in this dtype (parameters, gradients, inputs, activations), its optimizer states
+    #: and master copy in fp32 (DeepSpeed's fp16/bf16): the step is traced so
+    half_dtype: torch.dtype | None = None
     #: changes the strategy makes to the module that alter the step (activation checkpointing)
     prepare: Callable[[nn.Module], None] | None = None
     #: what the planner should say about this strategy's figures (e.g. "buffers from the DeepSpeed config")

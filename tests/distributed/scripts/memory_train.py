@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from tests.memory_runs import Block, Blocks, StepPeak, TPBlocks
+from tests.memory_runs import Block, Blocks, StepPeak, TPBlocks, deepspeed_strategy
 from torchfleet import Trainer
 from torchfleet.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
 
 
 def strategy_for(run: dict):
+    if run["strategy"] == "deepspeed":
+        return deepspeed_strategy(run["stage"], run["bucket"], run.get("persistence"))
     if run["strategy"] == "ddp":
         return DDPStrategy()
     if run["strategy"] == "model_parallel":
@@ -41,16 +44,21 @@ class Probe(StepPeak):
 def main(cfg: dict) -> None:
     results = {}
     for run in cfg["runs"]:
+        started = time.perf_counter()
         probe = Probe()
         trainer = Trainer(accelerator="cpu", devices=2, strategy=strategy_for(run), max_steps=3,
                           precision=run.get("precision", "32-true"), logger=False, enable_checkpointing=False,
                           enable_progress_bar=False, enable_model_summary=False, callbacks=[probe])
         batch = torch.randn(cfg["rows"], cfg["width"], generator=torch.Generator().manual_seed(0))
         model = TPBlocks if run["strategy"] == "model_parallel" else Blocks
-        module = model(cfg["width"], cfg["blocks"], run.get("optimizer", "adamw"))
+        # fsdp checkpoints by its policy; under DeepSpeed the module checkpoints its blocks itself
+        module = model(cfg["width"], cfg["blocks"], run.get("optimizer", "adamw"),
+                       checkpointing=run.get("ac", False) and run["strategy"] == "deepspeed")
         trainer.fit(module, DataLoader([batch] * 6, batch_size=None))
         results[run["name"]] = {"peak": probe.peak + probe.buckets, "buckets": probe.buckets,
-                                "parameters": probe.params, "optimizer_states": probe.states}
+                                "parameters": probe.params, "optimizer_states": probe.states,
+                                "at_peak": {str(k): v for k, v in probe.at_peak.items()},
+                                "seconds": time.perf_counter() - started}
     torch.save(results, f"{cfg['out']}.{trainer.global_rank}")
 
 
