@@ -1,6 +1,6 @@
-"""ddp, fsdp and TP2xDP2 (model_parallel) on 4 CPU processes: torchfleet's Trainer against raw torchrun loops.
+"""ddp, fsdp, TP2xDP2 and PP2xDP2 (model_parallel) on 4 CPU processes: torchfleet's Trainer against raw loops.
 
-    python bench/model_parallel.py               # 2 interleaved repeats of 6 variants, ~6 minutes on 2 cores
+    python bench/model_parallel.py               # 2 interleaved repeats of 8 variants, ~8 minutes on 2 cores
     python bench/model_parallel.py --quick       # smoke run: 1 repeat, 12 steps
     python bench/model_parallel.py --torchrun    # the Trainer's scripts started by torchrun as well
     options: --repeats N, --steps N, --warmup N, --dim N, --layers N, --seq N, --vocab N, --global-batch N
@@ -9,12 +9,18 @@ The model is the tensor/sequence/loss-parallel example's Transformer (src/torchf
 at a bench size (defaults: dim 128, 4 heads, 4 layers, sequence 64, vocabulary 512, global batch 8 sequences).
 Each variant is a fresh set of 4 processes (1 torch thread each, gloo) started by this driver:
 
-  raw_ddp / raw_fsdp / raw_tp2dp2   torchrun + bench/_mp_raw.py: the same parallelisation written by hand
-                                    (DistributedDataParallel; fully_shard per block then the model; the
-                                    example's parallelize on a (2, 2) mesh and loss_parallel);
-  ddp / fsdp / tp2dp2               bench/_mp_fleet.py: torchfleet.Trainer(strategy="ddp" /
-                                    FSDPStrategy(auto_wrap_policy={Block}) / ModelParallelStrategy(2, 2)).
-PP2xDP2 is not measured: ModelParallelStrategy has no pipeline_parallel_size in this version.
+  raw_ddp / raw_fsdp / raw_tp2dp2 / raw_pp2dp2
+      torchrun + bench/_mp_raw.py: the same parallelisation written by hand (DistributedDataParallel;
+      fully_shard per block then the model; the example's parallelize on a (2, 2) mesh and loss_parallel;
+      torch.distributed.pipelining's PipelineStage + Schedule1F1B over 2 microbatches on a (pipeline 2, data 2)
+      mesh, each stage's blocks then the stage fully_shard over the data-parallel pair);
+  ddp / fsdp / tp2dp2 / pp2dp2
+      bench/_mp_fleet.py: torchfleet.Trainer(strategy="ddp" / FSDPStrategy(auto_wrap_policy={Block}) /
+      ModelParallelStrategy(2, 2) / ModelParallelStrategy(pipeline_parallel_size=2, data_parallel_size=2,
+      tensor_parallel_size=1, pipeline_schedule="1F1B", microbatches=2)).
+PP2xDP2 trains the example's GPT with the same initial weights rearranged into one nn.Sequential (which stage
+declarations need; bench/_mp_common.py's gpt_sequential): stage 0 holds the embedding and blocks 0-1, stage 1
+blocks 2-3, the final norm and the output layer.
 
 Variants run interleaved (raw_ddp, ddp, raw_fsdp, fsdp, ...); the table shows medians over the repeats:
 tokens/s (steady steps/s x global batch x sequence length; the ratio is to the raw loop of the same
@@ -36,10 +42,12 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PAIRS = (("raw_ddp", "ddp"), ("raw_fsdp", "fsdp"), ("raw_tp2dp2", "tp2dp2"))
+PAIRS = (("raw_ddp", "ddp"), ("raw_fsdp", "fsdp"), ("raw_tp2dp2", "tp2dp2"), ("raw_pp2dp2", "pp2dp2"))
 LABELS = {"raw_ddp": "raw DDP", "ddp": 'Trainer(strategy="ddp")', "raw_fsdp": "raw fully_shard",
           "fsdp": "Trainer(FSDPStrategy)", "raw_tp2dp2": "raw TP2xDP2 (parallelize_module + FSDP2)",
-          "tp2dp2": "Trainer(ModelParallelStrategy(2, 2))"}
+          "tp2dp2": "Trainer(ModelParallelStrategy(2, 2))",
+          "raw_pp2dp2": "raw PP2xDP2 (PipelineStage 1F1B + FSDP2)",
+          "pp2dp2": "Trainer(ModelParallelStrategy(pp=2, dp=2))"}
 SIZE_ARGS = ("vocab", "dim", "heads", "layers", "seq", "global_batch", "steps", "warmup")
 _FOREIGN = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE")
 
