@@ -14,6 +14,7 @@ import functools
 import glob
 import math
 import os
+import pickle
 import subprocess
 import sys
 
@@ -98,9 +99,15 @@ def _checkpoints(folder: str) -> list[str]:
 
 
 def _weights(path: str, lightning: bool = False) -> dict[str, torch.Tensor]:
-    """A checkpoint's state_dict; Lightning's is read by Lightning's Python (its pickles name Lightning's classes)."""
+    """A checkpoint's state_dict. Lightning's is read here when it holds only plain values and tensors (a weights-only
+    load: these programs' checkpoints do, without starting Lightning's Python), else by Lightning's Python (its
+    pickles name Lightning's classes)."""
     if not lightning:
         return torch.load(path, weights_only=False)["state_dict"]
+    try:
+        return torch.load(path, weights_only=True)["state_dict"]
+    except pickle.UnpicklingError:
+        pass
     out = path + ".state_dict.pt"
     code = "import sys, torch; torch.save(torch.load(sys.argv[1], weights_only=False)['state_dict'], sys.argv[2])"
     subprocess.run([LIGHTNING_PYTHON, "-c", code, path, out], check=True, env=_env(True))
