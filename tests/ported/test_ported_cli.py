@@ -46,12 +46,17 @@ CLASSIFIER_ARGS = ["--model=LitClassifier", "--model.init_args.backbone.hidden_d
 DDP = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
 
 
-@functools.cache  # one probe per session (it imports Lightning: seconds), not one per use
+#: prints whether Lightning's cli module is installed, found without importing Lightning (which takes seconds)
+_FIND_CLI = ("import importlib.util, os; s = importlib.util.find_spec('lightning'); "
+             "print(s is not None and os.path.isfile(os.path.join(s.submodule_search_locations[0], 'pytorch', 'cli.py')))")
+
+
+@functools.cache  # one probe per session, not one per use
 def _lightning_available() -> bool:
     if not os.path.isfile(LIGHTNING_PYTHON):
         return False
-    found = subprocess.run([LIGHTNING_PYTHON, "-c", "import lightning.pytorch.cli"], capture_output=True, env=_env())
-    return found.returncode == 0
+    found = subprocess.run([LIGHTNING_PYTHON, "-c", _FIND_CLI], capture_output=True, text=True, env=_env(True))
+    return found.returncode == 0 and found.stdout.strip() == "True"
 
 
 def _env(lightning: bool = False) -> dict[str, str]:
