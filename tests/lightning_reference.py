@@ -41,3 +41,15 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> str:
 def run_in_lightning(code: str, timeout: float = 240) -> str:
     """Run ``code`` (dedented) with Lightning's Python in a clean environment; return what it printed."""
     return finish(start_in_lightning(code), timeout)
+
+
+def run_here(code: str) -> str:
+    """What ``code`` (torchfleet's side of a comparison) prints, run in this process: torch is imported here already,
+    where a new Python would import it again."""
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(textwrap.dedent(code), "<program>", "exec"), {"__name__": "__program__"})
+    return out.getvalue()

@@ -6,15 +6,13 @@ from __future__ import annotations
 import itertools
 import re
 import resource
-import subprocess
-import sys
 
 import pytest
 import torch
 from torch import nn
 
 from tests.helpers import Regressor, loader, quiet
-from tests.lightning_reference import needs_lightning, run_in_lightning
+from tests.lightning_reference import finish, needs_lightning, run_here, start_in_lightning
 from torchfleet import Trainer
 from torchfleet.callbacks import ProgressBar, ThroughputMonitor
 from torchfleet.loggers import Logger
@@ -89,9 +87,9 @@ print(measure_flops(net, lambda: net(x)), measure_flops(net, lambda: net(x), lam
 
 @needs_lightning
 def test_measure_flops_equals_lightnings():
-    lightning = run_in_lightning(_COMPARE.format(module="lightning.fabric.utilities.throughput"))
-    ours = subprocess.run([sys.executable, "-c", _COMPARE.format(module="torchfleet.utilities")],
-                          capture_output=True, text=True, check=True, timeout=120).stdout
+    lightning = start_in_lightning(_COMPARE.format(module="lightning.fabric.utilities.throughput"))
+    ours = run_here(_COMPARE.format(module="torchfleet.utilities"))
+    lightning = finish(lightning)
     fwd, total = map(int, ours.split())
     assert ours == lightning and 0 < fwd < total
 

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from tests.helpers import Regressor, loader, quiet
-from tests.lightning_reference import finish, needs_lightning, start_in_lightning
+from tests.lightning_reference import finish, needs_lightning, run_here, start_in_lightning
 from torchfleet import Trainer
 from torchfleet.errors import ConfigurationError
 from torchfleet.utilities import CombinedLoader, grad_norm, rank_zero_only
@@ -128,9 +128,7 @@ def test_combined_loader_equals_lightnings():
                 print(mode, len(c), rows)
     """
     lightning = start_in_lightning(code.format(module="lightning.pytorch.utilities.combined_loader"))
-    ours = subprocess.run([sys.executable, "-c", __import__("textwrap").dedent(
-        code.format(module="torchfleet.utilities.combined_loader"))], capture_output=True, text=True, check=True,
-        timeout=120).stdout
+    ours = run_here(__import__("textwrap").dedent(code.format(module="torchfleet.utilities.combined_loader")))
     lightning = finish(lightning)
     assert ours == lightning and ours.count("\n") == 8
 
@@ -239,9 +237,7 @@ print(s.layer_names, s.param_nums, s.total_parameters, s.trainable_parameters, s
 def test_model_summary_table_equals_lightnings():
     lightning = start_in_lightning(_SUMMARY_PROGRAM.format(demos="lightning.pytorch.demos.boring_classes",
                                                            summary="lightning.pytorch.utilities.model_summary"))
-    ours = subprocess.run([sys.executable, "-c", _SUMMARY_PROGRAM.format(
-        demos="torchfleet.demos", summary="torchfleet.utilities.model_summary")], capture_output=True, text=True,
-        check=True, timeout=120).stdout
+    ours = run_here(_SUMMARY_PROGRAM.format(demos="torchfleet.demos", summary="torchfleet.utilities.model_summary"))
     lightning = finish(lightning)
     assert ours == lightning and "Total Flops" in ours
 

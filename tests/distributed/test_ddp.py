@@ -33,13 +33,16 @@ def pythonpath() -> str:
     return os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
 
 
-def run_script(cfg: dict, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run the training script as a user would (``python script.py``); ddp re-runs it for rank 1."""
+def run_script(cfg: dict, timeout: float = 120, env: dict | None = None,
+               module: bool = False) -> subprocess.CompletedProcess:
+    """Run the training script as a user would (``python script.py``, or ``python -m tests.distributed.scripts.ddp_train``
+    with ``module``); ddp re-runs it for rank 1."""
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath(), **(env or {}))
     for var in ("MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "RANK"):
         if env is None or var not in env:
             full_env.pop(var, None)
-    return subprocess.run([sys.executable, SCRIPT, json.dumps(cfg)], capture_output=True, text=True,
+    command = ["-m", "tests.distributed.scripts.ddp_train"] if module else [SCRIPT]
+    return subprocess.run([sys.executable, *command, json.dumps(cfg)], capture_output=True, text=True,
                           timeout=timeout, env=full_env, cwd=ROOT)
 
 
@@ -76,15 +79,16 @@ def check_run(result: dict, ref: dict) -> None:
 
 @pytest.fixture(scope="module")
 def ddp_launch(tmp_path_factory) -> dict:
-    """One ``python ddp_train.py`` launch on 2 ranks (rank 1 a re-run of the script) fitting, in turn: two Trainers
-    of batch 8 (the second trains from scratch again), batch 4 with 2 accumulated micro-batches and a counting
-    all-reduce hook, batch 8 shuffled. Each run writes its own file; the three share the ranks and their start."""
+    """One ``python -m tests.distributed.scripts.ddp_train`` launch on 2 ranks (rank 1 a re-run of the module; the
+    scripts of the other tests are started as ``python script.py``) fitting, in turn: two Trainers of batch 8 (the
+    second trains from scratch again), batch 4 with 2 accumulated micro-batches and a counting all-reduce hook,
+    batch 8 shuffled. Each run writes its own file; the three share the ranks and their start."""
     folder = tmp_path_factory.mktemp("ddp-launch")
     outs = {name: str(folder / f"{name}.pt") for name in ("twice", "accumulate", "shuffle")}
     proc = run_script({"strategy": "ddp", "devices": 2, "batch": 8, "out": outs["twice"], "twice": True,
                        "verbose": True, "also": [
                            {"batch": 4, "accumulate": 2, "comm_count": True, "out": outs["accumulate"]},
-                           {"batch": 8, "shuffle": True, "out": outs["shuffle"]}]}, timeout=240)
+                           {"batch": 8, "shuffle": True, "out": outs["shuffle"]}]}, timeout=240, module=True)
     assert proc.returncode == 0, proc.stderr
     return {"proc": proc, **{name: torch.load(out) for name, out in outs.items()}}
 
@@ -168,14 +172,10 @@ def test_script_is_importable_for_spawn():
     assert ddp_train.Net.__module__ == "tests.distributed.scripts.ddp_train"
 
 
-def test_ddp_relaunches_python_dash_m(tmp_path):
-    out = tmp_path / "result.pt"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath())
-    cfg = json.dumps({"strategy": "ddp", "devices": 2, "batch": 8, "epochs": 1, "out": str(out)})
-    proc = subprocess.run([sys.executable, "-m", "tests.distributed.scripts.ddp_train", cfg], capture_output=True,
-                          text=True, timeout=120, env=env, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    assert torch.load(out)["ranks"] == [0, 1]
+def test_ddp_relaunches_python_dash_m(ddp_launch):
+    # the shared launch is started as `python -m tests.distributed.scripts.ddp_train` (its fixture checks it exited 0)
+    assert ddp_launch["proc"].args[1:3] == ["-m", "tests.distributed.scripts.ddp_train"]
+    assert ddp_launch["twice"]["ranks"] == [0, 1]
 
 
 def test_ddp_relaunches_the_torchfleet_command(tmp_path):

@@ -93,10 +93,16 @@ def runs(tmp_path_factory) -> dict:
         {"name": "sgd_stage_2_ws1", "strategy": "deepspeed_stage_2", "optimizer": "sgd", "save_at": SAVE_AT,
          "ckpt_dir": ckpts},
     ]})
+    # a copy of stage_2.ckpt with a pickled payload in an optimizer file, for the hostile-file test
+    hostile = make_hostile(tmp / "stage_2.ckpt", tmp / "hostile.ckpt", tmp / "PAYLOAD_RAN")
     again = run_script({"out": str(tmp / "again.pt"), "devices": 2, "runs": [
-        {"name": f"sgd_{target}_from_ws1", "strategy": target, "optimizer": "sgd",
-         "resume": f"{ckpts}/sgd_stage_2_ws1.ckpt"}
-        for target in ("deepspeed_stage_2", "deepspeed_stage_3", "ddp")
+        *[{"name": f"sgd_{target}_from_ws1", "strategy": target, "optimizer": "sgd",
+           "resume": f"{ckpts}/sgd_stage_2_ws1.ckpt"}
+          for target in ("deepspeed_stage_2", "deepspeed_stage_3", "ddp")],
+        # last: the engine's own load (same stage and world size) and torchfleet's reader of ZeRO files (another
+        # stage) must refuse the hostile copy
+        {"name": "hostile_engine", "strategy": "deepspeed_stage_2", "resume": str(hostile), "expect_error": True},
+        {"name": "hostile_reader", "strategy": "deepspeed_stage_3", "resume": str(hostile), "expect_error": True},
     ]})
     return {**two, **one, **again, "dir": tmp}
 
@@ -321,9 +327,18 @@ class _Payload:
         return (os.system, (f"touch {shlex.quote(self.marker)}",))
 
 
-def test_deepspeed_files_load_safely_and_a_hostile_one_is_refused_on_every_path(runs, tmp_path):
+def make_hostile(src, hostile, marker):
+    """A copy of the checkpoint ``src`` whose rank-1 optimizer file also holds a pickle that touches ``marker``."""
     import shutil
 
+    shutil.copytree(src, hostile)
+    optim = next((hostile / "deepspeed" / "checkpoint").glob("*rank_1_*optim_states.pt"))
+    state = torch.load(optim, weights_only=False)  # written by the test run above: trusted
+    torch.save({**state, "extra": _Payload(marker)}, optim)
+    return hostile
+
+
+def test_deepspeed_files_load_safely_and_a_hostile_one_is_refused_on_every_path(runs, tmp_path):
     from torchfleet.checkpoint.consolidate import consolidate
     from torchfleet.checkpoint.zero import ENGINE_GLOBALS, check_engine_files
     from torchfleet.errors import CheckpointError
@@ -335,19 +350,13 @@ def test_deepspeed_files_load_safely_and_a_hostile_one_is_refused_on_every_path(
     asked = {g for f in tag_dir.glob("*.pt") for g in torch.serialization.get_unsafe_globals_in_checkpoint(f)}
     assert asked and asked <= {f"{m}.{n}" for m, n in ENGINE_GLOBALS}
     check_engine_files(str(tag_dir))
-    marker = tmp_path / "PAYLOAD_RAN"
-    hostile = tmp_path / "hostile.ckpt"
-    shutil.copytree(src, hostile)
-    optim = next((hostile / "deepspeed" / "checkpoint").glob("*rank_1_*optim_states.pt"))
-    state = torch.load(optim, weights_only=False)  # written by the test run above: trusted
-    torch.save({**state, "extra": _Payload(marker)}, optim)
+    # the hostile copy (made by the runs fixture, whose last launch tried to resume it): the payload never ran
+    marker, hostile = runs["dir"] / "PAYLOAD_RAN", runs["dir"] / "hostile.ckpt"
+    assert not marker.exists()
     with pytest.raises(CheckpointError, match=r"system"):
         consolidate(hostile, tmp_path / "out.ckpt")
     # the engine's own load (same stage and world size) and torchfleet's reader of ZeRO files (another stage)
-    out = run_script({"out": str(tmp_path / "hostile.pt"), "devices": 2, "runs": [
-        {"name": "engine", "strategy": "deepspeed_stage_2", "resume": str(hostile), "expect_error": True},
-        {"name": "reader", "strategy": "deepspeed_stage_3", "resume": str(hostile), "expect_error": True},
-    ]})
-    for name in ("engine", "reader"):
-        assert out[name]["error"] and "CheckpointError" in out[name]["error"] and "system" in out[name]["error"], out
+    for name in ("hostile_engine", "hostile_reader"):
+        error = runs[name]["error"]
+        assert error and "CheckpointError" in error and "system" in error, runs[name]
     assert not marker.exists()

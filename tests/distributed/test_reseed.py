@@ -20,22 +20,37 @@ from tests.lightning_reference import LIGHTNING_PYTHON, needs_lightning
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "reseed_train.py")
-#: (strategy, devices, warm-up drawn)
-RUNS = [("auto", 1, False), ("auto", 1, True), ("ddp", 2, False), ("ddp", 2, True)]
+#: (strategy, devices, warm-up drawn, training loaders): one launch per library and (strategy, devices) fits them all
+RUNS = [("auto", 1, False, "one"), ("auto", 1, True, "one"), ("ddp", 2, False, "one"), ("ddp", 2, True, "one"),
+        ("ddp", 2, False, "dict")]
+#: what Lightning runs too: the warmed-up runs, and the dict of training loaders
+LIGHTNING_RUNS = [("auto", 1, True, "one"), ("ddp", 2, True, "one"), ("ddp", 2, False, "dict")]
 
 
-def _launch(python: str, lib: str, strategy: str, devices: int, warmup: bool, out: str, loaders: str = "one") -> dict:
-    cfg = {"lib": lib, "strategy": strategy, "devices": devices, "warmup": warmup, "sanity": 2, "out": out,
-           "loaders": loaders}
-    proc = subprocess.run([python, SCRIPT, json.dumps(cfg)], capture_output=True, text=True,
-                          timeout=300, env=sharded_helpers.child_env(), cwd=sharded_helpers.ROOT)
-    return sharded_helpers.load_results(cfg, proc)
+def _launch(python: str, lib: str, runs: list[tuple], folder) -> dict:
+    """Rank 0's weights of each run; the runs of one (strategy, devices) are fitted in turn by one launch, each from
+    ``seed_everything`` on (scripts/reseed_train.py)."""
+    results = {}
+    for strategy, devices in dict.fromkeys(run[:2] for run in runs):
+        mine = [run for run in runs if run[:2] == (strategy, devices)]
+        outs = [str(folder / f"{lib}-{strategy}-{warmup}-{loaders}.pt") for _, _, warmup, loaders in mine]
+        cfg = {"lib": lib, "strategy": strategy, "devices": devices, "sanity": 2, "runs": [
+            {"warmup": warmup, "loaders": loaders, "out": out} for (_, _, warmup, loaders), out in zip(mine, outs)]}
+        proc = subprocess.run([python, SCRIPT, json.dumps(cfg)], capture_output=True, text=True,
+                              timeout=300, env=sharded_helpers.child_env(), cwd=sharded_helpers.ROOT)
+        assert proc.returncode == 0, proc.stderr[-6000:]
+        results.update({run: torch.load(out, weights_only=True) for run, out in zip(mine, outs)})
+    return results
 
 
 @pytest.fixture(scope="module")
 def torchfleet_runs(tmp_path_factory) -> dict:
-    folder = tmp_path_factory.mktemp("reseed")
-    return {run: _launch(sys.executable, "torchfleet", *run, str(folder / f"{run[0]}-{run[2]}.pt")) for run in RUNS}
+    return _launch(sys.executable, "torchfleet", RUNS, tmp_path_factory.mktemp("reseed"))
+
+
+@pytest.fixture(scope="module")
+def lightning_runs(tmp_path_factory) -> dict:
+    return _launch(LIGHTNING_PYTHON, "lightning", LIGHTNING_RUNS, tmp_path_factory.mktemp("reseed-lightning"))
 
 
 def _equal(a: dict, b: dict) -> bool:
@@ -43,27 +58,25 @@ def _equal(a: dict, b: dict) -> bool:
 
 
 def test_ddp_reseeds_so_a_warmup_does_not_shift_training(torchfleet_runs):
-    assert _equal(torchfleet_runs[("ddp", 2, True)], torchfleet_runs[("ddp", 2, False)])
+    assert _equal(torchfleet_runs[("ddp", 2, True, "one")], torchfleet_runs[("ddp", 2, False, "one")])
 
 
 def test_single_device_does_not_reseed_as_in_lightning(torchfleet_runs):
     # the warm-up moved the generators; with no re-seed the shuffle and dropout draw other numbers
-    assert not _equal(torchfleet_runs[("auto", 1, True)], torchfleet_runs[("auto", 1, False)])
+    assert not _equal(torchfleet_runs[("auto", 1, True, "one")], torchfleet_runs[("auto", 1, False, "one")])
 
 
 @needs_lightning
-@pytest.mark.parametrize("run", [("auto", 1, True), ("ddp", 2, True)], ids=["single_device", "ddp"])
-def test_weights_equal_lightnings_bitwise(torchfleet_runs, tmp_path, run):
-    lightning = _launch(LIGHTNING_PYTHON, "lightning", *run, str(tmp_path / "lightning.pt"))
-    assert _equal(torchfleet_runs[run], lightning)
+@pytest.mark.parametrize("run", [("auto", 1, True, "one"), ("ddp", 2, True, "one")], ids=["single_device", "ddp"])
+def test_weights_equal_lightnings_bitwise(torchfleet_runs, lightning_runs, run):
+    assert _equal(torchfleet_runs[run], lightning_runs[run])
 
 
 @needs_lightning
-def test_a_dict_of_training_loaders_under_ddp_equals_lightnings_bitwise(tmp_path):
+def test_a_dict_of_training_loaders_under_ddp_equals_lightnings_bitwise(torchfleet_runs, lightning_runs):
     """Two loaders combined ("max_size_cycle"), each sharded by its own DistributedSampler, on 2 processes."""
-    ours = _launch(sys.executable, "torchfleet", "ddp", 2, False, str(tmp_path / "ours.pt"), loaders="dict")
-    lightning = _launch(LIGHTNING_PYTHON, "lightning", "ddp", 2, False, str(tmp_path / "lightning.pt"), loaders="dict")
-    assert _equal(ours, lightning)
+    run = ("ddp", 2, False, "dict")
+    assert _equal(torchfleet_runs[run], lightning_runs[run])
 
 
 _FLEET_PROGRAM = """

@@ -1,10 +1,11 @@
 """The module after a stage under fsdp and DeepSpeed: whole on every rank, equal to the final checkpoint (gloo, 2 ranks).
 
-Two launches serve the tests (tests/distributed/scripts/sharded_after_fit.py): fsdp, and DeepSpeed
-stages 2 and 3. Each rank calls the model after fit, alone and together; the expected outputs come
-from the checkpoint written after fit, consolidated in this process into the plain model. A third
-launch has a ``@rank_zero_only`` callback call the sharded model during fit, which must end in a
-desync report. The ddp_spawn test trains from this process and checks the model it holds.
+One launch serves the tests (tests/distributed/scripts/sharded_after_fit.py): its ranks run in turn ddp with
+synchronised BatchNorm, fsdp, and DeepSpeed stages 2 and 3 (where DeepSpeed is installed). Each rank calls the
+model after fit, alone and together; the expected outputs come from the checkpoint written after fit,
+consolidated in this process into the plain model. A second launch has a ``@rank_zero_only`` callback call the
+sharded model during fit, which must end in a desync report; a third, under torchrun, has a fit raise. The
+ddp_spawn test trains from this process and checks the model it holds.
 """
 
 from __future__ import annotations
@@ -79,38 +80,51 @@ def mse_on_test_data(model: torch.nn.Module) -> float:
         return torch.nn.functional.mse_loss(model(x), y).item()
 
 
-@pytest.fixture(scope="module")
-def fsdp_runs(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("fsdp_after_fit")
-    ranks = launch(tmp, [
+#: the runs of the shared launch, by family
+FAMILY_RUNS = {
+    "ddp": [{"name": "ddp", "case": "ddp_sync_batchnorm", "strategy": "ddp"}],
+    "fsdp": [
         {"name": "stages", "case": "stages", "strategy": "fsdp", "checkpointing": True},
         {"name": "keep", "case": "keep_sharded", "strategy": "fsdp", "keep_sharded": True},
         {"name": "fleet", "case": "fleet", "strategy": "fsdp"},
         {"name": "fleet_teardown", "case": "fleet", "strategy": "fsdp", "teardown": True},
-    ])
-    return ranks, tmp
-
-
-@pytest.fixture(scope="module")
-def deepspeed_runs(tmp_path_factory):
-    if not deepspeed_available():
-        pytest.skip("deepspeed is not installed (the 'deepspeed' extra)")
-    tmp = tmp_path_factory.mktemp("deepspeed_after_fit")
-    ranks = launch(tmp, [
+    ],
+    "deepspeed": [
         {"name": "stage_3", "case": "stages", "strategy": "deepspeed_stage_3"},
         # in bf16: the module is given back in float32, with the optimizer's float32 master weights
         {"name": "stage_2", "case": "stages", "strategy": "deepspeed_stage_2", "precision": "bf16-mixed"},
         {"name": "keep_3", "case": "keep_sharded", "strategy": "deepspeed_stage_3", "keep_sharded": True},
         {"name": "fleet_3", "case": "fleet", "strategy": "deepspeed_stage_3", "teardown": True},
-    ])
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def after_fit_runs(tmp_path_factory):
+    """Every family's runs in one 2-rank launch (DeepSpeed's where it is installed): every rank's results, the folder."""
+    tmp = tmp_path_factory.mktemp("after_fit")
+    families = ["ddp", "fsdp", *(["deepspeed"] if deepspeed_available() else [])]
+    ranks = launch(tmp, [run for family in families for run in FAMILY_RUNS[family]], timeout=600)
     return ranks, tmp
 
 
-def test_after_fit_under_ddp_the_module_is_unwrapped_with_its_own_batchnorm(tmp_path):
+@pytest.fixture(scope="module")
+def fsdp_runs(after_fit_runs):
+    return after_fit_runs
+
+
+@pytest.fixture(scope="module")
+def deepspeed_runs(after_fit_runs):
+    if not deepspeed_available():
+        pytest.skip("deepspeed is not installed (the 'deepspeed' extra)")
+    return after_fit_runs
+
+
+def test_after_fit_under_ddp_the_module_is_unwrapped_with_its_own_batchnorm(after_fit_runs):
     """teardown at the end of fit: the DDP wrapper gone, SyncBatchNorm back to BatchNorm1d, the trained weights and
     running statistics of the final checkpoint on every rank (and on rank 0 alone)."""
-    ranks = launch(tmp_path, [{"name": "ddp", "case": "ddp_sync_batchnorm", "strategy": "ddp"}])
-    final = plain_from(ranks[0]["ddp"]["fit_ckpt"], BNNet, tmp_path)
+    ranks, tmp = after_fit_runs
+    final = plain_from(ranks[0]["ddp"]["fit_ckpt"], BNNet, tmp)
     with torch.no_grad():
         want = final(inputs())
     for rank, results in enumerate(ranks):

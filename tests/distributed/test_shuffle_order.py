@@ -1,6 +1,7 @@
 """A ddp Trainer's training loader shuffles as Lightning's does; Fleet keeps the loader's order as Fabric does.
 
-2 real CPU processes over gloo (tests/distributed/scripts/shuffle_order.py). The expected batches follow Lightning's
+2 real CPU processes over gloo (tests/distributed/scripts/shuffle_order.py; one launch per library runs the Trainer,
+then the Fleet or Fabric loop in the same processes). The expected batches follow Lightning's
 rule, computed here with torch's DistributedSampler: the Trainer's is built with ``shuffle=True`` and the global seed
 whatever the loader's ``shuffle``, reshuffled each epoch by ``set_epoch``; Fabric's keeps ``shuffle=False``. Where a
 Python with Lightning is at hand (``TF_LIGHTNING_PYTHON``, default /work/venv-lightning/bin/python), the same
@@ -27,22 +28,27 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "shuffle_order.py")
 SRC = os.path.dirname(os.path.dirname(torchfleet.__file__))
 LIGHTNING_PYTHON = os.environ.get("TF_LIGHTNING_PYTHON", "/work/venv-lightning/bin/python")
+APIS = ("trainer", "fleet")
 
 
-def _run(python: str, library: str, api: str, out: str) -> list[list]:
+def _run(python: str, library: str, out: str) -> dict[str, list[list]]:
+    """Each API's batches, per rank and epoch: the Trainer's, then the loop's, from one launch."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TF_", "PL_", "MASTER_", "LOCAL_RANK", "RANK"))}
     if library == "torchfleet":
         env["PYTHONPATH"] = os.pathsep.join([SRC, os.path.dirname(SRC)])
     else:
         env.pop("PYTHONPATH", None)  # Lightning's own environment, without torchfleet's test tree
-    proc = subprocess.run([python, SCRIPT, library, api, out], cwd=os.path.dirname(out), env=env,
+    os.makedirs(out)
+    proc = subprocess.run([python, SCRIPT, library, ",".join(APIS), out], cwd=out, env=env,
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{library} {api} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    ranks = []
-    for rank in range(2):
-        with open(os.path.join(out, f"rank{rank}.json")) as f:
-            ranks.append(json.load(f))
-    return ranks
+    assert proc.returncode == 0, f"{library} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    runs = {}
+    for api in APIS:
+        runs[api] = []
+        for rank in range(2):
+            with open(os.path.join(out, api, f"rank{rank}.json")) as f:
+                runs[api].append(json.load(f))
+    return runs
 
 
 def _expected(shuffle: bool) -> list[list]:
@@ -61,8 +67,12 @@ def _expected(shuffle: bool) -> list[list]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, list]:
-    root = tmp_path_factory.mktemp("shuffle")
-    return {api: _run(sys.executable, "torchfleet", api, str(root / api)) for api in ("trainer", "fleet")}
+    return _run(sys.executable, "torchfleet", str(tmp_path_factory.mktemp("shuffle") / "torchfleet"))
+
+
+@pytest.fixture(scope="module")
+def lightning_runs(tmp_path_factory) -> dict[str, list]:
+    return _run(LIGHTNING_PYTHON, "lightning", str(tmp_path_factory.mktemp("shuffle") / "lightning"))
 
 
 def test_trainer_shuffles_the_training_loader_as_lightning(runs):
@@ -81,8 +91,8 @@ def test_fleet_keeps_the_loaders_order_as_fabric(runs):
 
 @pytest.mark.skipif(not os.path.exists(LIGHTNING_PYTHON), reason=f"no Python with Lightning at {LIGHTNING_PYTHON}")
 @pytest.mark.parametrize("api", ["trainer", "fleet"])
-def test_same_batches_as_lightning_runs_the_same_program(runs, api, tmp_path):
-    assert runs[api] == _run(LIGHTNING_PYTHON, "lightning", api, str(tmp_path / "lightning"))
+def test_same_batches_as_lightning_runs_the_same_program(runs, lightning_runs, api):
+    assert runs[api] == lightning_runs[api]
 
 
 def test_only_an_in_order_default_sampler_is_made_to_shuffle():

@@ -14,6 +14,7 @@ import functools
 import glob
 import math
 import os
+import pickle
 import subprocess
 import sys
 
@@ -45,12 +46,17 @@ CLASSIFIER_ARGS = ["--model=LitClassifier", "--model.init_args.backbone.hidden_d
 DDP = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
 
 
-@functools.cache  # one probe per session (it imports Lightning: seconds), not one per use
+#: prints whether Lightning's cli module is installed, found without importing Lightning (which takes seconds)
+_FIND_CLI = ("import importlib.util, os; s = importlib.util.find_spec('lightning'); "
+             "print(s is not None and os.path.isfile(os.path.join(s.submodule_search_locations[0], 'pytorch', 'cli.py')))")
+
+
+@functools.cache  # one probe per session, not one per use
 def _lightning_available() -> bool:
     if not os.path.isfile(LIGHTNING_PYTHON):
         return False
-    found = subprocess.run([LIGHTNING_PYTHON, "-c", "import lightning.pytorch.cli"], capture_output=True, env=_env())
-    return found.returncode == 0
+    found = subprocess.run([LIGHTNING_PYTHON, "-c", _FIND_CLI], capture_output=True, text=True, env=_env(True))
+    return found.returncode == 0 and found.stdout.strip() == "True"
 
 
 def _env(lightning: bool = False) -> dict[str, str]:
@@ -98,9 +104,15 @@ def _checkpoints(folder: str) -> list[str]:
 
 
 def _weights(path: str, lightning: bool = False) -> dict[str, torch.Tensor]:
-    """A checkpoint's state_dict; Lightning's is read by Lightning's Python (its pickles name Lightning's classes)."""
+    """A checkpoint's state_dict. Lightning's is read here when it holds only plain values and tensors (a weights-only
+    load: these programs' checkpoints do, without starting Lightning's Python), else by Lightning's Python (its
+    pickles name Lightning's classes)."""
     if not lightning:
         return torch.load(path, weights_only=False)["state_dict"]
+    try:
+        return torch.load(path, weights_only=True)["state_dict"]
+    except pickle.UnpicklingError:
+        pass
     out = path + ".state_dict.pt"
     code = "import sys, torch; torch.save(torch.load(sys.argv[1], weights_only=False)['state_dict'], sys.argv[2])"
     subprocess.run([LIGHTNING_PYTHON, "-c", code, path, out], check=True, env=_env(True))

@@ -9,7 +9,8 @@ and the sanity check (``cfg["sanity"]`` batches) read them too, which Lightning'
 ``python reseed_train.py '<cfg as JSON>'``: keys ``lib`` ("torchfleet" or "lightning"), ``strategy``,
 ``devices``, ``warmup`` (draw or not), ``sanity`` (num_sanity_val_steps), ``out`` (rank 0 writes the weights
 there), and optionally ``loaders: "dict"``: two training loaders in a dict (combined as Lightning's
-"max_size_cycle", each with its own distributed sampler under ddp). Under Lightning only Lightning is imported, so the script runs in a virtual environment without torchfleet.
+"max_size_cycle", each with its own distributed sampler under ddp). With ``runs`` (a list of such keys, each with
+its own ``out``), one launch fits them in turn, each from ``seed_everything`` on, as separate launches would. Under Lightning only Lightning is imported, so the script runs in a virtual environment without torchfleet.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def data(seed: int) -> TensorDataset:
     return TensorDataset(x, x @ torch.randn(6, 1, generator=g))
 
 
-def main() -> None:
+def main(cfg: dict) -> None:
     pl.seed_everything(7)
     model = Net(cfg.get("dropout", 0.3))
     if cfg["warmup"]:  # a replay buffer filled before training
@@ -78,4 +79,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    for run in cfg.get("runs", [{}]):
+        main({**{k: v for k, v in cfg.items() if k != "runs"}, **run})

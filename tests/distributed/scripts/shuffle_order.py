@@ -1,10 +1,11 @@
 """The training batches each rank sees, under ddp on 2 CPU processes, with a ``shuffle=False`` loader.
 
-    python shuffle_order.py (torchfleet|lightning) (trainer|fleet) OUT_DIR
+    python shuffle_order.py (torchfleet|lightning) (trainer|fleet|trainer,fleet) OUT_DIR
 
 Written as a Lightning program is, so that the same file runs under Lightning (``lightning``: its Trainer or
 Fabric) and, by its imports alone, under torchfleet. Every rank writes ``OUT_DIR/rank<k>.json``: the sample
-indices of each training batch, per epoch.
+indices of each training batch, per epoch. ``trainer,fleet``: one launch runs the Trainer, then the Fleet (Fabric)
+loop in the same processes, and writes ``OUT_DIR/<api>/rank<k>.json``.
 """
 
 from __future__ import annotations
@@ -72,10 +73,13 @@ def main(library: str, api: str, out: str) -> None:
         from torchfleet import Fleet
 
         base = pl.Module
-    rank, seen = run_trainer(pl, base) if api == "trainer" else run_fleet(Fleet)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(seen, f)
+    apis = api.split(",")
+    for name in apis:
+        rank, seen = run_trainer(pl, base) if name == "trainer" else run_fleet(Fleet)
+        folder = os.path.join(out, name) if len(apis) > 1 else out
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
+            json.dump(seen, f)
 
 
 if __name__ == "__main__":
