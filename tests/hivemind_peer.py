@@ -46,18 +46,17 @@ class SlowRegressor(Regressor):
 class Collaboration(tf.Callback):
     """Records the collaborative epoch, reports progress to a file and stops at the target epoch.
 
-    At each meeting point ``(epoch, pause, after)`` (``meet``), once its collaborative epoch reaches ``epoch`` (after
-    its first step where that is 0) and the file ``after`` exists (if given), the peer waits until hivemind's
+    At each meeting point ``(epoch, after)`` (``meet``), once its collaborative epoch reaches ``epoch`` (after its
+    first step where that is 0) and the file ``after`` exists (if given), the peer stops stepping until hivemind's
     progress tracker sees ``peers`` peers: a peer that does not see the others before its collaborative epoch ends
     averages alone, and hivemind publishes a peer's progress only once it has accumulated samples, so peers cannot
     meet before their first step. It stops once it met at every point and reached ``epochs``.
     """
 
-    def __init__(self, epochs: int, progress: Path, peers: int,
-                 meet: list[tuple[int, float, Path | None]] = ((0, 0.0, None),), freeze: int | None = None) -> None:
+    def __init__(self, epochs: int, progress: Path, peers: int, meet: list[tuple[int, Path | None]] = ((0, None),),
+                 freeze: int | None = None) -> None:
         self.epochs, self.progress, self.peers, self.freeze = epochs, progress, peers, freeze
-        #: the meeting points not reached yet: (epoch, seconds each step sleeps while waiting (0: stop stepping), file)
-        self.meet = sorted(meet, key=lambda m: m[0])
+        self.meet = sorted(meet, key=lambda m: m[0])  # the meeting points not reached yet
         self.resumed_epoch: int | None = None  # at on_train_start: 0, or the epoch the checkpoint held
         self.start_epoch: int | None = None
         self.start_params: list[list[float]] | None = None  # before the first step, after loading the peers' state
@@ -79,22 +78,16 @@ class Collaboration(tf.Callback):
         opt = trainer.strategy.hivemind_optimizer
         write(self.progress, str(opt.local_epoch))  # before waiting: a late peer may start on it
         if self.meet and opt.local_epoch >= self.meet[0][0]:
-            _, pause, after = self.meet[0]
-            if pause:
-                # keep stepping, slowly: a peer that stops stepping leaves a stale estimate of when its epoch ends in
-                # the DHT, and the peer that joins would then end that epoch alone on its first step
-                if (after is not None and not after.exists()) or opt.tracker.global_progress.num_peers < self.peers:
-                    time.sleep(pause)
-                else:
-                    self.met.append(opt.local_epoch)
-                    self.meet.pop(0)
-            else:
-                deadline = time.monotonic() + 60
-                while ((after is not None and not after.exists())
-                       or opt.tracker.global_progress.num_peers < self.peers) and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                self.met.append(opt.local_epoch)
-                self.meet.pop(0)
+            after = self.meet.pop(0)[1]
+            deadline = time.monotonic() + 60
+            while ((after is not None and not after.exists())
+                   or opt.tracker.global_progress.num_peers < self.peers) and time.monotonic() < deadline:
+                # report again, unchanged: hivemind extrapolates a peer's samples from its last report at its last
+                # speed, so a peer that waits would seem to have ended the epoch, and a peer that joins would end it
+                # alone on its first step
+                opt.tracker.report_local_progress(opt.local_epoch, opt.tracker.local_progress.samples_accumulated)
+                time.sleep(0.1)
+            self.met.append(opt.local_epoch)
         epoch = opt.local_epoch
         if epoch != (self.transitions[-1][1] if self.transitions else self.start_epoch):
             self.transitions.append((trainer.global_step, epoch))
@@ -137,9 +130,9 @@ def main() -> None:
     parser.add_argument("--wait-for", action="append", default=[], metavar="FILE[:EPOCH]",
                         help="start the peer once this file exists (and holds at least EPOCH); repeatable")
     parser.add_argument("--init-seed", type=int, default=0, help="seed of the model's initial parameters")
-    parser.add_argument("--meet", action="append", default=None, metavar="EPOCH[:PAUSE[:FILE]]",
-                        help="at this collaborative epoch (once FILE exists), wait for --peers, stepping every PAUSE "
-                             "seconds meanwhile (0: not stepping); repeatable; default: 0")
+    parser.add_argument("--meet", action="append", default=None, metavar="EPOCH[:FILE]",
+                        help="at this collaborative epoch (and once FILE exists), wait for --peers; repeatable; "
+                             "default: 0")
     parser.add_argument("--freeze", type=int, default=None,
                         help="at this collaborative epoch, stop stepping (the test kills the peer)")
     parser.add_argument("--resume", default=None, help="resume from this checkpoint")
@@ -190,8 +183,8 @@ def main() -> None:
                                 verbose=True, **options)
     meet = []
     for point in args.meet or ["0"]:
-        epoch, pause, after = (point.split(":", 2) + ["0", ""][point.count(":"):])[:3]
-        meet.append((int(epoch), float(pause), Path(after) if after else None))
+        epoch, _, after = point.partition(":")
+        meet.append((int(epoch), Path(after) if after else None))
     collab = Collaboration(args.epochs, out.parent / (out.name + ".progress"), args.peers, meet, args.freeze)
     trainer = tf.Trainer(**quiet(strategy=strategy, max_steps=args.max_steps, max_epochs=-1, callbacks=[collab]))
     for wait in args.wait_for:

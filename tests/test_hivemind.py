@@ -8,6 +8,7 @@ import importlib.util
 import inspect
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -158,14 +159,20 @@ TOGETHER = ("--sleep", "0.2", "--matchmaking", "2", "--averaging-timeout", "6", 
 _STARTED: list[subprocess.Popen] = []
 
 
+def _kill(peer: subprocess.Popen) -> None:
+    """SIGKILL the peer's process group: its DHT and averager processes (forked) and its p2p daemon die with it."""
+    try:
+        os.killpg(peer.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    peer.wait(timeout=30)
+
+
 @pytest.fixture(autouse=True)
 def _no_peer_outlives_its_test():
     yield
     while _STARTED:
-        peer = _STARTED.pop()
-        if peer.poll() is None:
-            peer.kill()
-            peer.wait(timeout=30)
+        _kill(_STARTED.pop())
 
 
 def _peer(out: Path, *args: str) -> subprocess.Popen:
@@ -173,7 +180,7 @@ def _peer(out: Path, *args: str) -> subprocess.Popen:
     env.pop("TORCHFLEET_INITIAL_PEERS", None)  # a joining peer reads the first one's line (--join)
     with open(out.with_suffix(".log"), "w") as log:
         peer = subprocess.Popen([sys.executable, str(PEER), str(out), *args], env=env, stdout=log,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, start_new_session=True)
     _STARTED.append(peer)
     return peer
 
@@ -204,7 +211,7 @@ def _finish(procs: list[subprocess.Popen], timeout: float = 120) -> list[dict]:
     finally:
         for p in procs:
             if p.poll() is None:
-                p.kill()
+                _kill(p)
     outs = []
     for p in procs:
         out = Path(p.args[2])
@@ -281,9 +288,8 @@ def test_a_killed_peer_does_not_stop_the_other(tmp_path):
     try:
         _wait_epoch(tmp_path / "b.json.progress", 1, [first, second])
     finally:
-        second.kill()  # SIGKILL: no goodbye, its records stay in the DHT
+        _kill(second)  # SIGKILL, with its helper processes: no goodbye, its records stay in the DHT
     killed = time.monotonic()
-    second.wait(timeout=30)
     (a,) = _finish([first], timeout=90)
     after = time.monotonic() - killed
     log = (tmp_path / "a.log").read_text()
@@ -304,7 +310,7 @@ def test_a_peer_restarted_from_its_checkpoint_rejoins(tmp_path):
     # the first peer trains with the second to epoch 2, goes on alone, and at epoch 3 waits (not stepping) until the
     # restarted peer has stepped and it sees it
     first = _peer(tmp_path / "a.json", "--seed", "1", "--epochs", "5", "--go", str(go), "--peers", "2",
-                  "--meet", "0", "--meet", f"3:0:{tmp_path / 'r.json.progress'}", *TOGETHER)
+                  "--meet", "0", "--meet", f"3:{tmp_path / 'r.json.progress'}", *TOGETHER)
     # the second stops at epoch 2 and saves its checkpoint
     second = _peer(tmp_path / "b.json", "--seed", "2", "--epochs", "2", "--go", str(go), "--peers", "2",
                    "--checkpoint", str(ckpt), *TOGETHER, "--join", join)

@@ -7,7 +7,7 @@ peers average gradients and, with ``delay_state_averaging``, parameters) and the
 schedulers step per collaborative epoch (``CollaborativeEpochScheduler``). A peer's checkpoint holds its
 collaborative epoch with its optimizer state; at the start of training a peer loads the newest state the others
 hold (``load_state_from_peers``), so a late or restarted peer catches up. ``teardown`` shuts the optimizer and
-the DHT down: a hivemind peer's process exits only after that.
+the DHT down (first telling the others that this peer leaves): a hivemind peer's process exits only after that.
 """
 
 from __future__ import annotations
@@ -239,7 +239,8 @@ class HivemindStrategy(SingleDeviceStrategy):
 
     # ------------------------------------------------------------------ teardown
     def teardown(self) -> None:
-        """Shut the hivemind Optimizer and the DHT down (the process exits only then), then the one-device teardown."""
+        """Tell the other peers this one leaves, shut the hivemind Optimizer and the DHT down (the process exits only
+        then), then the one-device teardown."""
         try:
             if self._opt is not None:
                 opt, self._opt = self._opt, None
