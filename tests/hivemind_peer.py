@@ -9,6 +9,7 @@ loading the peers' state) and at the end, its parameters, and the validation los
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -45,21 +46,28 @@ class SlowRegressor(Regressor):
 class Collaboration(tf.Callback):
     """Records the collaborative epoch, reports progress to a file and stops at the target epoch.
 
-    Once its collaborative epoch reaches ``meet_epoch`` (after its first step where that is 0), the peer waits until
-    hivemind's progress tracker sees ``peers`` peers: a peer that does not see the others before its collaborative
-    epoch ends averages alone, and hivemind publishes a peer's progress only once it has accumulated samples, so
-    peers cannot meet before their first step.
+    At each meeting point ``(epoch, after)`` (``meet``), once its collaborative epoch reaches ``epoch`` (after its
+    first step where that is 0) and the file ``after`` exists (if given), the peer stops stepping until hivemind's
+    progress tracker sees ``peers`` peers: a peer that does not see the others before its collaborative epoch ends
+    averages alone, and hivemind publishes a peer's progress only once it has accumulated samples, so peers cannot
+    meet before their first step. It stops once it met at every point and reached ``epochs``.
     """
 
-    def __init__(self, epochs: int, progress: Path, peers: int, meet_epoch: int = 0, meet_pause: float = 0.0) -> None:
-        self.epochs, self.progress, self.peers, self.meet_epoch = epochs, progress, peers, meet_epoch
-        self.meet_pause = meet_pause  # seconds each step sleeps while waiting for the peers (0: stop stepping)
+    def __init__(self, epochs: int, progress: Path, peers: int, meet: list[tuple[int, Path | None]] = ((0, None),),
+                 freeze: int | None = None) -> None:
+        self.epochs, self.progress, self.peers, self.freeze = epochs, progress, peers, freeze
+        self.meet = sorted(meet, key=lambda m: m[0])  # the meeting points not reached yet
+        self.resumed_epoch: int | None = None  # at on_train_start: 0, or the epoch the checkpoint held
         self.start_epoch: int | None = None
         self.start_params: list[list[float]] | None = None  # before the first step, after loading the peers' state
-        self.met: tuple[int, list[list[float]]] | None = None  # (epoch, parameters) when the peers met
+        self.met: list[int] = []  # the epochs at which the peers met
         #: (global_step, collaborative epoch) each time the epoch changed during training
         self.transitions: list[tuple[int, int]] = []
         self.epoch_params: dict[int, list[list[float]]] = {}
+
+    def on_train_start(self, trainer, module):
+        # before the strategy's on_train_start loads the peers' state
+        self.resumed_epoch = trainer.strategy.hivemind_optimizer.local_epoch
 
     def on_train_batch_start(self, trainer, module, batch, batch_idx):
         if self.start_epoch is None:  # the strategy's on_train_start (load_state_from_peers) has run
@@ -68,26 +76,33 @@ class Collaboration(tf.Callback):
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
         opt = trainer.strategy.hivemind_optimizer
-        self.progress.write_text(str(opt.local_epoch))  # before waiting: a late peer may start on it
-        if self.met is None and opt.local_epoch >= self.meet_epoch:
-            if self.meet_pause:
-                # keep stepping, slowly: a peer that stops stepping leaves a stale estimate of when its epoch ends in
-                # the DHT, and the peer that joins would then end that epoch alone on its first step
-                if opt.tracker.global_progress.num_peers < self.peers:
-                    time.sleep(self.meet_pause)
-                else:
-                    self.met = (opt.local_epoch, params(module))
-            else:
-                deadline = time.monotonic() + 60
-                while opt.tracker.global_progress.num_peers < self.peers and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                self.met = (opt.local_epoch, params(module))
+        write(self.progress, str(opt.local_epoch))  # before waiting: a late peer may start on it
+        if self.meet and opt.local_epoch >= self.meet[0][0]:
+            after = self.meet.pop(0)[1]
+            deadline = time.monotonic() + 60
+            while ((after is not None and not after.exists())
+                   or opt.tracker.global_progress.num_peers < self.peers) and time.monotonic() < deadline:
+                # report again, unchanged: hivemind extrapolates a peer's samples from its last report at its last
+                # speed, so a peer that waits would seem to have ended the epoch, and a peer that joins would end it
+                # alone on its first step
+                opt.tracker.report_local_progress(opt.local_epoch, opt.tracker.local_progress.samples_accumulated)
+                time.sleep(0.1)
+            self.met.append(opt.local_epoch)
         epoch = opt.local_epoch
         if epoch != (self.transitions[-1][1] if self.transitions else self.start_epoch):
             self.transitions.append((trainer.global_step, epoch))
             self.epoch_params[epoch] = params(module)  # parameters change only when the epoch does
-        if epoch >= self.epochs:
+        if epoch >= self.epochs and not self.meet:
             trainer.should_stop = True
+        while self.freeze is not None and epoch >= self.freeze:  # wait, not stepping, to be killed
+            time.sleep(1)
+
+
+def write(path: Path, text: str) -> None:
+    """Replace ``path``'s content at once: the test and the other peers poll these files."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(text)
+    part.replace(path)
 
 
 def params(module: torch.nn.Module) -> list[list[float]]:
@@ -112,20 +127,37 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=400)
     parser.add_argument("--peers", type=int, default=1, help="wait until the tracker sees this many peers")
     parser.add_argument("--go", default=None, help="after starting the peer, train once this file exists")
-    parser.add_argument("--wait-for", default=None, help="start once this file holds at least --wait-epoch")
-    parser.add_argument("--wait-epoch", type=int, default=0)
+    parser.add_argument("--wait-for", action="append", default=[], metavar="FILE[:EPOCH]",
+                        help="start the peer once this file exists (and holds at least EPOCH); repeatable")
     parser.add_argument("--init-seed", type=int, default=0, help="seed of the model's initial parameters")
-    parser.add_argument("--meet-pause", type=float, default=0.0, help="step this slowly while waiting for --peers")
-    parser.add_argument("--meet-epoch", type=int, default=0, help="wait for --peers at this collaborative epoch")
+    parser.add_argument("--meet", action="append", default=None, metavar="EPOCH[:FILE]",
+                        help="at this collaborative epoch (and once FILE exists), wait for --peers; repeatable; "
+                             "default: 0")
+    parser.add_argument("--freeze", type=int, default=None,
+                        help="at this collaborative epoch, stop stepping (the test kills the peer)")
+    parser.add_argument("--resume", default=None, help="resume from this checkpoint")
+    parser.add_argument("--checkpoint", default=None, help="after training, save a checkpoint here")
     parser.add_argument("--sleep", type=float, default=0.05, help="seconds each training step sleeps")
     parser.add_argument("--matchmaking", type=float, default=1.0)
     parser.add_argument("--averaging-timeout", type=float, default=5.0)
+    parser.add_argument("--join", default=None,
+                        help="once this file (the first peer's join line) exists, join with the peers it names")
+    parser.add_argument("--group", type=int, default=None,
+                        help="target_group_size of both averagers: a round starts as soon as this many peers joined it")
+    parser.add_argument("--expiration", type=float, default=None,
+                        help="seconds a peer's progress stays in the DHT after its last report (60 in hivemind)")
+    parser.add_argument("--refresh", type=float, default=None,
+                        help="seconds between the tracker's reads of the collaboration's progress while alone (3)")
     args = parser.parse_args()
     out = Path(args.out)
-    if args.wait_for:
-        while not (Path(args.wait_for).exists() and Path(args.wait_for).read_text().strip()
-                   and int(Path(args.wait_for).read_text()) >= args.wait_epoch):
+    import torch._dynamo  # noqa: F401 - torch imports it when the first optimizer is built: before waiting, not after
+
+    if args.join:
+        while not Path(args.join).exists():
             time.sleep(0.1)
+        # the line the first peer logged: TORCHFLEET_INITIAL_PEERS=<multiaddrs> python <command>
+        name, _, value = Path(args.join).read_text().split(" ")[0].partition("=")
+        os.environ[name] = value
     join = JoinLine()
     logging.getLogger("torchfleet").addHandler(join)
     logging.getLogger("torchfleet").setLevel(logging.INFO)
@@ -137,24 +169,42 @@ def main() -> None:
     with torch.no_grad():
         loss_before = torch.nn.functional.mse_loss(model(val_x), val_y).item()
     init_params = params(model)
+    options: dict = {}
+    if args.group:
+        from hivemind.optim.grad_averager import GradientAverager
+
+        options["averager_opts"] = {"target_group_size": args.group}
+        options["grad_averager_factory"] = functools.partial(
+            GradientAverager, target_group_size=args.group, request_timeout=min(3.0, args.matchmaking / 2))
+    tracker = {"metadata_expiration": args.expiration, "default_refresh_period": args.refresh}
+    options["tracker_opts"] = {k: v for k, v in tracker.items() if v is not None}
     strategy = HivemindStrategy(target_batch_size=args.target, run_id="tf_test", matchmaking_time=args.matchmaking,
                                 averaging_timeout=args.averaging_timeout, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-                                verbose=True)
+                                verbose=True, **options)
+    meet = []
+    for point in args.meet or ["0"]:
+        epoch, _, after = point.partition(":")
+        meet.append((int(epoch), Path(after) if after else None))
+    collab = Collaboration(args.epochs, out.parent / (out.name + ".progress"), args.peers, meet, args.freeze)
+    trainer = tf.Trainer(**quiet(strategy=strategy, max_steps=args.max_steps, max_epochs=-1, callbacks=[collab]))
+    for wait in args.wait_for:
+        path, _, epoch = wait.partition(":")
+        while not (Path(path).exists() and (not epoch or int(Path(path).read_text()) >= int(epoch))):
+            time.sleep(0.1)
     strategy.dht  # noqa: B018 - start the peer now: the first one logs the join line
     if join.lines:
-        (out.parent / (out.name + ".join")).write_text(join.lines[0])
-    (out.parent / (out.name + ".ready")).write_text(str(os.getpid()))
+        write(out.parent / (out.name + ".join"), join.lines[0])
+    write(out.parent / (out.name + ".ready"), str(os.getpid()))
     while args.go and not Path(args.go).exists():
         time.sleep(0.1)
-    collab = Collaboration(args.epochs, out.parent / (out.name + ".progress"), args.peers, args.meet_epoch,
-                           args.meet_pause)
-    trainer = tf.Trainer(**quiet(strategy=strategy, max_steps=args.max_steps, max_epochs=-1, callbacks=[collab]))
-    trainer.fit(model, train)
+    trainer.fit(model, train, ckpt_path=args.resume)
+    if args.checkpoint:
+        trainer.save_checkpoint(args.checkpoint)
     with torch.no_grad():
         loss_after = torch.nn.functional.mse_loss(model(val_x), val_y).item()
-    out.write_text(json.dumps({
+    write(out, json.dumps({
         "join": join.lines, "start_epoch": collab.start_epoch, "transitions": collab.transitions,
-        "init_params": init_params, "start_params": collab.start_params,
+        "resumed_epoch": collab.resumed_epoch, "init_params": init_params, "start_params": collab.start_params,
         "epoch_params": collab.epoch_params, "met": collab.met,
         "end_epoch": trainer.optimizers[0].local_epoch, "global_step": trainer.global_step,
         "params": params(model),

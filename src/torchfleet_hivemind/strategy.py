@@ -7,7 +7,7 @@ peers average gradients and, with ``delay_state_averaging``, parameters) and the
 schedulers step per collaborative epoch (``CollaborativeEpochScheduler``). A peer's checkpoint holds its
 collaborative epoch with its optimizer state; at the start of training a peer loads the newest state the others
 hold (``load_state_from_peers``), so a late or restarted peer catches up. ``teardown`` shuts the optimizer and
-the DHT down: a hivemind peer's process exits only after that.
+the DHT down (first telling the others that this peer leaves): a hivemind peer's process exits only after that.
 """
 
 from __future__ import annotations
@@ -239,10 +239,12 @@ class HivemindStrategy(SingleDeviceStrategy):
 
     # ------------------------------------------------------------------ teardown
     def teardown(self) -> None:
-        """Shut the hivemind Optimizer and the DHT down (the process exits only then), then the one-device teardown."""
+        """Tell the other peers this one leaves, shut the hivemind Optimizer and the DHT down (the process exits only
+        then), then the one-device teardown."""
         try:
             if self._opt is not None:
                 opt, self._opt = self._opt, None
+                _say_goodbye(opt)
                 opt.shutdown()  # still in ``optimizers``: a checkpoint saved after the fit holds its epoch
             if self._dht is not None:
                 dht, self._dht = self._dht, None
@@ -250,6 +252,27 @@ class HivemindStrategy(SingleDeviceStrategy):
                 dht.shutdown()
         finally:
             super().teardown()
+
+
+def _say_goodbye(opt: Any, timeout: float = 5.0) -> None:
+    """Tell the other peers that this one leaves: its progress record in the DHT becomes None, which they do not count.
+
+    ``hivemind.Optimizer.shutdown`` stores that record without waiting for the request and then shuts its averagers
+    down, after which the DHT process fails to receive it ("[Errno 2] No such file or directory" or "[Errno 104]
+    Connection reset by peer" logged by hivemind.dht): the others would count this peer until its record expires
+    (a minute), each of their rounds meanwhile waiting out ``averaging_timeout`` for it. So the tracker stops here
+    first, and the record is stored while the averagers still run, waiting for it.
+    """
+    from hivemind.utils import get_dht_time
+
+    tracker = opt.tracker
+    try:
+        tracker.shutdown(opt.shutdown_timeout)  # no progress reported after the goodbye
+        tracker.dht.store(tracker.training_progress_key, subkey=tracker._local_public_key, value=None,
+                          expiration_time=get_dht_time() + tracker.metadata_expiration,
+                          return_future=True).result(timeout=timeout)
+    except Exception as error:  # the peer leaves anyway: the others then wait for its record to expire
+        log.warning("Hivemind: could not tell the other peers that this one left (%r).", error)
 
 
 def _keep_gradients(set_to_none: bool = True) -> None:
