@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from torchfleet import Module, Trainer, seed_everything
+from torchfleet import Callback, Module, Trainer, seed_everything
 
 BATCH = 8
 SAMPLES = 64
@@ -43,6 +43,16 @@ def data() -> TensorDataset:
     return TensorDataset(x, y)
 
 
+class SaveAtEnd(Callback):
+    """Write the final checkpoint inside the run (launched replicas end with the launch)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_end(self, trainer, pl_module):
+        trainer.save_checkpoint(self.path)
+
+
 def strategy_for(name: str):
     if name in ("spmd", "launch"):
         from torchfleet.strategies import XLAStrategy
@@ -62,10 +72,9 @@ def main(spec: dict) -> None:
     trainer = Trainer(accelerator=accelerator, strategy=strategy, devices=devices, max_steps=spec["steps"],
                       precision=spec.get("precision", "32-true"), logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=True,
-                      default_root_dir=os.path.dirname(spec["out"]))
+                      default_root_dir=os.path.dirname(spec["out"]),
+                      callbacks=[SaveAtEnd(spec["save"])] if spec.get("save") else [])
     trainer.fit(model, loader, ckpt_path=spec.get("resume"))
-    if spec.get("save"):
-        trainer.save_checkpoint(spec["save"])
     if trainer.is_global_zero:
         saved = {}
         if spec.get("save"):

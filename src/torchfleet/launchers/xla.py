@@ -5,10 +5,12 @@ backend, TPU v2/v3 cores) it runs one thread per device in that process. Each re
 copy of the function's arguments (the Trainer, the model), as Lightning's XLA launcher gives them. The replica
 of global ordinal 0 writes its result to a file that ``launch`` returns, as ``ProcessLauncher`` does.
 
-On XLA's CPU backend the replicas of one process compile their programs separately, and the all-reduces inside
-get different op ids unless the compilations run one at a time: ``compile_lock`` is what the strategy holds
-around each step's ``sync`` (issue 24: 4/4 runs hung without it, 17/17 passed with it and a wait for the device
-before the step ends).
+Replica threads of one process hang in their first all-reduce with torch_xla 2.9 as it is (issue 24: 4/4 runs):
+each compiles its own program and the all-reduces inside get different op ids. ``serialise_compilation``
+replaces ``torch_xla.sync`` in such a process: compiled one replica at a time (the others take the program from
+the cache, same op ids), no buffer donation (a donating program runs inline under the lock), every replica
+dispatched before any waits for its device, the step-end cleanup after that wait. Every ``sync`` is then a
+collective of the process's replicas, as the strategy's are.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from torchfleet.launchers.base import Launcher
 _RESULT_FILE = "result.pt"
 #: held by a replica while it compiles and dispatches a step (one at a time per process)
 compile_lock = threading.Lock()
+#: how long a replica waits for the others of its process to dispatch their step (then the run fails, saying so)
+DISPATCH_TIMEOUT_S = 600.0
 
 
 class XLALauncher(Launcher):
@@ -57,15 +61,65 @@ class XLALauncher(Launcher):
             shutil.rmtree(work, ignore_errors=True)
 
 
+def serialise_compilation() -> None:
+    """Make ``torch_xla.sync`` (and so ``xm.mark_step``) safe for several replica threads of one process.
+
+    torch_xla 2.9's sync is: the step marker (compile, or take the compiled program from the cache, and
+    dispatch), then the step-end cleanup (metrics, step closures, the all-reduce token). Here the step marker
+    runs under ``compile_lock``, so a replica whose program another replica compiled takes it from the cache
+    with the same all-reduce op ids, and the device's work is waited for before the cleanup. Installed once per
+    process, only where replicas share it.
+    """
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    if getattr(torch_xla.sync, "serialised_by_torchfleet", False):
+        return
+    # a program that donates its input buffers (parameters updated in place) runs inline in the thread that
+    # dispatches it, under the lock, and waits there for the other replicas' all-reduces: no donation here
+    os.environ["XLA_ENABLE_PARAM_ALIASING"] = "0"
+    # every replica of the process has dispatched its program before any waits for the device: a replica that
+    # waits in torch_xla keeps the GIL, and one still dispatching would never join the all-reduces
+    dispatched = threading.Barrier(len(xm.get_xla_supported_devices()))
+
+    def sync(wait: bool = False, reset_scope: bool = True) -> None:
+        with compile_lock:
+            torch_xla._XLAC._xla_step_marker(torch_xla._XLAC._xla_get_default_device(), [], wait=False,
+                                             reset_scope=reset_scope)
+        try:
+            dispatched.wait(DISPATCH_TIMEOUT_S)
+        except threading.BrokenBarrierError:
+            raise RuntimeError(
+                f"An XLA replica waited {DISPATCH_TIMEOUT_S:.0f} s for the other replicas of its process to reach "
+                "the same torch_xla.sync(): under XLAStrategy(mode='launch') every replica must sync at the same "
+                "points (code that runs on one rank only must not sync or read device tensors)."
+            ) from None
+        # this replica's device only: another replica may already have dispatched its next program, whose
+        # all-reduce waits for this one
+        xm.wait_device_ops(torch_xla._XLAC._xla_real_devices([torch_xla._XLAC._xla_get_default_device()]))
+        if xm.is_master_ordinal():
+            xm.ms.save_metrics()
+        devctx = xm._run_step_closures()
+        torch_xla._XLAC._set_all_reduce_token(devctx.device, None)
+
+    sync.serialised_by_torchfleet = True  # type: ignore[attr-defined]
+    with compile_lock:
+        if not getattr(torch_xla.sync, "serialised_by_torchfleet", False):
+            torch_xla.sync = sync
+
+
 def _replica(index: int, fn: Callable[..., Any], args: tuple, kwargs: dict, work: str) -> None:
     import torch_xla.core.xla_model as xm
 
-    if len(xm.get_xla_supported_devices()) > 1:
+    threads = len(xm.get_xla_supported_devices()) > 1
+    if threads:
         # several replicas share this process (one thread each): each trains its own copy
+        serialise_compilation()
         fn, args, kwargs = copy.deepcopy((fn, args, kwargs))
     result = fn(*args, **kwargs)
     if index == 0:
         path = os.path.join(work, _RESULT_FILE)
         torch.save(result, path + ".tmp")
         os.replace(path + ".tmp", path)
-    xm.rendezvous("torchfleet-replica-end")
+    if not threads:  # one process per device: they leave together (torch_xla's own rendezvous, as Lightning's)
+        xm.rendezvous("torchfleet-replica-end")

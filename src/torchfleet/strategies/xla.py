@@ -64,6 +64,8 @@ class XLAStrategy(Strategy):
     """
 
     requires_package = "torch_xla"
+    #: the replicas share no torch.distributed group (on the CPU backend they are threads of one process)
+    agrees_on_signals = False
 
     @takes("accelerator", "parallel_devices", "checkpoint_io", "precision_plugin", "debug", "sync_module_states",
            "mode", "precision", "start_method")
@@ -249,13 +251,7 @@ class XLAStrategy(Strategy):
         import torch_xla
         import torch_xla.core.xla_model as xm
 
-        if self.mode == "launch":
-            from torchfleet.launchers.xla import compile_lock
-
-            with compile_lock:
-                torch_xla.sync()
-        else:
-            torch_xla.sync()
+        torch_xla.sync()  # one replica at a time where replicas share a process (launchers/xla.py)
         xm.wait_device_ops()
 
     def run_backward(self, tensor: Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
@@ -305,40 +301,60 @@ class XLAStrategy(Strategy):
             out = out.float()
         kind = {"mean": xm.REDUCE_SUM, "sum": xm.REDUCE_SUM, "max": xm.REDUCE_MAX, "min": xm.REDUCE_MIN}[op]
         out = xm.all_reduce(kind, out, scale=1.0 / self.world_size if op == "mean" else 1.0)
+        self._sync()  # the all-reduce runs now, in a program compiled as the step's are
         return out.to(original)
 
     def all_gather(self, tensor: Tensor, group: Any | None = None, sync_grads: bool = False) -> Tensor:
         if not self._collective_ready():
             return tensor.unsqueeze(0)
-        import torch_xla.core.functions as xf
-        import torch_xla.core.xla_model as xm
-
         original = tensor.device
-        value = tensor.to(self.root_device).unsqueeze(0)
-        out = xf.all_gather(value) if sync_grads else xm.all_gather(value)
-        return out.to(original)
+        if sync_grads:
+            import torch_xla.core.functions as xf
 
-    def _exchange(self, obj: Any, tag: str) -> list[Any]:
+            return xf.all_gather(tensor.to(self.root_device).unsqueeze(0)).to(original)
+        return self._gather(tensor.detach()).to(original)
+
+    def _gather(self, tensor: Tensor) -> Tensor:
+        """Every replica's ``tensor`` stacked, through one all-reduce whose program is the same in every replica.
+
+        Each replica places its tensor in its own row (a one-hot row mask sent as device data, not as a constant):
+        torch_xla's all_gather pads by the replica's ordinal, so replicas sharing a process would compile
+        different programs, whose all-reduces do not meet on XLA's CPU backend.
+        """
         import torch_xla.core.xla_model as xm
 
-        return [pickle.loads(p) for p in xm.rendezvous(tag, pickle.dumps(obj))]
+        mask = torch.zeros(self.world_size, dtype=tensor.dtype)
+        mask[self.global_rank] = 1
+        rows = xm.send_cpu_data_to_device(mask, self.root_device)[0]
+        value = tensor.to(self.root_device)
+        placed = rows.view(-1, *([1] * value.dim())) * value.unsqueeze(0)
+        out = xm.all_reduce(xm.REDUCE_SUM, placed)
+        self._sync()
+        return out
+
+    def _exchange(self, obj: Any) -> list[Any]:
+        """Every replica's picklable ``obj``, in rank order (bytes carried as float32 values, exact up to 255)."""
+        payload = torch.tensor(list(pickle.dumps(obj)), dtype=torch.float32)
+        sizes = [int(n) for n in self._gather(torch.tensor([float(payload.numel())])).cpu().view(-1)]
+        padded = torch.zeros(max(sizes), dtype=torch.float32)
+        padded[: payload.numel()] = payload
+        rows = self._gather(padded).cpu().to(torch.uint8)
+        return [pickle.loads(bytes(row[:n].tolist())) for row, n in zip(rows, sizes)]
 
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         if not self._collective_ready():
             return obj
-        return self._exchange(obj, "torchfleet-broadcast")[src]
+        return self._exchange(obj)[src]
 
     def all_gather_object(self, obj: Any, name: str | None = None) -> list[Any]:
         if not self._collective_ready():
             return [obj]
-        return self._exchange(obj, f"torchfleet-all_gather_object-{name or ''}")
+        return self._exchange(obj)
 
     def barrier(self, name: str | None = None) -> None:
         if not self._collective_ready():
             return
-        import torch_xla.core.xla_model as xm
-
-        xm.rendezvous(name or "torchfleet-barrier")
+        self._gather(torch.zeros(1))
 
     def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
         if not self._collective_ready():
