@@ -25,6 +25,8 @@ pytestmark = [
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TOLERANCE = 1e-6
+#: the differences measured, written where scripts/xla_lane.sh asks (XLA_LANE_FIGURES) for its summary
+FIGURES: dict[str, float] = {}
 
 
 def run(tmp: str, name: str, xla_devices: int = 1, **spec) -> dict:
@@ -40,14 +42,20 @@ def run(tmp: str, name: str, xla_devices: int = 1, **spec) -> dict:
     return torch.load(out, weights_only=True)
 
 
-def largest_difference(a: dict, b: dict) -> float:
+def largest_difference(a: dict, b: dict, label: str = "") -> float:
     assert a["weights"].keys() == b["weights"].keys()
-    return max((a["weights"][k] - b["weights"][k]).abs().max().item() for k in a["weights"])
+    found = max((a["weights"][k] - b["weights"][k]).abs().max().item() for k in a["weights"])
+    if label:
+        FIGURES[label] = found
+    return found
 
 
 @pytest.fixture(scope="module")
 def tmp(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("xla"))
+    yield str(tmp_path_factory.mktemp("xla"))
+    if os.environ.get("XLA_LANE_FIGURES"):
+        with open(os.environ["XLA_LANE_FIGURES"], "w") as f:
+            json.dump(FIGURES, f, indent=1)
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +69,8 @@ def test_spmd_two_devices_equal_one_device(tmp, references):
     two = run(tmp, "spmd2", xla_devices=2, strategy="spmd", devices=2, steps=6)
     one = run(tmp, "spmd1", xla_devices=1, strategy="spmd", devices=1, steps=6)
     assert two["global_step"] == one["global_step"] == 6
-    assert largest_difference(two, one) < TOLERANCE
-    assert largest_difference(two, references["cpu"]) < TOLERANCE
+    assert largest_difference(two, one, "spmd 2 devices vs 1 device") < TOLERANCE
+    assert largest_difference(two, references["cpu"], "spmd 2 devices vs CPU single_device") < TOLERANCE
     # the logged loss (sync_dist=True) is the whole batch's, as in one process
     for key in ("train_loss_step", "train_loss_epoch"):
         assert abs(two["metrics"][key] - references["cpu"]["metrics"][key]) < TOLERANCE, key
@@ -73,14 +81,14 @@ def test_spmd_two_devices_equal_one_device(tmp, references):
 def test_launch_two_replicas_equal_ddp(tmp, references):
     launched = run(tmp, "launch2", xla_devices=2, strategy="launch", devices=2, steps=6)
     assert launched["global_step"] == 6
-    assert largest_difference(launched, references["ddp"]) < TOLERANCE
+    assert largest_difference(launched, references["ddp"], "launch 2 replicas vs ddp 2 ranks") < TOLERANCE
     for key in ("train_loss_step", "train_loss_epoch"):  # self.log(sync_dist=True): the mean over the replicas
         assert abs(launched["metrics"][key] - references["ddp"]["metrics"][key]) < TOLERANCE, key
 
 
 def test_launch_one_device_equals_one_process(tmp, references):
     one = run(tmp, "launch1", xla_devices=1, strategy="launch", devices=1, steps=6)
-    assert largest_difference(one, references["cpu"]) < TOLERANCE
+    assert largest_difference(one, references["cpu"], "launch 1 device vs CPU single_device") < TOLERANCE
 
 
 def test_spmd_checkpoint_resumes_on_cpu_and_back(tmp, references):
@@ -88,12 +96,12 @@ def test_spmd_checkpoint_resumes_on_cpu_and_back(tmp, references):
     # written on the host: every tensor of the module and the optimizer on the CPU
     assert first["checkpoint"] == {"devices": ["cpu"], "global_step": 3, "optimizer_devices": ["cpu"]}
     on_cpu = run(tmp, "cpu_from_spmd", strategy="single_device", steps=6, resume=os.path.join(tmp, "spmd3.ckpt"))
-    assert largest_difference(on_cpu, references["cpu"]) < TOLERANCE
+    assert largest_difference(on_cpu, references["cpu"], "spmd ckpt -> CPU resume vs CPU") < TOLERANCE
     run(tmp, "cpu_3", strategy="single_device", steps=3, save=os.path.join(tmp, "cpu3.ckpt"))
     on_xla = run(tmp, "spmd_from_cpu", xla_devices=2, strategy="spmd", devices=2, steps=6,
                  resume=os.path.join(tmp, "cpu3.ckpt"))
     assert on_xla["global_step"] == 6
-    assert largest_difference(on_xla, references["cpu"]) < TOLERANCE
+    assert largest_difference(on_xla, references["cpu"], "CPU ckpt -> spmd resume vs CPU") < TOLERANCE
 
 
 def test_launch_checkpoint_resumes_under_ddp_and_back(tmp, references):
@@ -102,11 +110,11 @@ def test_launch_checkpoint_resumes_under_ddp_and_back(tmp, references):
     assert first["checkpoint"] == {"devices": ["cpu"], "global_step": 3, "optimizer_devices": ["cpu"]}
     under_ddp = run(tmp, "ddp_from_launch", strategy="ddp_spawn", devices=2, steps=6,
                     resume=os.path.join(tmp, "launch3.ckpt"))
-    assert largest_difference(under_ddp, references["ddp"]) < TOLERANCE
+    assert largest_difference(under_ddp, references["ddp"], "launch ckpt -> ddp resume vs ddp") < TOLERANCE
     run(tmp, "ddp_3", strategy="ddp_spawn", devices=2, steps=3, save=os.path.join(tmp, "ddp3.ckpt"))
     launched = run(tmp, "launch_from_ddp", xla_devices=2, strategy="launch", devices=2, steps=6,
                    resume=os.path.join(tmp, "ddp3.ckpt"))
-    assert largest_difference(launched, references["ddp"]) < TOLERANCE
+    assert largest_difference(launched, references["ddp"], "ddp ckpt -> launch resume vs ddp") < TOLERANCE
 
 
 def test_bf16_true_trains_in_bfloat16(tmp, references):
@@ -115,4 +123,4 @@ def test_bf16_true_trains_in_bfloat16(tmp, references):
     full = references["cpu"]["metrics"]["train_loss_epoch"]
     # bfloat16 keeps ~3 significant digits: the same run, not the same numbers
     assert abs(half["metrics"]["train_loss_epoch"] - full) < 0.05 * full
-    assert largest_difference(half, references["cpu"]) < 0.05
+    assert largest_difference(half, references["cpu"], "spmd bf16-true vs CPU 32-true") < 0.05
