@@ -3,9 +3,9 @@
 ``mode="launch"`` (the default, Lightning's ``strategy="xla"``): one replica per device, started by torch_xla's
 launcher (``launchers/xla.py``); each replica computes its shard of the data (a DistributedSampler) and the
 gradients are averaged across replicas after backward (``xm.all_reduce``), so gradient clipping sees the
-averaged gradients as under ddp. Collectives (``self.log(sync_dist=True)``, all_gather, broadcast, barrier) go
-through torch_xla's collectives. Each step is compiled and dispatched under a per-process lock and waited for
-before it ends (the workaround for the CPU backend's hang, see launchers/xla.py).
+averaged gradients as under ddp. Collectives (``self.log(sync_dist=True)``, all_gather, broadcast, barrier) run
+as XLA all-reduces. Replicas that share a process (XLA's CPU backend) take each step's program from one
+compilation and wait for their device before the step ends (the workaround for the hang, see launchers/xla.py).
 
 ``mode="spmd"``: one process, one program over a 1-D device mesh ("data") of every device: the parameters are
 replicated and each batch is sharded along its first dimension (``xs.mark_sharding``); XLA's partitioner inserts
@@ -247,12 +247,16 @@ class XLAStrategy(Strategy):
 
     # --------------------------------------------------------------- training
     def _sync(self) -> None:
-        """Compile and run what the step recorded (``torch_xla.sync``), one replica at a time, and wait for it."""
+        """Compile and run what the step recorded (``torch_xla.sync``) and wait for it (every replica calls it)."""
         import torch_xla
         import torch_xla.core.xla_model as xm
 
-        torch_xla.sync()  # one replica at a time where replicas share a process (launchers/xla.py)
-        xm.wait_device_ops()
+        torch_xla.sync()  # a collective of the replicas where they share a process (launchers/xla.py)
+        if self.mode == "launch":
+            # this replica's device: another replica's next program may already wait in its all-reduce for this one
+            xm.wait_device_ops(torch_xla._XLAC._xla_real_devices([torch_xla._XLAC._xla_get_default_device()]))
+        else:
+            xm.wait_device_ops()
 
     def run_backward(self, tensor: Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
         super().run_backward(tensor, module, *args, **kwargs)
