@@ -9,6 +9,7 @@ from torchfleet.accelerators.base import Accelerator
 from torchfleet.accelerators.cpu import CPUAccelerator
 from torchfleet.accelerators.cuda import CUDAAccelerator
 from torchfleet.accelerators.mps import MPSAccelerator
+from torchfleet.accelerators.xla import XLAAccelerator
 from torchfleet.errors import ConfigurationError, unknown_name
 
 
@@ -26,6 +27,9 @@ AcceleratorRegistry = _AcceleratorRegistry("accelerator", "torchfleet.accelerato
 AcceleratorRegistry.register("cpu", CPUAccelerator, description="The CPU; devices=k runs k processes.")
 AcceleratorRegistry.register("cuda", CUDAAccelerator, description="NVIDIA (or ROCm) GPUs through torch.cuda.")
 AcceleratorRegistry.register("mps", MPSAccelerator, description="Apple silicon GPUs through Metal.")
+# torch_xla is imported only when the accelerator is built (its constructor says how to install it where it is missing)
+AcceleratorRegistry.register("xla", XLAAccelerator, description="XLA devices through torch_xla (TPUs; XLA's CPU backend).")
+AcceleratorRegistry.register("tpu", XLAAccelerator, description="Lightning's name for the XLA accelerator (TPUs).")
 
 #: names select_accelerator understands besides the registered ones
 SPECIAL_NAMES = ("auto", "gpu")

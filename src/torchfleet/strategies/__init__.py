@@ -10,6 +10,7 @@ from torchfleet.strategies.parallel import ParallelStrategy
 from torchfleet.strategies.registry import StrategyRegistry
 from torchfleet.strategies.single_device import SingleDeviceStrategy
 from torchfleet.strategies.strategy import Strategy
+from torchfleet.strategies.xla import XLAStrategy
 
 __all__ = ["Strategy", "SingleDeviceStrategy", "ParallelStrategy", "DDPStrategy", "DataParallelStrategy", "StrategyRegistry",
-           "DeepSpeedStrategy", "FSDPStrategy", "ModelParallelStrategy", "PipelineSpec"]
+           "DeepSpeedStrategy", "FSDPStrategy", "ModelParallelStrategy", "PipelineSpec", "XLAStrategy"]

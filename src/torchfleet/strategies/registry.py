@@ -103,3 +103,19 @@ def _register_deepspeed() -> None:
 
 
 _register_deepspeed()
+
+
+def _register_xla() -> None:
+    # the class imports torch_xla only when it sets up; without it, building one explains how to install it
+    from torchfleet.strategies.xla import XLAStrategy
+
+    StrategyRegistry.register(
+        "xla", XLAStrategy,
+        description="XLA devices (TPUs), one replica per device started by torch_xla (as Lightning's 'xla').")
+    StrategyRegistry.register("xla_debug", XLAStrategy, debug=True, description="xla with PT_XLA_DEBUG=1.")
+    StrategyRegistry.register(
+        "xla_spmd", XLAStrategy, mode="spmd",
+        description="XLA SPMD data parallel: one process, each batch sharded over a mesh of every XLA device.")
+
+
+_register_xla()

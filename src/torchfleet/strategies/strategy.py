@@ -82,6 +82,9 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
     hang_timeout: float | None = None
     #: who started the processes and where rank 0 listens (ParallelStrategy's; None for a one-process strategy)
     cluster_environment: Any = None
+    #: whether the ranks agree on a preemption signal over torch.distributed (trainer/preemption.py); False where the
+    #: ranks share no process group (XLA's replicas): each then stops on its own signal
+    agrees_on_signals: bool = True
     #: the DeviceMesh a Module parallelises itself over in ``configure_model`` (``Module.device_mesh``); None but
     #: under a strategy that builds one (ModelParallelStrategy)
     module_device_mesh: Any = None

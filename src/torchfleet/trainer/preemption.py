@@ -95,7 +95,8 @@ class FitPreemption:
 
     def start_loop(self) -> StopAgreement:
         """The agreement the fit loop polls (every rank creates it at the same point)."""
-        self.agreement = StopAgreement(self.flag, self.trainer.strategy.world_size)
+        strategy = self.trainer.strategy
+        self.agreement = StopAgreement(self.flag, strategy.world_size if strategy.agrees_on_signals else 1)
         return self.agreement
 
     def stop(self, signum: int) -> NoReturn:
