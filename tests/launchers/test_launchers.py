@@ -261,3 +261,12 @@ def test_a_one_process_ddp_run_leaves_no_rank_variables_behind(monkeypatch):
         if dist.is_initialized():
             dist.destroy_process_group()
     assert ports[0] != ports[1]  # the second run chose its own port: nothing stale was read back
+
+
+def test_rank_zero_waits_longer_for_the_cause_of_a_lost_peer_error():
+    from torchfleet.launchers.script import _cause_wait
+
+    lost = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:40000")
+    assert _cause_wait(lost, interrupted=False) == 5.0
+    assert _cause_wait(RuntimeError("boom in rank 0"), interrupted=False) == 1.0  # its own bug: reported at once
+    assert _cause_wait(lost, interrupted=True) == 0.0  # the watcher already knows the cause

@@ -389,7 +389,7 @@ def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwarg
             children.main_stopped.set()
         sup = children.supervisor
         ctrl_c = isinstance(exc, KeyboardInterrupt) and not children.interrupted
-        failure = None if ctrl_c else sup.wait_for_failure(timeout=0.0 if children.interrupted else 1.0)
+        failure = None if ctrl_c else sup.wait_for_failure(timeout=_cause_wait(exc, children.interrupted))
         line = sup.signal_stop()
         if line is not None:  # this rank's error is an echo of a rank that stopped on a signal: stop them all
             children._signal_stop(line)
@@ -404,6 +404,22 @@ def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwarg
         raise
     finally:
         children.in_launch -= 1
+
+
+_LOST_PEER = ("connection closed by peer", "connection reset by peer", "broken pipe", "socket closed")
+
+
+def _cause_wait(exc: BaseException, interrupted: bool) -> float:
+    """How long rank 0 waits, after its own error, for a child that caused it to be seen exiting.
+
+    An error that says a peer's connection went away is almost always the echo of a child that died first: on a
+    loaded machine the child's exit can take longer than a second to be seen, so wait up to 5 s for it (the wait
+    ends as soon as the child is seen). Any other error waits 1 s; none when the watcher interrupted this rank.
+    """
+    if interrupted:
+        return 0.0
+    text = str(exc).lower()
+    return 5.0 if any(s in text for s in _LOST_PEER) else 1.0
 
 
 def _clean_exit(exc: BaseException) -> bool:
