@@ -201,6 +201,9 @@ def test_two_stages_per_rank_equal_one_process(runs, ref, name):
     # the last stage (3) is on pipeline rank 1 (global ranks 2, 3), which sends the loss to its replica's rank 0 or 1
     assert losses[0] == losses[2] and losses[1] == losses[3] and losses[0] != losses[1]
     assert [(a + b) / 2 for a, b in zip(losses[0], losses[1])] == pytest.approx(ref["losses"], abs=ATOL)
+    # LoopedBFS's Module logs no training loss: its broadcast overlapped the optimizer step, and the callbacks still
+    # saw each step's loss on every rank (above); interleaved logs it (synchronised), so it waited at once
+    assert got["loss_deferred"] is (name == "pp2dp2_bfs")
 
 
 @pytest.mark.distributed

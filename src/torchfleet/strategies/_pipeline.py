@@ -194,6 +194,11 @@ class Pipeline:
                             for i in self.stage_indices]
         self.microbatches = microbatches if microbatches is not None else self.size
         self.schedule: Any = None
+        #: the Trainer's training step broadcasts the loss asynchronously and the strategy waits for it after the
+        #: optimizer step (``wait_loss``): the last stage steps its optimizer while the first finishes its backward.
+        #: Set only where nothing can read the loss before that (the Module keeps the default optimizer_step).
+        self.defer_loss = False
+        self._pending: Any = None
 
     def stage_of(self, name: str) -> int:
         """The index of the stage holding the parameter ``name`` (a fully qualified name; 0 when none matches)."""
@@ -232,8 +237,10 @@ class Pipeline:
         self.schedule = _schedule_class(self.schedule_name)(stages, self.microbatches, loss_fn=self.spec.loss_fn)
 
     def training_step(self, batch: Any, batch_idx: int | None = None) -> Tensor:
-        """The schedule over ``batch`` (forward and backward); the mean microbatch loss, the same on every stage."""
-        return self.step(batch, True, self.spec.log_loss_as)
+        """The schedule over ``batch`` (forward and backward); the mean microbatch loss, the same on every stage
+        (once ``wait_loss`` returned, when ``defer_loss``: the strategy's optimizer_step waits for it)."""
+        log_as = self.spec.log_loss_as
+        return self.step(batch, True, log_as, defer=self.defer_loss and log_as is None)
 
     def validation_step(self, batch: Any, batch_idx: int | None = None) -> Tensor:
         """The schedule's forward only over ``batch``; the mean microbatch loss, the same on every stage."""
@@ -242,8 +249,17 @@ class Pipeline:
     def test_step(self, batch: Any, batch_idx: int | None = None) -> Tensor:
         return self.step(batch, False, self.spec.log_test_loss_as)
 
-    def step(self, batch: Any, train: bool, log_as: str | None = None) -> Tensor:
-        """One schedule over ``batch``'s microbatches, with backward when ``train``; logs the loss as ``log_as``."""
+    def wait_loss(self) -> None:
+        """Wait for a deferred broadcast of the last training step's loss (nothing to do when none is pending)."""
+        work, self._pending = self._pending, None
+        if work is not None:
+            work.wait()
+
+    def step(self, batch: Any, train: bool, log_as: str | None = None, defer: bool = False) -> Tensor:
+        """One schedule over ``batch``'s microbatches, with backward when ``train``; logs the loss as ``log_as``.
+
+        ``defer``: the loss's broadcast from the last stage is started, not waited for (``wait_loss``)."""
+        self.wait_loss()
         inputs, target = self.spec.split_batch(batch)
         size = len(target)
         if size % self.microbatches:
@@ -266,7 +282,10 @@ class Pipeline:
         run(*args, target=target if self.is_last else None, losses=losses if self.is_last else None)
         device = target.device
         loss = torch.stack([x.detach().float() for x in losses]).mean() if self.is_last else torch.zeros((), device=device)
-        torch.distributed.broadcast(loss, group=self.group, group_src=(self.num_stages - 1) % self.size)
+        work = torch.distributed.broadcast(loss, group=self.group, group_src=(self.num_stages - 1) % self.size,
+                                           async_op=defer)
+        if defer:
+            self._pending = work
         if log_as:
             self.module.log(log_as, loss, sync_dist=True)  # type: ignore[operator]
         return loss

@@ -277,6 +277,10 @@ class ModelParallelStrategy(ParallelStrategy):
             # the stage's layers only, before configure_model parallelises them
             self._pipeline = _pipeline.Pipeline(self.lightning_module, self.device_mesh, self._pipeline_schedule,
                                                 self._microbatches, stages_per_rank=self._stages_per_rank)
+            from torchfleet.utilities.model_helpers import is_overridden
+
+            # the Module's own optimizer_step gets the closure, whose result (the loss) it may read before stepping
+            self._pipeline.defer_loss = not is_overridden("optimizer_step", self.lightning_module)
 
     def _check_configure_model(self) -> None:
         from torchfleet.utilities.model_helpers import is_overridden
@@ -377,6 +381,23 @@ class ModelParallelStrategy(ParallelStrategy):
                 "pipeline checkpoint loads there)."
             )
         return getattr(self._pipeline, name)
+
+    def optimizer_step(
+        self, optimizer: Any, closure: Callable[[], Any] | None = None, model: nn.Module | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """Strategy's, then (pipeline parallel) the wait for the step's loss, whose broadcast overlapped the step.
+
+        With a closure (its result is the loss, which the optimizer may read) the wait comes first."""
+        pipeline = self._pipeline
+        if pipeline is None:
+            return super().optimizer_step(optimizer, closure, model, **kwargs)
+        if closure is not None:
+            pipeline.wait_loss()
+        try:
+            return super().optimizer_step(optimizer, closure, model, **kwargs)
+        finally:
+            pipeline.wait_loss()
 
     def pipeline_step(self, module: nn.Module, batch: Any) -> Tensor:
         """Fleet's pipelined step: the schedule over ``batch``'s microbatches, forward and backward (under

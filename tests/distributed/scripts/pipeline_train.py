@@ -10,6 +10,7 @@ batches in the same steps and must end with the one-process weights. Every run i
   ``"shard_whole": true``: ``fully_shard`` the whole Module, not its stages;
 - ``"save_at": step`` with ``"ckpt_dir"``: write ``ckpt_dir/<name>.ckpt`` after that optimizer step;
 - ``"resume": path``: resume from a checkpoint and train to the end;
+- ``"log_loss": false``: no ``log_loss_as`` (the training loss's broadcast overlaps the optimizer step);
 - ``"validate": true``: give a validation loader (its loss logged as ``val_loss``); ``"expect_error": true``: the
   run must fail (``{"error": ...}``);
 - ``"fleet": true``: a Fleet loop (``ModelParallelStrategy(shard, pipeline=SPEC)`` when ``pp`` > 1,
@@ -60,18 +61,19 @@ def make_layers() -> nn.Sequential:
 class Stack(tf.Module):
     """Linear-Tanh-Linear-Tanh-Linear in one Sequential; stage 1 begins at ``layers.2`` under pipeline parallel."""
 
-    def __init__(self, split_points: list[str] | None = None, shard_whole: bool = False) -> None:
+    def __init__(self, split_points: list[str] | None = None, shard_whole: bool = False, log_loss: bool = True) -> None:
         super().__init__()
         self.layers = make_layers()
         self.split_points = split_points or ["layers.2"]
         self.shard_whole = shard_whole  # fully_shard the Module even under a multi-stage schedule (refused)
+        self.log_loss = log_loss  # False: the training loss is not logged, so its broadcast overlaps the step
 
     def forward(self, x):
         return self.layers(x)
 
     def configure_pipeline(self):
-        return PipelineSpec(split_points=self.split_points, loss_fn=nn.functional.mse_loss, log_loss_as="train_loss",
-                            log_val_loss_as="val_loss")
+        return PipelineSpec(split_points=self.split_points, loss_fn=nn.functional.mse_loss,
+                            log_loss_as="train_loss" if self.log_loss else None, log_val_loss_as="val_loss")
 
     def configure_model(self):
         mesh = self.device_mesh
@@ -133,7 +135,7 @@ def build(run: dict, devices: int, callbacks=()):
     dp = run.get("dp", 1)
     train = DataLoader(data, batch_size=GLOBAL_BATCH // dp, sampler=InOrder(data))
     val = DataLoader(data, batch_size=4) if run.get("validate") else None
-    return Stack(run.get("split"), run.get("shard_whole", False)), trainer, train, val
+    return Stack(run.get("split"), run.get("shard_whole", False), run.get("log_loss", True)), trainer, train, val
 
 
 def gathered(strategy, model: nn.Module, losses: list[float]) -> dict:
@@ -147,8 +149,11 @@ def gathered(strategy, model: nn.Module, losses: list[float]) -> dict:
 def record(model: nn.Module, trainer, callbacks) -> dict:
     metrics = trainer.callback_metrics
     return {**gathered(trainer.strategy, model, callbacks[0].losses), "global_step": trainer.global_step,
-            "train_loss": float(metrics["train_loss"]),
-            "val_loss": float(metrics["val_loss"]) if "val_loss" in metrics else None}
+            "train_loss": float(metrics["train_loss"]) if "train_loss" in metrics else None,
+            "val_loss": float(metrics["val_loss"]) if "val_loss" in metrics else None,
+            # the loss's broadcast was left to overlap the optimizer step (a Module without log_loss_as)
+            "loss_deferred": bool(getattr(getattr(trainer.strategy, "_pipeline", None), "defer_loss", False)
+                                  and not model.log_loss)}
 
 
 def shard(module: nn.Module, mesh) -> nn.Module:
