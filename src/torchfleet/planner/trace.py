@@ -225,16 +225,15 @@ def trace_step(module: nn.Module, batch: Any, precision: Any, plan: Callable[[nn
                     opt.step()
         for handle in handles:
             handle.remove()
-    states = {id(t.untyped_storage()): t.untyped_storage().nbytes() for opt in optimizers
-              for state in opt.state.values() for t in state.values() if isinstance(t, Tensor)}
+    state_tensors = {id(t.untyped_storage()): t for opt in optimizers for state in opt.state.values()
+                     for t in state.values() if isinstance(t, Tensor)}
+    states = sum(t.untyped_storage().nbytes() for t in state_tensors.values())
     # the states as the strategy holds them: fp32 beside 16-bit parameters trained wholly in 16 bits
-    held_states = {id(t.untyped_storage()): t.numel() * 4 if half is not None and t.is_floating_point()
-                   else t.untyped_storage().nbytes() for opt in optimizers
-                   for state in opt.state.values() for t in state.values() if isinstance(t, Tensor)}
+    held_states = sum(t.numel() * 4 if half is not None and t.is_floating_point() else t.untyped_storage().nbytes()
+                      for t in state_tensors.values())
     grads = sum(p.grad.untyped_storage().nbytes() for p in params if p.grad is not None)
     trainable = [p for p in params if p.requires_grad]
-    return StepTrace(params=sum(p.untyped_storage().nbytes() for p in params), grads=grads, states=sum(states.values()),
-                     held_states=sum(held_states.values()),
+    return StepTrace(params=sum(p.untyped_storage().nbytes() for p in params), grads=grads, states=states, held_states=held_states,
                      params_fp32=sum(p.numel() * 4 for p in trainable), trainable=sum(p.numel() for p in trainable),
                      elements=sum(p.numel() for p in params),
                      phases={phase: tracker.peaks.get(phase, PhasePeak()) for phase in PHASES},
