@@ -382,6 +382,18 @@ def test_one_process_stops_within_seconds_where_no_step_comes(tmp_path, where, s
 def test_a_second_ctrl_c_a_second_later_stops_at_once(tmp_path):
     from torchfleet.signals import REPEAT_S
 
+    # Ctrl-C reaches a fit only where SIGINT is not ignored: a suite started as a background job of a
+    # non-interactive shell inherits it ignored (and the fit rightly keeps it so), so this test sets it as a
+    # terminal's foreground process has it, and puts back what it found
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _two_ctrl_c_stop_at_once(tmp_path, REPEAT_S)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _two_ctrl_c_stop_at_once(tmp_path, REPEAT_S):
+
     class TwoCtrlC(Callback):
         def on_validation_batch_start(self, trainer, module, batch, batch_idx, dataloader_idx=0):
             os.kill(os.getpid(), signal.SIGINT)
