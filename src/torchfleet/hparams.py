@@ -11,6 +11,7 @@ from typing import Any
 
 from torch import nn
 
+from torchfleet.checkpoint.hparams import hold_callables
 from torchfleet.errors import ConfigurationError
 from torchfleet.utilities.parsing import AttributeDict
 from torchfleet.utilities.parsing import frame_args as _init_args
@@ -88,6 +89,7 @@ class HyperparametersMixin:
             if isinstance(values[name], nn.Module):
                 values.pop(name)  # modules are weights, not hyperparameters
         self.hparams.update(values)
+        hold_callables(values)  # the program holds these: its checkpoints may give them back (checkpoint/hparams.py)
         object.__setattr__(self, "_hparams_initial", copy.deepcopy(AttributeDict(self.hparams)))
         object.__setattr__(self, "_log_hyperparams", logger)
 

@@ -174,12 +174,25 @@ def test_a_class_that_is_not_imported_is_named_not_imported(tmp_path):
     assert Configured.load_from_checkpoint(path, act=Activation.RELU).hparams.act is Activation.RELU  # given instead
 
 
+class Scale:
+    """A callable object: neither a value safe loading builds nor a class or function found by its import path."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+
+    def __call__(self, x):
+        return x * self.factor
+
+    def __eq__(self, other):
+        return type(other) is Scale and other.factor == self.factor
+
+
 def test_a_hyperparameter_that_stays_pickled_is_announced_when_saved(tmp_path):
-    with pytest.warns(UserWarning, match=r"hparams\['act'\] \(the class torch\.nn.*ReLU\).*weights_only=False"):
-        _, path = _fit_and_save(tmp_path, act=nn.ReLU)  # a class: not a value safe loading can build
-    with pytest.raises(CheckpointError, match="ReLU"):
+    with pytest.warns(UserWarning, match=r"hparams\['act'\] \(a tests\.checkpoint\.test_safe_roundtrip\.Scale\).*weights_only=False"):
+        _, path = _fit_and_save(tmp_path, act=Scale(2.0))
+    with pytest.raises(CheckpointError, match=r"asks to import and call '.*Scale'"):
         Configured.load_from_checkpoint(path)
-    assert Configured.load_from_checkpoint(path, weights_only=False).hparams.act is nn.ReLU
+    assert Configured.load_from_checkpoint(path, weights_only=False).hparams.act == Scale(2.0)
 
 
 SCHEDULERS = {

@@ -2,7 +2,9 @@
 
 A sharded (fsdp, DCP) checkpoint with a missing or cut shard, or without its ``.metadata``: the ranks
 agree that the load fails before any of them starts DCP's collective read, so none waits for the others
-and none prints DCP's per-rank tracebacks. A hostile file (code in its pickle) is refused by every rank
+and none prints DCP's per-rank tracebacks. A checkpoint that is not whole and one save's (a shard copied from
+another run, a ``.metadata`` edited to cover fewer rows or another shape, a shard cut short) is refused before
+any training by fit in one process, a 4-rank fsdp resume, ``load_from_checkpoint`` and ``torchfleet consolidate``. A hostile file (code in its pickle) is refused by every rank
 under ddp and fsdp, and its payload never runs.
 """
 
@@ -26,6 +28,7 @@ pytestmark = [pytest.mark.distributed]
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "resume_from.py")
 TRAIN = os.path.join(os.path.dirname(__file__), "scripts", "fsdp_train.py")
+REFUSE_EACH = os.path.join(os.path.dirname(__file__), "scripts", "refuse_each.py")
 #: lines of the combined output of both ranks: the launcher reports the first failing rank's CheckpointError once
 #: (issue 19 asks for under 40 lines); DCP's own report was 90-133 lines, a missing .metadata 58
 MAX_LINES = 40
@@ -45,7 +48,9 @@ def saved(tmp_path_factory):
     d = tmp_path_factory.mktemp("refusals")
     cfg = {"out": str(d / "two.pt"), "devices": 2, "runs": [
         {"name": "sharded", "strategy": "fsdp", "save_at": fsdp_train.SAVE_AT, "ckpt_dir": str(d)},
-        {"name": "single", "strategy": "ddp", "save_at": fsdp_train.SAVE_AT, "ckpt_dir": str(d)}]}
+        {"name": "single", "strategy": "ddp", "save_at": fsdp_train.SAVE_AT, "ckpt_dir": str(d)},
+        # another run's save, whose shards a damaged copy of "sharded" borrows
+        {"name": "other", "strategy": "fsdp", "save_at": fsdp_train.SAVE_AT + 2, "ckpt_dir": str(d)}]}
     sharded_helpers.load_results(cfg, sharded_helpers.run_script(TRAIN, cfg))
     return d
 
@@ -100,3 +105,93 @@ def test_a_hostile_checkpoint_is_refused_by_every_rank(saved, tmp_path, strategy
     assert code != 0 and not marker.exists()
     message = _one_paragraph(out, "system", "weights_only=False", max_lines=None)
     assert str(ckpt) in message
+
+
+#: damaged copies of the 2-rank fsdp checkpoint, refused by every way of loading it
+FOREIGN = ("copied_shard", "fewer_rows", "other_shape", "cut_shard")
+
+
+def _edit_metadata(ckpt, damage: str) -> str:
+    """Rewrite ``.metadata`` (a trusted file here) so that one row-sharded weight's chunks no longer tile its shape."""
+    import dataclasses
+    import pickle
+
+    with open(ckpt / ".metadata", "rb") as f:
+        metadata = pickle.load(f)
+    key = next(k for k, v in metadata.state_dict_metadata.items()
+               if k.startswith("state_dict.") and len(getattr(v, "size", ())) == 2 and len(v.chunks) == 2)
+    item = metadata.state_dict_metadata[key]
+    rows, cols = item.size
+    if damage == "fewer_rows":  # the second rank's chunk shrunk by half its rows
+        last = item.chunks[-1]
+        item.chunks[-1] = dataclasses.replace(last, sizes=torch.Size([last.sizes[0] // 2, cols]))
+    else:  # the tensor declared a column wider than its chunks
+        metadata.state_dict_metadata[key] = dataclasses.replace(item, size=torch.Size([rows, cols + 1]))
+    with open(ckpt / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+    return key
+
+
+@pytest.fixture(scope="module")
+def foreign(saved, tmp_path_factory):
+    """Each damage applied to a copy of the fsdp checkpoint: {damage: (path, the words its refusal must hold)}."""
+    d = tmp_path_factory.mktemp("foreign")
+    made = {}
+    for damage in FOREIGN:
+        ckpt = d / f"{damage}.ckpt"
+        shutil.copytree(saved / "sharded.ckpt", ckpt)
+        shard = ckpt / "__1_0.distcp"
+        if damage == "copied_shard":
+            other = saved / "other.ckpt" / "__1_0.distcp"
+            assert other.read_bytes() != shard.read_bytes()
+            shutil.copyfile(other, shard)
+            made[damage] = (ckpt, [str(shard), "another run or save"])
+        elif damage == "cut_shard":
+            shard.write_bytes(shard.read_bytes()[:-100])
+            made[damage] = (ckpt, [str(shard), "bytes"])
+        else:
+            key = _edit_metadata(ckpt, damage)
+            made[damage] = (ckpt, [str(ckpt / ".metadata"), repr(key), "unwritten"])
+    return made
+
+
+def _refused(message: str, ckpt, words) -> None:
+    assert str(ckpt) in message and all(w in message for w in words), message
+    assert "weights_only" not in message and "\n" not in message.strip(), message
+
+
+@pytest.fixture(scope="module")
+def four_rank_resumes(foreign, tmp_path_factory):
+    """One 4-rank fsdp launch (torchrun, so the ranks outlive each refusal) resuming from each damaged checkpoint in
+    turn, at another world size than the save's: {rank: {path: {"error", "global_step"}}}."""
+    out = tmp_path_factory.mktemp("four")
+    cfg = {"ckpts": [str(path) for path, _ in foreign.values()], "out": str(out)}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                           REFUSE_EACH, json.dumps(cfg)], capture_output=True, text=True, timeout=240,
+                          env=child_env(), cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return {rank: json.loads((out / f"rank-{rank}.json").read_text()) for rank in range(4)}
+
+
+@pytest.mark.parametrize("damage", FOREIGN)
+def test_a_checkpoint_that_is_not_whole_or_one_saves_is_refused_by_every_load(foreign, four_rank_resumes, tmp_path,
+                                                                              capsys, damage):
+    from torchfleet.cli import main
+    from torchfleet.errors import CheckpointError
+
+    ckpt, words = foreign[damage]
+    for rank, tried in four_rank_resumes.items():  # every rank refused before training, with the same paragraph
+        assert tried[str(ckpt)]["global_step"] == 0, rank
+        assert tried[str(ckpt)]["error"] == four_rank_resumes[0][str(ckpt)]["error"], rank
+    _refused(four_rank_resumes[0][str(ckpt)]["error"], ckpt, words)
+    model, trainer, train, val = fsdp_train.build("auto", 1)
+    with pytest.raises(CheckpointError) as fit:
+        trainer.fit(model, train, val, ckpt_path=ckpt)
+    _refused(str(fit.value), ckpt, words)
+    assert trainer.global_step == 0
+    with pytest.raises(CheckpointError) as loaded:
+        fsdp_train.TinyTransformer.load_from_checkpoint(ckpt)
+    _refused(str(loaded.value), ckpt, words)
+    assert main(["consolidate", str(ckpt), str(tmp_path / "whole.ckpt")]) != 0
+    _refused(" ".join(capsys.readouterr().err.split()), ckpt, words)
+    assert not (tmp_path / "whole.ckpt").exists()

@@ -37,8 +37,8 @@ def read_full_checkpoint(path: str | os.PathLike, with_optimizer: bool = True, w
         layout = checkpoint_layout(path, weights_only)
         if layout == "dcp":
             full = read_full_dcp_checkpoint(path, with_optimizer=with_optimizer, weights_only=weights_only)
-            return check_checkpoint(full, path)
-        checkpoint = check_checkpoint(consolidate_deepspeed(path, with_optimizer, weights_only), path)
+            return check_checkpoint(full, path, weights_only)
+        checkpoint = check_checkpoint(consolidate_deepspeed(path, with_optimizer, weights_only), path, weights_only)
     else:
         checkpoint = read_checked_file(path, weights_only=weights_only)
     if not with_optimizer:

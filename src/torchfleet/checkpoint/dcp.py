@@ -26,8 +26,9 @@ import pickle
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from torchfleet.checkpoint import safe
+from torchfleet.checkpoint import integrity, safe
 from torchfleet.checkpoint.distributed import (
+    META_NAME,
     Ranks,
     atomic_checkpoint_dir,
     read_meta,
@@ -105,7 +106,8 @@ def save_dcp_checkpoint(path: str | os.PathLike, plain: Mapping[str, Any], ranks
     meta[FORMAT_KEY] = marker
     with atomic_checkpoint_dir(path, ranks) as tmp:
         dcp.save(sharded, checkpoint_id=tmp)
-        if ranks.is_global_zero:
+        if ranks.is_global_zero:  # DCP's save ends with rank 0 writing .metadata after every rank's files
+            marker.update(integrity.record(tmp, META_NAME))
             write_meta(tmp, meta)
 
 
@@ -226,15 +228,22 @@ def _metadata(path: str, weights_only: bool = True) -> Any:
 
 
 def files_problem(path: str | os.PathLike, weights_only: bool = True) -> str | None:
-    """What keeps the DCP files at ``path`` from loading (a missing, short or unsafe file), or None.
+    """What keeps the DCP files at ``path`` from loading (a missing, short, unsafe or foreign file, chunks that do not
+    tile a tensor: see torchfleet.checkpoint.integrity), or None.
 
     Checked before any rank starts DCP's collective read, so that all can agree the load fails.
     """
     path = os.fspath(path)
     try:
-        storage = _metadata(path, weights_only).storage_data
+        metadata = _metadata(path, weights_only)
+        marker = read_meta(path, weights_only).get(FORMAT_KEY)
     except CheckpointError as exc:
         return str(exc)
+    problem = integrity.cover_problem(path, metadata) or integrity.files_changed(
+        path, marker if isinstance(marker, Mapping) else {})
+    if problem:
+        return problem
+    storage = metadata.storage_data
     needed: dict[str, int] = {}
     for info in (storage or {}).values():
         rel = getattr(info, "relative_path", None)
@@ -343,6 +352,9 @@ def read_full_dcp_checkpoint(path: str | os.PathLike, with_optimizer: bool = Tru
     """A "dcp" directory as one ordinary checkpoint dict: whole tensors, optimizer states in positional form."""
     path = os.fspath(path)
     checkpoint = read_dcp_checkpoint(path, weights_only)
+    problem = files_problem(path, weights_only)
+    if problem:
+        raise CheckpointError(problem)
     entries = {k: v for k, v in checkpoint.items() if _holds_entries(v)}
     kinds = {k: (v if isinstance(v, DCPEntry) else v[0]).kind for k, v in entries.items()}
     wanted = {k for k in entries if with_optimizer or kinds[k] != "optimizer"}
@@ -359,7 +371,8 @@ def read_full_dcp_checkpoint(path: str | os.PathLike, with_optimizer: bool = Tru
                      else optimizer_state_to_positional(value))
         checkpoint[key] = value
     marker = dict(checkpoint[FORMAT_KEY])
-    marker.pop(SHARDED_ENTRIES, None)
+    for key in (SHARDED_ENTRIES, integrity.SAVE_ID, integrity.FILES):  # of the directory, not of one file
+        marker.pop(key, None)
     checkpoint[FORMAT_KEY] = marker
     return checkpoint
 

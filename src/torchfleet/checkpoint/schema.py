@@ -11,7 +11,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from torchfleet.checkpoint.hparams import from_plain
+from torchfleet.checkpoint import safe
+from torchfleet.checkpoint.hparams import UntrustedCallable, from_plain
 from torchfleet.checkpoint.io import TorchCheckpointIO
 from torchfleet.errors import CheckpointError
 
@@ -25,10 +26,11 @@ REQUIRED_KEYS = ("state_dict", "epoch", "global_step")
 HPARAMS_KEY = "hyper_parameters"
 
 
-def check_checkpoint(checkpoint: Any, path: str | os.PathLike) -> dict[str, Any]:
+def check_checkpoint(checkpoint: Any, path: str | os.PathLike, weights_only: bool = True) -> dict[str, Any]:
     """Return ``checkpoint`` if it is a torchfleet training checkpoint, else raise CheckpointError.
 
-    Its hyperparameters come back as the objects they were saved from (see torchfleet.checkpoint.hparams).
+    Its hyperparameters come back as the objects they were saved from (see torchfleet.checkpoint.hparams); one
+    naming a callable that is not trusted is refused as safe loading refuses a global, unless ``weights_only=False``.
     """
     if not isinstance(checkpoint, Mapping):
         raise CheckpointError(
@@ -46,7 +48,10 @@ def check_checkpoint(checkpoint: Any, path: str | os.PathLike) -> dict[str, Any]
         )
     checkpoint = dict(checkpoint)
     if HPARAMS_KEY in checkpoint:
-        checkpoint[HPARAMS_KEY] = from_plain(checkpoint[HPARAMS_KEY])
+        try:
+            checkpoint[HPARAMS_KEY] = from_plain(checkpoint[HPARAMS_KEY], trust=not weights_only)
+        except UntrustedCallable as exc:
+            raise safe.refusal(repr(os.fspath(path)), [exc.name]) from None
     return checkpoint
 
 
@@ -56,4 +61,4 @@ def read_checked_file(path: str | os.PathLike, map_location: Any = "cpu", weight
     ``weights_only=False`` unpickles anything the file holds: only for files you trust.
     """
     io = TorchCheckpointIO(weights_only=weights_only)
-    return check_checkpoint(io.load_checkpoint(path, map_location=map_location), path)
+    return check_checkpoint(io.load_checkpoint(path, map_location=map_location), path, weights_only)

@@ -67,8 +67,9 @@ def _plain_hparams(module: Any) -> dict[str, Any]:
         warnings.warn(
             f"{type(module).__name__}'s hyperparameters {', '.join(pickled[:4])}{' ...' if len(pickled) > 4 else ''} "
             "are saved pickled: loading the checkpoint refuses them unless it is given weights_only=False or their "
-            "classes are allowed with torch.serialization.add_safe_globals. Pass plain values, enums, dataclasses "
-            "or paths instead, or leave them out with save_hyperparameters(ignore=[...]).", UserWarning, stacklevel=4)
+            "classes are allowed with torch.serialization.add_safe_globals. Pass plain values, enums, dataclasses, "
+            "paths, or classes and functions defined at a module's top level (and partials of them) instead, or "
+            "leave them out with save_hyperparameters(ignore=[...]).", UserWarning, stacklevel=4)
     return plain
 
 
@@ -192,7 +193,8 @@ def _restore_module(trainer: LoopTrainer, path: str, full: bool, weights_only: b
     """``load_checkpoint``, the Module's ``on_load_checkpoint``, ``load_model_state_dict``; in fit, the callbacks'
     ``on_load_checkpoint`` and states and the DataModule's state (``weights_only``: see Strategy.load_checkpoint)."""
     strategy = trainer.strategy
-    checkpoint = check_checkpoint(strategy.load_checkpoint(path, weights_only=weights_only), path)
+    checkpoint = check_checkpoint(strategy.load_checkpoint(path, weights_only=weights_only), path,
+                                  strategy.resolve_weights_only(weights_only))
     if full and "optimizer_states" not in checkpoint:
         raise CheckpointError(
             f"{path!r} holds weights only (saved with weights_only=True): it cannot resume training. Load the "
