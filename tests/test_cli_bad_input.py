@@ -64,6 +64,8 @@ def test_the_listings_help_and_unknown_commands(capsys):
     assert main(["strategy"]) == 2
     message = error_of(capsys, "")
     assert message.startswith("unknown command 'strategy'. Did you mean 'strategies'?") and "consolidate" in message
+    assert main(["--version", "--bogus"]) == 2
+    assert error_of(capsys, "") == "unrecognized arguments: --bogus. `torchfleet --version` takes none."
 
 
 SIZES = [

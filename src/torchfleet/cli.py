@@ -499,6 +499,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in ("-V", "--version"):
         import torchfleet
 
+        if len(argv) > 1:
+            print(f"torchfleet: error: unrecognized arguments: {' '.join(argv[1:])}. `torchfleet {argv[0]}` takes "
+                  "none.", file=sys.stderr)
+            return 2
         print(f"torchfleet {torchfleet.__version__}")
         return 0
     command, rest = argv[0], argv[1:]

@@ -125,7 +125,7 @@ def where_it_listens(host_maddrs: list[str], visible: list[str]) -> tuple[str, b
                 "peers are not authenticated, so anyone who can reach that port can join.", False)
     opened = every_interface(host_maddrs)
     return (f"Hivemind: this peer listens on {', '.join(host_maddrs)}"
-            + (" (every interface" + ", and asks the router to forward its port from outside (NAT port mapping))"
+            + (", that is on every interface, asks the router to forward its port from outside (NAT port mapping),"
                if opened else "")
             + f" and announces {shown}. Peers are not authenticated: anyone who can reach these addresses can join "
             "the collaboration and send it gradients and parameters. To keep it to this machine, give "
