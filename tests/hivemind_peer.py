@@ -3,7 +3,8 @@
 Run as a script (``python tests/hivemind_peer.py OUT.json [options]``). It trains tests.helpers' Regressor on its
 own slice of data until the collaboration reaches ``--epochs`` collaborative epochs, and writes to OUT.json what
 the test checks: the join line it logged (first peer), its collaborative epoch at the start of training (after
-loading the peers' state) and at the end, its parameters, and the validation loss before and after.
+loading the peers' state) and at the end, its parameters, the validation loss before and after, and the sockets its
+processes held (psutil) each time the collaborative epoch changed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import functools
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -64,6 +66,8 @@ class Collaboration(tf.Callback):
         #: (global_step, collaborative epoch) each time the epoch changed during training
         self.transitions: list[tuple[int, int]] = []
         self.epoch_params: dict[int, list[list[float]]] = {}
+        #: (process name, kind, local address, status) of every socket the peer's processes held at an epoch change
+        self.sockets: set[tuple[str, str, str, str]] = set()
 
     def on_train_start(self, trainer, module):
         # before the strategy's on_train_start loads the peers' state
@@ -91,6 +95,7 @@ class Collaboration(tf.Callback):
         epoch = opt.local_epoch
         if epoch != (self.transitions[-1][1] if self.transitions else self.start_epoch):
             self.transitions.append((trainer.global_step, epoch))
+            self.sockets.update(sockets())  # the averagers have run a round: every socket the peer uses is open
             self.epoch_params[epoch] = params(module)  # parameters change only when the epoch does
         if epoch >= self.epochs and not self.meet:
             trainer.should_stop = True
@@ -103,6 +108,23 @@ def write(path: Path, text: str) -> None:
     part = path.with_name(path.name + ".part")
     part.write_text(text)
     part.replace(path)
+
+
+def sockets() -> set[tuple[str, str, str, str]]:
+    """The internet sockets of this process and its descendants (the DHT and averager processes, hivemind's p2p
+    daemon): (process name, TCP/UDP, local address, status), as ``ss -tulpn`` lists them."""
+    import psutil
+
+    found = set()
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            for conn in proc.net_connections(kind="inet"):
+                kind = "TCP" if conn.type == socket.SOCK_STREAM else "UDP"
+                found.add((proc.name(), kind, conn.laddr.ip, conn.status))
+        except psutil.NoSuchProcess:  # a helper that ended meanwhile
+            pass
+    return found
 
 
 def params(module: torch.nn.Module) -> list[list[float]]:
@@ -146,6 +168,8 @@ def main() -> None:
                         help="target_group_size of both averagers: a round starts as soon as this many peers joined it")
     parser.add_argument("--expiration", type=float, default=None,
                         help="seconds a peer's progress stays in the DHT after its last report (60 in hivemind)")
+    parser.add_argument("--host-maddrs", default=None,
+                        help="HivemindStrategy(host_maddrs=...), comma-separated (default: the strategy's own)")
     parser.add_argument("--refresh", type=float, default=None,
                         help="seconds between the tracker's reads of the collaboration's progress while alone (3)")
     args = parser.parse_args()
@@ -160,6 +184,7 @@ def main() -> None:
         os.environ[name] = value
     join = JoinLine()
     logging.getLogger("torchfleet").addHandler(join)
+    logging.getLogger("torchfleet").addHandler(logging.StreamHandler(sys.stdout))  # what a user sees, in the log
     logging.getLogger("torchfleet").setLevel(logging.INFO)
     torch.manual_seed(args.init_seed)  # peers start from the same model (unless told otherwise); the data differ
     model = SlowRegressor(lr=0.05)
@@ -179,8 +204,8 @@ def main() -> None:
     tracker = {"metadata_expiration": args.expiration, "default_refresh_period": args.refresh}
     options["tracker_opts"] = {k: v for k, v in tracker.items() if v is not None}
     strategy = HivemindStrategy(target_batch_size=args.target, run_id="tf_test", matchmaking_time=args.matchmaking,
-                                averaging_timeout=args.averaging_timeout, host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-                                verbose=True, **options)
+                                averaging_timeout=args.averaging_timeout, verbose=True,
+                                host_maddrs=args.host_maddrs.split(",") if args.host_maddrs else None, **options)
     meet = []
     for point in args.meet or ["0"]:
         epoch, _, after = point.partition(":")
@@ -207,7 +232,7 @@ def main() -> None:
         "resumed_epoch": collab.resumed_epoch, "init_params": init_params, "start_params": collab.start_params,
         "epoch_params": collab.epoch_params, "met": collab.met,
         "end_epoch": trainer.optimizers[0].local_epoch, "global_step": trainer.global_step,
-        "params": params(model),
+        "params": params(model), "sockets": sorted(collab.sockets),
         "loss_before": loss_before, "loss_after": loss_after, "pid": os.getpid(),
     }))
 

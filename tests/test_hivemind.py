@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import ipaddress
 import json
 import os
 import signal
@@ -27,6 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 HAVE_HIVEMIND = importlib.util.find_spec("hivemind") is not None
 needs_hivemind = pytest.mark.skipif(not HAVE_HIVEMIND, reason="hivemind is not installed (pip install 'torchfleet[hivemind]')")
 PEER = ROOT / "tests" / "hivemind_peer.py"
+#: two peer ids as hivemind writes them (base58 multihashes of public keys)
+PEER_A = "12D3KooWKdMiU7hPpMANgGSerszN4LD4kxvP2MZZjN6cJo7TdcHX"
+PEER_B = "QmXfPjVj3aqdvbs2uU3aJmaGTKq6Dx3cSKNUhVK1Bi5DBf"
 
 
 @pytest.fixture
@@ -93,16 +97,100 @@ def test_the_signature_is_lightning_hiveminds():
 def test_construction_reads_the_peers_from_the_environment_and_starts_nothing(monkeypatch):
     from torchfleet_hivemind import HivemindStrategy
 
-    monkeypatch.setenv("TORCHFLEET_INITIAL_PEERS", "/ip4/10.0.0.1/tcp/1/p2p/A, /ip4/10.0.0.2/tcp/2/p2p/B")
+    monkeypatch.setenv("TORCHFLEET_INITIAL_PEERS", f"/ip4/10.0.0.1/tcp/1/p2p/{PEER_A}, /ip4/10.0.0.2/tcp/2/p2p/{PEER_B}")
     strategy = HivemindStrategy(target_batch_size=32, matchmaking_time=1.0, averaging_timeout=4.0, grad_compression=None)
-    assert strategy.initial_peers == ["/ip4/10.0.0.1/tcp/1/p2p/A", "/ip4/10.0.0.2/tcp/2/p2p/B"]
+    assert strategy.initial_peers == [f"/ip4/10.0.0.1/tcp/1/p2p/{PEER_A}", f"/ip4/10.0.0.2/tcp/2/p2p/{PEER_B}"]
+    assert strategy.host_maddrs == ["/ip4/127.0.0.1/tcp/0"]  # loopback unless told otherwise
     assert strategy._dht is None and strategy.num_peers == 1  # no DHT until used
     assert strategy.optimizer_kwargs["averager_opts"]["request_timeout"] < 1.0  # below matchmaking_time
     assert strategy.optimizer_kwargs["grad_compression"] is None  # **optimizer_kwargs reach hivemind.Optimizer
-    explicit = HivemindStrategy(target_batch_size=32, initial_peers="/ip4/10.0.0.3/tcp/3/p2p/C")
-    assert explicit.initial_peers == ["/ip4/10.0.0.3/tcp/3/p2p/C"]  # the argument wins over the environment
+    explicit = HivemindStrategy(target_batch_size=32, initial_peers=f"/ip4/10.0.0.3/tcp/3/p2p/{PEER_A}")
+    assert explicit.initial_peers == [f"/ip4/10.0.0.3/tcp/3/p2p/{PEER_A}"]  # the argument wins over the environment
     with pytest.raises(ConfigurationError, match="target_batch_size"):
         HivemindStrategy(target_batch_size=0)
+
+
+BAD_ARGUMENTS = [
+    # (argument, value, words the paragraph must hold besides the argument's name)
+    ("initial_peers", "garbage", ["'garbage' is not a multiaddr", "/ip4/ADDRESS/tcp/PORT/p2p/PEER_ID", "e.g."]),
+    ("initial_peers", ["/ip4/127.0.0.1/tcp/31337"], ["no /p2p/PEER_ID part"]),
+    ("initial_peers", "127.0.0.1:31337", ["not a multiaddr"]),
+    ("initial_peers", 31337, ["neither a str nor a list"]),
+    ("host_maddrs", ["/ip4/127.0.0.1/tcp/0/p2p/" + PEER_A], ["belongs in initial_peers"]),
+    ("host_maddrs", ["/ip4/300.0.0.1/tcp/0"], ["not a multiaddr", "/ip4/127.0.0.1/tcp/0"]),
+    ("host_maddrs", [], ["names no address"]),
+    ("target_batch_size", 0, ["int >= 1"]),
+    ("target_batch_size", "64", ["int >= 1"]),
+    ("batch_size", -8, ["int >= 1 or None"]),
+    ("run_id", "", ["non-empty str"]),
+    ("matchmaking_time", 0, ["> 0"]),
+    ("averaging_timeout", -1.0, ["> 0"]),
+    ("averaging_timeout", 1e30, ["at most 86400"]),
+    ("averaging_timeout", float("nan"), ["> 0"]),
+    ("delay_state_averaging", "yes", ["True or False"]),
+    ("offload_optimizer", 1, ["True or False or None"]),
+    ("averager_opts", ["target_group_size", 2], ["a dict"]),
+    ("scheduler_fn", "StepLR", ["a callable"]),
+]
+
+
+@needs_hivemind
+@pytest.mark.parametrize(("name", "value", "words"), BAD_ARGUMENTS, ids=[f"{b[0]}={b[1]!r}" for b in BAD_ARGUMENTS])
+def test_each_bad_argument_is_one_paragraph_naming_it(name, value, words, monkeypatch):
+    from torchfleet_hivemind import HivemindStrategy
+
+    monkeypatch.delenv("TORCHFLEET_INITIAL_PEERS", raising=False)
+    kwargs = {"target_batch_size": 64, name: value}
+    with pytest.raises(ConfigurationError) as raised:
+        HivemindStrategy(**kwargs)
+    message = str(raised.value)
+    assert message.startswith(f"HivemindStrategy({name}={value!r}) is not valid:"), message
+    assert "\n" not in message and all(w in message for w in words), message
+
+
+@needs_hivemind
+def test_bad_peers_in_the_environment_name_the_variable(monkeypatch, capsys):
+    from torchfleet_hivemind import HivemindStrategy
+
+    monkeypatch.setenv("TORCHFLEET_INITIAL_PEERS", f"/ip4/127.0.0.1/tcp/1/p2p/{PEER_A},localhost:31337")
+    with pytest.raises(ConfigurationError) as raised:
+        HivemindStrategy(target_batch_size=64)
+    assert str(raised.value).startswith("The environment variable TORCHFLEET_INITIAL_PEERS='/ip4/127.0.0.1/tcp/1/")
+    assert "'localhost:31337' is not a multiaddr" in str(raised.value)
+    monkeypatch.setenv("TORCHFLEET_INITIAL_PEERS", " ")  # set but empty: a new collaboration, as when unset
+    assert HivemindStrategy(target_batch_size=64).initial_peers is None
+
+
+@needs_hivemind
+def test_the_command_line_shows_bad_peers_as_one_paragraph_and_exit_code_2(plugin_registered, monkeypatch, capsys):
+    from torchfleet.cli import main
+
+    monkeypatch.setenv("TORCHFLEET_INITIAL_PEERS", "garbage")
+    code = main(["fit", "--trainer.strategy=hivemind", "--trainer.accelerator=cpu", "--trainer.max_steps=1"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("torchfleet fit: error: The environment variable TORCHFLEET_INITIAL_PEERS='garbage' is "
+                          "not valid:"), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_where_a_peer_listens_is_said_and_loopback_asks_no_port_mapping():
+    from torchfleet_hivemind.network import dht_options, where_it_listens
+
+    # the default: this machine only, no NAT port mapping (which opens a UDP socket on 0.0.0.0 and asks the router
+    # to forward a port)
+    assert dht_options(["/ip4/127.0.0.1/tcp/0"]) == {"host_maddrs": ["/ip4/127.0.0.1/tcp/0"], "nat_port_map": False}
+    assert dht_options(["/ip4/10.0.0.5/tcp/31337"])["nat_port_map"] is False  # one network: stays in it
+    assert dht_options(["/ip4/0.0.0.0/tcp/0", "/ip4/0.0.0.0/udp/0/quic"])["nat_port_map"] is True
+    text, warn = where_it_listens(["/ip4/127.0.0.1/tcp/0"], [f"/ip4/127.0.0.1/tcp/4000/p2p/{PEER_A}"])
+    assert not warn and "listens on loopback only" in text and "other machines cannot" in text
+    assert "not authenticated" in text and "host_maddrs=[...]" in text
+    text, warn = where_it_listens(["/ip4/0.0.0.0/tcp/0"], [f"/ip4/192.0.2.2/tcp/4000/p2p/{PEER_A}"])
+    assert warn and "every interface" in text and "NAT port mapping" in text
+    assert f"announces /ip4/192.0.2.2/tcp/4000/p2p/{PEER_A}" in text and "not authenticated" in text
+    assert "host_maddrs=['/ip4/127.0.0.1/tcp/0']" in text
+    text, warn = where_it_listens(["/ip4/10.0.0.5/tcp/31337"], [f"/ip4/10.0.0.5/tcp/31337/p2p/{PEER_A}"])
+    assert warn and "every interface" not in text and "not authenticated" in text
 
 
 class _Epochs(tf.Callback):
@@ -244,6 +332,13 @@ def test_two_peers_train_together_and_end_with_equal_parameters(tmp_path):
         assert "Averaged parameters with 2 peers" in (tmp_path / f"{name}.log").read_text()
     assert _gap(a["params"], b["params"]) <= AVERAGED
     assert a["loss_after"] < a["loss_before"] / 2 and b["loss_after"] < b["loss_before"] / 2
+    # neither peer was given host_maddrs: each listened on loopback only and said so, and no process of either (the
+    # DHT's p2p daemon, the averagers) held a socket on another address while they averaged
+    for name, peer in (("a", a), ("b", b)):
+        assert "this peer listens on loopback only (/ip4/127.0.0.1/tcp/0" in (tmp_path / f"{name}.log").read_text()
+        held = [tuple(s) for s in peer["sockets"]]
+        assert ("p2pd", "TCP", "127.0.0.1", "LISTEN") in held, held
+        assert all(ipaddress.ip_address(ip).is_loopback for _, _, ip, _ in held), held
 
 
 @needs_hivemind

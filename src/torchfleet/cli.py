@@ -21,7 +21,9 @@ from torchfleet.cli_input import (
     explain_build_error,
     help_formatter,
     prepare_argv,
+    listing_mode,
     print_error,
+    usage_error,
 )
 from torchfleet.errors import ConfigurationError
 
@@ -79,7 +81,12 @@ def _strategy_unavailable(cls: type[Strategy]) -> str:
     return "yes" if why is None else f"no: {why}"
 
 
-def _list_registry(kind: str) -> int:
+def _list_registry(kind: str, help_only: bool = False) -> int:
+    if help_only:
+        print(f"usage: torchfleet {kind}\n\nList the registered {kind}: name, class, whether it can run on this machine "
+              "(and why not), description." + ("\n`torchfleet strategies --explain [fit's options]`: what "
+                                               "strategy='auto' picks for that run." if kind == "strategies" else ""))
+        return 0
     if kind == "strategies":
         from torchfleet.strategies.registry import StrategyRegistry as registry
 
@@ -306,15 +313,20 @@ def _run_stage(stage: str, argv: list[str], model_class: type | None = None, dat
         example = example and bundled_example
     else:
         check_config_files(argv)
+    from jsonargparse import ArgumentError
+
     parser = _parser(stage, example, model_class, datamodule_class, prog, trainer_defaults, seed_default)
     if example and any(a in ("-h", "--help") for a in argv):
         parser.print_help()
         print(_example_help(), end="")
         return 0
+    parser.exit_on_error = False  # a usage error is raised, and shown as one paragraph (usage_error)
     try:
         cfg = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, --print_config, or jsonargparse's own usage error
+    except SystemExit as exc:  # --help, --print_config
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except ArgumentError as exc:
+        raise usage_error(f"{prog} {stage}", str(exc)) from None
     if cfg.seed_everything is not None:
         from torchfleet.seed import seed_everything
 
@@ -455,36 +467,6 @@ class CLI:
         self.datamodule, self.result = sink["datamodule"], sink.get("result")
 
 
-def _consolidate(argv: list[str]) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="torchfleet consolidate",
-        description="Write the checkpoint CKPT (a single file, or a sharded fsdp/deepspeed directory written by any "
-                    "number of processes) as one ordinary checkpoint file OUT. torch.load(OUT)['state_dict'] loads "
-                    "into the plain model; with --with-optimizer, fit(ckpt_path=OUT) resumes under any strategy.",
-    )
-    parser.add_argument("ckpt", metavar="CKPT", help="the checkpoint to read (file or directory)")
-    parser.add_argument("out", metavar="OUT", help="the file to write")
-    parser.add_argument("--with-optimizer", action="store_true",
-                        help="keep the optimizer states (needed to resume training; the file is ~3x larger with Adam)")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else 0
-    from torchfleet.checkpoint.consolidate import consolidate
-
-    if not os.path.exists(args.ckpt):
-        from torchfleet.errors import CheckpointError
-
-        raise CheckpointError(f"{args.ckpt!r} does not exist; give the path of a checkpoint file or directory.")
-    summary = consolidate(args.ckpt, args.out, with_optimizer=args.with_optimizer)
-    print(f"Wrote {args.out}: {summary['tensors']} tensors, {summary['parameters']:,} parameters"
-          f"{', with optimizer state' if summary['optimizer'] else ''} ({summary['bytes'] / 1e6:.1f} MB); "
-          f"entries: {', '.join(summary['entries'])}")
-    return 0
-
-
 #: Lightning's names, in modules of their own: importing them loads the Trainer and jsonargparse, which the
 #: `torchfleet strategies` command does not need
 _LIGHTNING_NAMES = {
@@ -517,17 +499,24 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in ("-V", "--version"):
         import torchfleet
 
+        if len(argv) > 1:
+            print(f"torchfleet: error: unrecognized arguments: {' '.join(argv[1:])}. `torchfleet {argv[0]}` takes "
+                  "none.", file=sys.stderr)
+            return 2
         print(f"torchfleet {torchfleet.__version__}")
         return 0
     command, rest = argv[0], argv[1:]
     try:
-        if command == "estimate" or (command == "strategies" and rest[:1] == ["--explain"]):
+        mode = listing_mode(command, rest) if command in ("strategies", "accelerators") else None
+        if command == "estimate" or mode == "explain":
             from torchfleet.cli_estimate import estimate
             return estimate(command, rest, lambda argv, sink: _run_stage("fit", argv, sink=sink, run=False))
-        if command in ("strategies", "accelerators"):
-            return _list_registry(command)
+        if mode is not None:
+            return _list_registry(command, help_only=mode == "help")
         if command == "consolidate":
-            return _consolidate(rest)
+            from torchfleet.cli_consolidate import consolidate_command
+
+            return consolidate_command(rest)
         if command == "run":
             from torchfleet.cli_run import run
 
@@ -540,9 +529,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from torchfleet.errors import closest
 
-    near = closest(command, [*STAGES, "strategies", "accelerators", "consolidate", "run", "estimate"])
+    commands = [*STAGES, "strategies", "estimate", "accelerators", "consolidate", "run"]
+    near = closest(command, commands)
     hint = f" Did you mean {near[0]!r}?" if near else ""
-    print(f"torchfleet: unknown command {command!r}.{hint}\n\n{_HELP}", file=sys.stderr, end="")
+    print(f"torchfleet: error: unknown command {command!r}.{hint} The commands are {', '.join(commands)}; "
+          "`torchfleet --help` describes them.", file=sys.stderr)
     return 2
 
 

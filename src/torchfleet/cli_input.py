@@ -373,3 +373,47 @@ def explain_build_error(exc: Exception, builder: type | None = None) -> Torchfle
         f"{what} could not be built from the values given: {type(cause).__name__}: {message}{where}. Change the "
         "values on the command line or in --config (`--help` lists every option)."
     )
+
+
+def usage_error(prog: str, message: str) -> ConfigurationError:
+    """jsonargparse's usage error (``message``) as one paragraph: the option, the value given, what it expects.
+
+    jsonargparse prints the whole usage (fifty lines for ``fit``) and a multi-line diagnosis of each union type; the
+    option and the types it expects are all a user needs, with where to read the rest."""
+    import re
+
+    text = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", message).replace("NoneType", "None")
+    found = re.match(r'\s*Parser key "([^"]+)":\s*(.*)', text, re.S)
+    if found is None:
+        return ConfigurationError(f"{' '.join(text.split()).rstrip('.')}. `{prog} --help` lists the options.")
+    key, detail = found.groups()
+    given = re.search(r"(?:Given value|Got value): (.*?)\s*$", detail, re.S)
+    subtypes = re.search(r"Subtypes: \[(.*?)\]", detail)
+    single = re.match(r"\s*Expected an? (\w+)\. Got value", detail)
+    if single is not None:
+        expected = f"expected {single.group(1)}"
+    elif subtypes is not None:
+        expected = f"expected {' or '.join(t.strip() for t in subtypes.group(1).split(','))}"
+    else:
+        expected = " ".join(re.sub(r"Given value.*", "", detail, flags=re.S).split()).rstrip(".")
+    shown = f" {given.group(1).strip()!r}" if given is not None else ""
+    hint = f" {_CLASS_PATH_FORMS}" if key in ("model", "data") else ""
+    return ConfigurationError(f"--{key}{shown} is not accepted: {expected}.{hint} `{prog} --help` lists every "
+                              "option with its type.")
+
+
+def listing_mode(command: str, argv: list[str]) -> str:
+    """What ``torchfleet strategies|accelerators ARGS`` asks: "list", "help" or "explain" (strategies --explain with
+    fit's options); anything else is a usage error, one paragraph."""
+    usage = (f"`torchfleet {command}` takes no arguments" + ("; `torchfleet strategies --explain [fit's options]` "
+             "says what strategy='auto' picks for a run" if command == "strategies" else "") + ".")
+    if command == "strategies" and "--explain" in argv:
+        return "explain"
+    flag = next((a for a in argv if a.startswith("--explain")), None) if command == "strategies" else None
+    if flag is not None:
+        raise ConfigurationError(f"{flag!r} is not valid: --explain takes no value. {usage}")
+    if argv[:1] in (["-h"], ["--help"]) and len(argv) == 1:
+        return "help"
+    if argv:
+        raise ConfigurationError(f"unrecognized arguments: {' '.join(argv)}. {usage}")
+    return "list"

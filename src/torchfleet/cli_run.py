@@ -71,11 +71,7 @@ def run(argv: list[str]) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 0
     script_args = [*unknown, *after]
-    if not os.path.isfile(args.script):
-        raise ConfigurationError(
-            f"torchfleet run: the script {args.script!r} does not exist. Give the path of a Python file, then the "
-            "options, then the script's own arguments: torchfleet run train.py --devices 2 --strategy ddp -- --lr 0.1"
-        )
+    _check(args)
     # None: not given, the script's Fleet(...) decides (devices and num_nodes decide how many processes start here)
     settings = {"accelerator": args.accelerator, "strategy": args.strategy, "devices": args.devices,
                 "num_nodes": str(args.num_nodes), "precision": args.precision}
@@ -90,7 +86,7 @@ def run(argv: list[str]) -> int:
         from torchfleet.environments import find_free_port
 
         port = find_free_port()
-    if not 0 <= args.node_rank < args.num_nodes:
+    if not 0 <= args.node_rank < args.num_nodes:  # num_nodes >= 1: _check
         raise ConfigurationError(
             f"torchfleet run --node-rank {args.node_rank} is not valid with --num-nodes {args.num_nodes}: give "
             f"0..{args.num_nodes - 1}, a different one on each machine."
@@ -120,6 +116,26 @@ def run(argv: list[str]) -> int:
                 from torchfleet.environments import find_free_port
 
                 port = find_free_port()  # the last run's rendezvous port may linger
+
+
+def _check(args: argparse.Namespace) -> None:
+    """The script and the numbers the command reads itself (the others are checked as Fleet checks them)."""
+    if not os.path.isfile(args.script):
+        what = "is a directory, not a Python file" if os.path.isdir(args.script) else "does not exist"
+        raise ConfigurationError(
+            f"the script {args.script!r} {what}. Give the path of a Python file, then the options, then the script's "
+            "own arguments: torchfleet run train.py --devices 2 --strategy ddp -- --lr 0.1"
+        )
+    if args.num_nodes < 1:
+        raise ConfigurationError(f"--num-nodes {args.num_nodes} is not valid: give the number of machines in the run, "
+                                 "an int >= 1 (default: 1).")
+    if args.main_port is not None and not 1 <= args.main_port <= 65535:
+        raise ConfigurationError(f"--main-port {args.main_port} is not valid: give a TCP port, 1..65535, the same on "
+                                 "every node (leave it out on one machine: a free port is picked).")
+    env_port = os.environ.get("MASTER_PORT")
+    if args.main_port is None and env_port and not (env_port.isdigit() and 1 <= int(env_port) <= 65535):
+        raise ConfigurationError(f"The environment variable MASTER_PORT={env_port!r} is not a TCP port (1..65535); "
+                                 "set it to one, or unset it, or give --main-port.")
 
 
 @contextlib.contextmanager

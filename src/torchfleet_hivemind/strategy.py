@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import ipaddress
 import logging
 import os
 import shlex
@@ -26,14 +25,17 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from torchfleet.errors import ConfigurationError
-from torchfleet.rank_zero import rank_zero_info
+from torchfleet.errors import ConfigurationError, check_flag, check_int, not_valid
+from torchfleet.rank_zero import rank_zero_info, rank_zero_warn
 from torchfleet.strategies import SingleDeviceStrategy
+from torchfleet_hivemind.network import check_host_maddrs, check_initial_peers, dht_options, is_loopback, where_it_listens
 from torchfleet_hivemind.scheduler import CollaborativeEpochScheduler
 
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'torchfleet[hivemind]'"
+#: the longest matchmaking_time / averaging_timeout accepted, in seconds (asyncio refuses much larger timeouts)
+MAX_SECONDS = 86400
 
 
 def hivemind_available() -> bool:
@@ -69,14 +71,18 @@ class HivemindStrategy(SingleDeviceStrategy):
     ``delay_grad_averaging``, ``offload_optimizer``, ``reuse_grad_buffers``, ``matchmaking_time``,
     ``averaging_timeout``, ``verbose``, ``averager_opts`` and ``**optimizer_kwargs`` go to ``hivemind.Optimizer``;
     ``scheduler_fn`` (callable(optimizer) -> scheduler) is needed where hivemind re-creates the optimizer
-    (offload or delayed steps); ``host_maddrs`` are the multiaddrs this peer listens on; ``initial_peers`` the
-    multiaddrs of running peers to join (a list, or one comma-separated string), else the environment variable
-    ``TORCHFLEET_INITIAL_PEERS``; with neither, this peer starts a new collaboration and logs the line that
-    others run to join it.
+    (offload or delayed steps); ``host_maddrs`` are the multiaddrs this peer listens on (default: loopback only,
+    ``/ip4/127.0.0.1/tcp/0``); ``initial_peers`` the multiaddrs of running peers to join (a list, or one
+    comma-separated string), else the environment variable ``TORCHFLEET_INITIAL_PEERS``; with neither, this peer
+    starts a new collaboration and logs the line that others run to join it. Every argument is checked here: a value
+    not accepted (a multiaddr hivemind cannot parse included) is one ConfigurationError naming it.
 
     Unlike lightning-hivemind, the DHT starts on first use of ``strategy.dht`` (at the latest when the fit sets
-    up), not in the constructor, so building the strategy starts no process; and where ``averager_opts`` sets
-    no ``request_timeout``, it is kept below ``matchmaking_time`` (hivemind's rule against matchmaking deadlocks).
+    up), not in the constructor, so building the strategy starts no process; where ``averager_opts`` sets
+    no ``request_timeout``, it is kept below ``matchmaking_time`` (hivemind's rule against matchmaking deadlocks);
+    and a peer listens on loopback unless ``host_maddrs`` says otherwise (lightning-hivemind listens on every
+    interface, where anyone who reaches the port can join: peers are not authenticated). When its DHT starts, a
+    peer logs where it listens, as a warning where that is beyond loopback (docs/hivemind.md, "Who can join").
     """
 
     requires_package = "hivemind"
@@ -104,8 +110,13 @@ class HivemindStrategy(SingleDeviceStrategy):
     ) -> None:
         if not hivemind_available():
             raise not_installed()
-        if not isinstance(target_batch_size, int) or target_batch_size < 1:
-            raise ConfigurationError(f"target_batch_size must be a positive int, got {target_batch_size!r}.")
+        _check_arguments(target_batch_size=target_batch_size, run_id=run_id, batch_size=batch_size,
+                         matchmaking_time=matchmaking_time, averaging_timeout=averaging_timeout,
+                         averager_opts=averager_opts, scheduler_fn=scheduler_fn,
+                         flags=dict(delay_state_averaging=delay_state_averaging, delay_grad_averaging=delay_grad_averaging,
+                                    reuse_grad_buffers=reuse_grad_buffers, verbose=verbose),
+                         optional_flags=dict(delay_optimizer_step=delay_optimizer_step,
+                                             offload_optimizer=offload_optimizer))
         super().__init__()
         self.target_batch_size = target_batch_size
         self.run_id = run_id
@@ -123,13 +134,12 @@ class HivemindStrategy(SingleDeviceStrategy):
             delay_grad_averaging=delay_grad_averaging, offload_optimizer=offload_optimizer,
             averager_opts=averager_opts, verbose=verbose, reuse_grad_buffers=reuse_grad_buffers, **optimizer_kwargs,
         )
-        self.host_maddrs = list(host_maddrs) if host_maddrs is not None else ["/ip4/0.0.0.0/tcp/0",
-                                                                              "/ip4/0.0.0.0/udp/0/quic"]
-        if initial_peers is None:
-            initial_peers = os.environ.get(self.INITIAL_PEERS_ENV) or None
-        if isinstance(initial_peers, str):
-            initial_peers = [p.strip() for p in initial_peers.split(",") if p.strip()]
-        self.initial_peers: list[str] | None = list(initial_peers) if initial_peers else None
+        self.host_maddrs = check_host_maddrs(host_maddrs)
+        if initial_peers is None and os.environ.get(self.INITIAL_PEERS_ENV, "").strip():
+            value = os.environ[self.INITIAL_PEERS_ENV]
+            self.initial_peers = check_initial_peers(value, f"The environment variable {self.INITIAL_PEERS_ENV}={value!r}")
+        else:
+            self.initial_peers = check_initial_peers(initial_peers, f"HivemindStrategy(initial_peers={initial_peers!r})")
         self._dht: Any = None
         self._opt: Any = None
         self._batch_size_now: int | None = batch_size
@@ -141,7 +151,9 @@ class HivemindStrategy(SingleDeviceStrategy):
         if self._dht is None:
             import hivemind
 
-            self._dht = hivemind.DHT(start=True, initial_peers=self.initial_peers, host_maddrs=self.host_maddrs)
+            self._dht = hivemind.DHT(start=True, initial_peers=self.initial_peers, **dht_options(self.host_maddrs))
+            where, is_open = where_it_listens(self.host_maddrs, [str(a) for a in self._dht.get_visible_maddrs()])
+            (rank_zero_warn if is_open else rank_zero_info)(where)
             if self.initial_peers is None:
                 rank_zero_info(self.join_instructions())
         return self._dht
@@ -149,14 +161,15 @@ class HivemindStrategy(SingleDeviceStrategy):
     def visible_maddrs(self) -> list[str]:
         """This peer's multiaddrs that other machines can dial (all of them where it listens on loopback only)."""
         maddrs = [str(a) for a in self.dht.get_visible_maddrs()]
-        reachable = [a for a in maddrs if not _loopback(a)]
+        reachable = [a for a in maddrs if not is_loopback(a)]
         return reachable or maddrs
 
     def join_instructions(self) -> str:
-        """The lines (logged by the first peer) that other machines run to join this collaboration."""
+        """The lines (logged by the first peer) that other peers run to join this collaboration."""
         peers = ",".join(self.visible_maddrs())
         command = shlex.join([os.path.basename(sys.executable), *sys.argv]) if sys.argv and sys.argv[0] else "python ..."
-        return ("Hivemind: other machines join this collaboration by running the same script with\n"
+        who = "other machines" if any(not is_loopback(m) for m in self.host_maddrs) else "other processes on this machine"
+        return (f"Hivemind: {who} join this collaboration by running the same script with\n"
                 f"{self.INITIAL_PEERS_ENV}={peers} {command}\n"
                 f"or with HivemindStrategy(initial_peers='{peers}', run_id={self.run_id!r}, ...)")
 
@@ -279,12 +292,27 @@ def _keep_gradients(set_to_none: bool = True) -> None:
     """zero_grad under reuse_grad_buffers: hivemind clears the accumulated gradients itself after each step."""
 
 
-def _loopback(maddr: str) -> bool:
-    parts = maddr.split("/")
-    try:
-        return len(parts) > 2 and parts[1] in ("ip4", "ip6") and ipaddress.ip_address(parts[2]).is_loopback
-    except ValueError:
-        return False
+def _check_arguments(target_batch_size: Any, run_id: Any, batch_size: Any, matchmaking_time: Any,
+                     averaging_timeout: Any, averager_opts: Any, scheduler_fn: Any, flags: dict[str, Any],
+                     optional_flags: dict[str, Any]) -> None:
+    """Each argument's type and range, one paragraph for the first that is not accepted (before hivemind sees it)."""
+    owner = "HivemindStrategy"
+    check_int("target_batch_size", target_batch_size, 1, owner, meaning="samples over all peers per collaborative epoch")
+    check_int("batch_size", batch_size, 1, owner, allow_none=True, meaning="this peer's samples per step; None: read "
+              "from each batch")
+    if not isinstance(run_id, str) or not run_id.strip():
+        raise not_valid("run_id", run_id, "give a non-empty str that names the run (the same on every peer)", owner)
+    for name, value in (("matchmaking_time", matchmaking_time), ("averaging_timeout", averaging_timeout)):
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_SECONDS):
+            raise not_valid(name, value, f"give a number of seconds > 0 and at most {MAX_SECONDS} (a day)", owner)
+    for name, value in flags.items():
+        check_flag(name, value, owner)
+    for name, value in optional_flags.items():
+        check_flag(name, value, owner, allow_none=True)
+    if averager_opts is not None and not isinstance(averager_opts, dict):
+        raise not_valid("averager_opts", averager_opts, "give a dict of hivemind averager options, or None", owner)
+    if scheduler_fn is not None and not callable(scheduler_fn):
+        raise not_valid("scheduler_fn", scheduler_fn, "give a callable(optimizer) -> LR scheduler, or None", owner)
 
 
 __all__ = ["HivemindStrategy", "INSTALL_HINT", "hivemind_available"]

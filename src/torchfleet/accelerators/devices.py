@@ -20,6 +20,7 @@ On the CPU ``devices`` is a number of processes: ``k`` or ``"k"``, and ``"auto"`
 from __future__ import annotations
 
 import operator
+import os
 from typing import Any
 
 from torchfleet.errors import ConfigurationError, DevicesTypeError
@@ -193,4 +194,17 @@ def parse_cpu_processes(devices: Any) -> int:
             f"devices={devices!r} is not valid for the CPU: ask for at least one process (`Trainer(devices="
             f"{devices!r})` value is not a valid input using cpu accelerator). Accepted: {_ACCEPTED_CPU}."
         )
+    most = max_cpu_processes()
+    if count > most:
+        # each process imports torch and holds a copy of the model: thousands would exhaust the machine first
+        raise ConfigurationError(
+            f"devices={devices!r} is not valid for the CPU: {count} processes on a machine with {os.cpu_count()} "
+            f"cores is more than torchfleet starts on one node (at most {most}: 4 per core, never fewer than 64). "
+            f"Give a count up to {most}, or more machines (num_nodes)."
+        )
     return count
+
+
+def max_cpu_processes() -> int:
+    """The most CPU processes one node starts: 4 per core (oversubscribing, as tests do), at least 64."""
+    return max(64, 4 * (os.cpu_count() or 1))

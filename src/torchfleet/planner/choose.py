@@ -32,6 +32,10 @@ _UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 10**3, "m": 2**20, "mib
           "g": 2**30, "gib": 2**30, "gb": 10**9, "t": 2**40, "tib": 2**40, "tb": 10**12}
 
 
+#: the range --device-memory accepts: far below and far above any accelerator's memory
+SMALLEST_DEVICE, LARGEST_DEVICE = 2**20, 16 * 2**40
+
+
 def device_memory(accelerator: str, index: int = 0) -> int | None:
     """The total memory of one device of ``accelerator`` ("cuda": the GPU's; None where it is not known: the CPU,
     MPS, a machine without the device). The one place a device's capacity is read."""
@@ -43,13 +47,27 @@ def device_memory(accelerator: str, index: int = 0) -> int | None:
 
 
 def parse_size(text: str) -> int:
-    """``"80GiB"``, ``"80G"`` (binary), ``"80GB"`` (decimal), ``"81920MiB"``, ``"1e9"`` -> bytes."""
-    found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-z]*)\s*", str(text).lower())
-    if found is None or found.group(2) not in _UNITS or float(found.group(1)) <= 0:
+    """``"80GiB"``, ``"80G"`` (binary), ``"80GB"`` (decimal), ``"81920MiB"``, ``"1e9"`` -> bytes; one device's memory,
+    so between ``SMALLEST_DEVICE`` and ``LARGEST_DEVICE`` (a size outside is a typo: a missing unit, a wrong one)."""
+    found = re.fullmatch(r"\s*([+-]?[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*", str(text).lower())
+    forms = "e.g. 80GiB, 80G (binary), 80GB (10^9 bytes) or 24576MiB"
+    if found is None or found.group(2) not in _UNITS:
+        raise ConfigurationError(f"--device-memory {text!r} is not a size: give a number and a unit, {forms}.")
+    size = float(found.group(1)) * _UNITS[found.group(2)]
+    if not SMALLEST_DEVICE <= size <= LARGEST_DEVICE:
+        said = "is not more than 0 bytes" if size <= 0 else f"is {_bytes(size)}"
+        hint = f" Did you mean {found.group(1)}GiB?" if 0 < size < SMALLEST_DEVICE and found.group(1).isdigit() else ""
         raise ConfigurationError(
-            f"--device-memory {text!r} is not a size: give a number and a unit, e.g. 80GiB, 80G (binary), "
-            "80GB (10^9 bytes) or 24576MiB.")
-    return int(float(found.group(1)) * _UNITS[found.group(2)])
+            f"--device-memory {text!r} {said}: one device's memory is taken to be between "
+            f"{_bytes(SMALLEST_DEVICE)} and {_bytes(LARGEST_DEVICE)}; give a size in that range, {forms}.{hint}")
+    return int(size)
+
+
+def _bytes(size: float) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if size >= scale:
+            return f"{size / scale:.3g} {unit}"
+    return f"{size:.3g} bytes"
 
 
 def block_classes(module: nn.Module) -> set[type[nn.Module]]:

@@ -138,7 +138,27 @@ def first_batch(module: nn.Module, loaders: Any = None, datamodule: Any = None) 
         loaders = datamodule.train_dataloader()
     if loaders is None:
         loaders = module.train_dataloader()
-    return next(iter(loaders))
+    if loaders is None:
+        raise ConfigurationError(
+            f"{type(module).__name__}.train_dataloader() returned None: the estimate runs one training step on the "
+            "first batch of the training data. Return a DataLoader (or give a DataModule whose train_dataloader does).")
+    try:
+        return next(iter(loaders))
+    except StopIteration:
+        raise ConfigurationError(
+            f"The training data is empty: {_named(loaders)} yields no batch, and the estimate runs one training step "
+            "on the first batch. Give training data with at least one batch (a DataLoader's dataset holds at least "
+            "batch_size samples where drop_last=True).") from None
+
+
+def _named(loaders: Any) -> str:
+    """How a training loader is named in a message: its class, and its dataset's length where it has one."""
+    dataset = getattr(loaders, "dataset", None)
+    try:
+        size = f" over a dataset of {len(dataset)} samples" if dataset is not None else ""
+    except TypeError:  # an iterable dataset has no length
+        size = ""
+    return f"the {type(loaders).__name__}{size}"
 
 
 def _resolve(strategy: Any, devices: int, num_nodes: int, precision: Any) -> tuple[Any, Any]:
