@@ -44,9 +44,10 @@ PREEMPTED_NAME = "preempted.ckpt"
 
 
 def preemption_checkpoint_path(trainer: LoopTrainer) -> str:
-    """Where a preempted fit saves: the first ModelCheckpoint's folder, else ``<default_root_dir>/checkpoints``."""
+    """Where a preempted fit saves: the first ModelCheckpoint's folder, else ``<log_dir>/checkpoints`` (the
+    logger's version folder: a run of its own; default_root_dir without a logger)."""
     ck = trainer.checkpoint_callback
-    folder = ck.dirpath if ck is not None and ck.dirpath else os.path.join(trainer.default_root_dir, "checkpoints")
+    folder = ck.dirpath if ck is not None and ck.dirpath else os.path.join(trainer.log_dir, "checkpoints")
     return os.path.join(folder, PREEMPTED_NAME)
 
 
