@@ -9,6 +9,7 @@ import os
 import shutil
 
 import pytest
+import torch
 
 from tests.helpers import LogRecords, RegressionData, Regressor, quiet
 from torchfleet import Trainer
@@ -92,3 +93,22 @@ def test_a_last_checkpoint_overwritten_by_another_run_before_it_is_read_is_refus
     message = str(info.value)
     assert "run run-a" in message and "run run-b's state" in message and "Nothing was loaded" in message
     assert all((v == before[k]).all() for k, v in model.state_dict().items())
+
+
+def test_two_runs_preempted_into_one_folder_keep_their_own_preemption_checkpoint(tmp_path, monkeypatch):
+    from tests.test_preemption import SendSignal
+    from torchfleet.preemption import Preempted
+
+    ck = tmp_path / "ck"
+    for run_id, step in (("run-b", 3), ("run-a", 5)):
+        with pytest.raises(Preempted):
+            monkeypatch.setattr(runs, "_run_id", run_id)
+            Trainer(**quiet(max_epochs=1, enable_checkpointing=True,
+                            callbacks=[SendSignal("step", step=step), ModelCheckpoint(dirpath=ck)])
+                    ).fit(Regressor(), datamodule=RegressionData())
+    assert sorted(os.listdir(ck)) == ["preempted-v1.ckpt", "preempted.ckpt"]
+    assert torch.load(ck / "preempted.ckpt", weights_only=True)["global_step"] == 3  # run b's, kept
+    assert torch.load(ck / "preempted-v1.ckpt", weights_only=True)["run_id"] == "run-a"
+    for run_id, name in (("run-b", "preempted.ckpt"), ("run-a", "preempted-v1.ckpt")):
+        resumed = _fit(run_id, monkeypatch, ck, ckpt_path="last")
+        assert resumed.ckpt_path == str(ck / name)

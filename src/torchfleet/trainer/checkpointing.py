@@ -109,7 +109,7 @@ def find_last_checkpoint(trainer: LoopTrainer) -> tuple[str | None, str | None]:
     """The checkpoint ``ckpt_path="last"`` (and a restart) means, and the run it belongs to (None: unrecorded).
 
     The newest complete one, by modification time, in ``checkpoint_folders`` (``preempted.ckpt``, ``last.ckpt``
-    and ModelCheckpoint's files alike; on a tie ``last.ckpt`` (or ``last-vN.ckpt``) and ``preempted.ckpt`` win)
+    and ModelCheckpoint's files alike; on a tie ``last.ckpt`` and ``preempted.ckpt`` (or their ``-vN`` names) win)
     among this run's own files (each holds its run id: trainer/runs.py), whatever other runs wrote there meanwhile.
     A process that has saved none there (a new run resuming an old one) takes the newest of all, and says so when
     several runs wrote into those folders.
@@ -127,7 +127,7 @@ def find_last_checkpoint(trainer: LoopTrainer) -> tuple[str | None, str | None]:
             mtime = os.path.getmtime(path)
         except OSError:  # removed while we looked (another run's top-k)
             mtime = -1.0
-        return mtime, re.fullmatch(r"last(-v\d+)?\.ckpt|preempted\.ckpt", os.path.basename(path)) is not None
+        return mtime, re.fullmatch(r"(last|preempted)(-v\d+)?\.ckpt", os.path.basename(path)) is not None
 
     found = max(own or candidates, key=newest)
     owner = claimed[found]

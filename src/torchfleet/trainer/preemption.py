@@ -33,6 +33,7 @@ from torchfleet.preemption import (
     steps_overdue,
 )
 from torchfleet.signals import SignalFlag, exit_without_agreement
+from torchfleet.trainer import runs
 
 if TYPE_CHECKING:
     from torchfleet.trainer.loop_trainer import LoopTrainer
@@ -105,7 +106,7 @@ class FitPreemption:
         trainer = self.trainer
         self.flag.begin_agreed_stop()  # the ranks save together now: the signal thread must not end this one
         name = describe_signal(signum)
-        path = preemption_checkpoint_path(trainer)
+        path = runs.own_name(preemption_checkpoint_path(trainer))  # another run's preempted.ckpt stays
         own = self.flag.signum is not None
         if trainer.is_global_zero:
             log.warning("torchfleet: %s received; saving %s after step %d, then stopping.", name, path,

@@ -81,6 +81,17 @@ def owner_of(path: str) -> str | None:
     return owner if isinstance(owner, str) else None
 
 
+def own_name(path: str) -> str:
+    """``path``, or ``path`` with ``-v1``, ``-v2``... while that name holds another run's checkpoint (a fixed name,
+    as ``preempted.ckpt``, in a folder two runs share: each keeps its own file)."""
+    base, ext = os.path.splitext(path)
+    candidate, n = path, 0
+    while os.path.exists(candidate) and owner_of(candidate) not in (None, run_id()):
+        n += 1
+        candidate = f"{base}-v{n}{ext}"
+    return candidate
+
+
 def remember_choice(path: str, owner: str | None) -> None:
     """``path`` was chosen as run ``owner``'s last checkpoint: ``check_chosen`` compares once it is read."""
     if owner is not None:
