@@ -37,7 +37,7 @@ from torchfleet.fleet_wrappers import (
     check_module,
     check_optimizers,
 )
-from torchfleet.loggers.base import agree_versions, save_loggers, use_versions
+from torchfleet.loggers.base import agree_versions, claim_versions, save_loggers, use_versions
 from torchfleet.preemption import restart_count
 from torchfleet.samplers import shard_for_rank
 from torchfleet.seed import add_worker_init_fn, reset_seed
@@ -227,6 +227,7 @@ class Fleet(UserCollectives):
                 reset_seed()
             self._strategy.setup_environment()
             self._environment_ready = True
+            claim_versions(self._loggers, self._strategy)  # rank 0 creates the version folders before any write
             if self._strategy.world_size > 1:  # every rank names the folder and run of rank 0, the only writer
                 agree_versions(self._loggers, self._strategy)
 

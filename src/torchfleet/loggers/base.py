@@ -24,7 +24,9 @@ def is_url(path: str) -> bool:
 
 
 def next_version(root: str) -> int:
-    """The first unused N for ``<root>/version_N`` (``root`` may be an fsspec URL)."""
+    """The first unused N for ``<root>/version_N`` (``root`` may be an fsspec URL): one more than the highest there.
+
+    Only a guess while another run may be starting: ``allocate_version`` claims a number."""
     if is_url(root):
         import fsspec
 
@@ -34,6 +36,33 @@ def next_version(root: str) -> int:
         names = os.listdir(root) if os.path.isdir(root) else []
     used = [int(m.group(1)) for d in names if (m := re.fullmatch(r"version_(\d+)", d))]
     return max(used) + 1 if used else 0
+
+
+def allocate_version(root: str) -> int:
+    """Claim the first free ``<root>/version_N`` by creating it: two runs starting together never get the same N.
+
+    A local folder is created with ``os.mkdir``, which fails for all but one of the processes racing for a name;
+    the losers try N+1, N+2... An fsspec URL is created with the file system's ``mkdir``; object stores (s3, gcs,
+    azure) have no folders, so there the number is only ``next_version``'s guess (docs/checkpoints.md).
+    """
+    version = next_version(root)
+    if is_url(root):
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(root)
+        while True:
+            try:
+                fs.makedirs(f"{path.rstrip('/')}/version_{version}", exist_ok=False)
+                return version
+            except FileExistsError:
+                version += 1
+    os.makedirs(root, exist_ok=True)
+    while True:
+        try:
+            os.mkdir(os.path.join(root, f"version_{version}"))
+            return version
+        except FileExistsError:
+            version += 1
 
 
 def with_prefix(metrics: Mapping[str, Any], prefix: str) -> Mapping[str, Any]:
@@ -154,6 +183,7 @@ class FolderLogger(Logger):
         self._name = name or ""
         self._version = version
         self._version_given = version is not None
+        self._claimed = False  # whether claim_version created the folder (or a resumed run's folder was given)
         self._sub_dir = None if sub_dir is None else os.fspath(sub_dir)
         self._prefix = prefix
 
@@ -163,9 +193,20 @@ class FolderLogger(Logger):
 
     @property
     def version(self) -> int | str:
-        if self._version is None:
-            self._version = next_version(self.root_dir)
+        if self._version is None:  # a guess until claim_version, which a run calls before anything is written
+            self._version = next_version(self._root())
         return self._version
+
+    def _root(self) -> str:
+        return os.path.expanduser(os.path.expandvars(self.root_dir))
+
+    def claim_version(self) -> None:
+        """Create this logger's version folder (global rank 0, before the first write), taking the next free
+        number where another run has just taken the one guessed: two runs never share a version folder."""
+        if self._version_given or self._claimed:
+            return
+        self._version = allocate_version(self._root())
+        self._claimed = True
 
     @property
     def root_dir(self) -> str:
@@ -180,6 +221,7 @@ class FolderLogger(Logger):
     def agree_version(self, strategy: Any) -> None:
         # "the first unused version" differs between ranks once rank 0 has created its folder
         self._version = strategy.broadcast(self.version if strategy.is_global_zero else None)
+        self._claimed = True
 
     def use_version_of(self, path: str | os.PathLike) -> bool:
         """Continue in the version folder that holds ``path`` (a checkpoint under ``<save_dir>/<name>/<version>/``).
@@ -194,6 +236,7 @@ class FolderLogger(Logger):
             return False
         match = re.fullmatch(r"version_(\d+)", folder)
         self._version = int(match.group(1)) if match else folder
+        self._claimed = True
         return True
 
     @property
@@ -341,6 +384,14 @@ class UploadsCheckpoints(Logger):
         """At the end of training (``finalize``): upload what ``log_model=True`` held back."""
         if self._checkpoint_callback is not None and on_rank_zero():
             self._upload_new(self._checkpoint_callback)
+
+
+def claim_versions(loggers: list[Any], strategy: Any) -> None:
+    """Global rank 0 creates each folder logger's version folder (``FolderLogger.claim_version``) before a run writes."""
+    if strategy.is_global_zero:
+        for lg in loggers:
+            if isinstance(lg, FolderLogger):
+                lg.claim_version()
 
 
 def agree_versions(loggers: list[Any], strategy: Any) -> None:

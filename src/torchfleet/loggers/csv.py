@@ -155,6 +155,7 @@ class CSVLogger(FolderLogger):
         if not on_rank_zero():
             return DummyExperiment()
         if self._writer is None:
+            self.claim_version()  # a folder of its own, even beside another run starting now
             self._writer = CSVWriter(self.log_dir)
         return self._writer
 

@@ -83,6 +83,7 @@ class TensorBoardLogger(FolderLogger):
         if self._experiment is None:
             from torch.utils.tensorboard import SummaryWriter
 
+            self.claim_version()  # a folder of its own, even beside another run starting now
             os.makedirs(self.log_dir, exist_ok=True)
             self._experiment = SummaryWriter(log_dir=self.log_dir, **self._writer_kwargs)
         return self._experiment
@@ -110,6 +111,7 @@ class TensorBoardLogger(FolderLogger):
             params = vars(params)
         params = dict(params or {})
         self.hparams.update(plain_params(params))
+        self.claim_version()
         os.makedirs(self.log_dir, exist_ok=True)
         save_hparams_to_yaml(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), self.hparams)
         if metrics is None:

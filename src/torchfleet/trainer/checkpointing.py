@@ -16,6 +16,7 @@ from torchfleet.checkpoint.hparams import to_plain
 from torchfleet.errors import CheckpointError
 from torchfleet.preemption import RESTART_VARIABLES, is_restart
 from torchfleet.seed import capture_rng
+from torchfleet.trainer import runs
 from torchfleet.trainer.preemption import preemption_checkpoint_path
 
 if TYPE_CHECKING:
@@ -41,6 +42,7 @@ def dump_checkpoint(trainer: LoopTrainer, weights_only: bool = False) -> dict[st
         "global_step": run["global_step"],
         "state_dict": strategy.lightning_module_state_dict(),
         "hyper_parameters": _plain_hparams(module),
+        "run_id": runs.run_id(),  # which run wrote it (trainer/runs.py): "last" checks it when it reads the file
     }
     state = plain
     if not weights_only:
@@ -104,22 +106,39 @@ def checkpoint_folders(trainer: LoopTrainer) -> list[str]:
     return list(dict.fromkeys(os.path.normpath(f) for f in folders))
 
 
-def find_last_checkpoint(trainer: LoopTrainer) -> str | None:
-    """The checkpoint ``ckpt_path="last"`` (and a restart) means: the newest complete one, by modification time,
-    in ``checkpoint_folders`` (``preempted.ckpt``, ``last.ckpt`` and ModelCheckpoint's files alike; on a tie
-    ``last.ckpt`` (or ``last-vN.ckpt``) and ``preempted.ckpt`` win)."""
-    candidates = {c for folder in checkpoint_folders(trainer) for c in _complete_checkpoints(folder)}
+def find_last_checkpoint(trainer: LoopTrainer) -> tuple[str | None, str | None]:
+    """The checkpoint ``ckpt_path="last"`` (and a restart) means, and the run it belongs to (None: unrecorded).
+
+    The newest complete one, by modification time, in ``checkpoint_folders`` (``preempted.ckpt``, ``last.ckpt``
+    and ModelCheckpoint's files alike; on a tie ``last.ckpt`` and ``preempted.ckpt`` (or their ``-vN`` names) win)
+    among this run's own files (each holds its run id: trainer/runs.py), whatever other runs wrote there meanwhile.
+    A process that has saved none there (a new run resuming an old one) takes the newest of all, and says so when
+    several runs wrote into those folders.
+    """
+    folders = checkpoint_folders(trainer)
+    candidates = sorted({c for folder in folders for c in _complete_checkpoints(folder)})
     if not candidates:
-        return None
+        return None, None
+    claimed = {c: runs.owner_of(c) for c in candidates}
+    mine = runs.run_id()
+    own = [c for c in candidates if claimed[c] == mine]
 
     def newest(path: str) -> tuple[float, bool]:
         try:
             mtime = os.path.getmtime(path)
         except OSError:  # removed while we looked (another run's top-k)
             mtime = -1.0
-        return mtime, re.fullmatch(r"last(-v\d+)?\.ckpt|preempted\.ckpt", os.path.basename(path)) is not None
+        return mtime, re.fullmatch(r"(last|preempted)(-v\d+)?\.ckpt", os.path.basename(path)) is not None
 
-    return max(sorted(candidates), key=newest)
+    found = max(own or candidates, key=newest)
+    owner = claimed[found]
+    others = set(claimed.values()) - {owner}
+    if not own and others:
+        log.warning(
+            "ckpt_path='last': this process has saved no checkpoint in %s, and %d runs have: it resumes %s, the "
+            "newest (run %s), and continues that run. Pass ckpt_path=<file> to resume another run.",
+            ", ".join(folders), len(others) + 1, found, owner or "unrecorded")
+    return found, owner
 
 
 def resolve_ckpt_path(trainer: LoopTrainer, ckpt_path: Any, stage: str) -> str | None:
@@ -130,7 +149,7 @@ def resolve_ckpt_path(trainer: LoopTrainer, ckpt_path: Any, stage: str) -> str |
     if ckpt_path is None:
         if stage != "fit" or not trainer.auto_resume or not is_restart():
             return None
-        found = trainer.strategy.broadcast(find_last_checkpoint(trainer) if trainer.is_global_zero else None)
+        found = _agree_on_last(trainer, stage)
         if trainer.is_global_zero:
             restart = ", ".join(f"{v}={os.environ[v]}" for v in RESTART_VARIABLES if os.environ.get(v))
             if found is None:
@@ -149,7 +168,7 @@ def resolve_ckpt_path(trainer: LoopTrainer, ckpt_path: Any, stage: str) -> str |
             )
         return ck.best_model_path
     if ckpt_path == "last":
-        found = trainer.strategy.broadcast(find_last_checkpoint(trainer) if trainer.is_global_zero else None)
+        found = _agree_on_last(trainer, stage)
         if found is not None and trainer.is_global_zero:
             log.info("ckpt_path='last' is %s.", found)
         if found is None:
@@ -168,6 +187,16 @@ def resolve_ckpt_path(trainer: LoopTrainer, ckpt_path: Any, stage: str) -> str |
             "trainer.save_checkpoint, or ckpt_path='last' to resume from the newest one."
         )
     return path
+
+
+def _agree_on_last(trainer: LoopTrainer, stage: str) -> str | None:
+    """Global rank 0's ``find_last_checkpoint`` on every rank; a fit resuming another run's file continues that run."""
+    found, owner = trainer.strategy.broadcast(find_last_checkpoint(trainer) if trainer.is_global_zero else None)
+    if found is not None and owner is not None:
+        if stage == "fit":
+            runs.continue_run(owner)
+        runs.remember_choice(found, owner)
+    return found
 
 
 def restore_before_setup(trainer: LoopTrainer, path: str | None, full: bool, weights_only: bool | None) -> dict[str, Any] | None:
@@ -195,6 +224,7 @@ def _restore_module(trainer: LoopTrainer, path: str, full: bool, weights_only: b
     strategy = trainer.strategy
     checkpoint = check_checkpoint(strategy.load_checkpoint(path, weights_only=weights_only), path,
                                   strategy.resolve_weights_only(weights_only))
+    runs.check_chosen(path, checkpoint)
     if full and "optimizer_states" not in checkpoint:
         raise CheckpointError(
             f"{path!r} holds weights only (saved with weights_only=True): it cannot resume training. Load the "

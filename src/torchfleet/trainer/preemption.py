@@ -33,6 +33,7 @@ from torchfleet.preemption import (
     steps_overdue,
 )
 from torchfleet.signals import SignalFlag, exit_without_agreement
+from torchfleet.trainer import runs
 
 if TYPE_CHECKING:
     from torchfleet.trainer.loop_trainer import LoopTrainer
@@ -44,9 +45,10 @@ PREEMPTED_NAME = "preempted.ckpt"
 
 
 def preemption_checkpoint_path(trainer: LoopTrainer) -> str:
-    """Where a preempted fit saves: the first ModelCheckpoint's folder, else ``<default_root_dir>/checkpoints``."""
+    """Where a preempted fit saves: the first ModelCheckpoint's folder, else ``<log_dir>/checkpoints`` (the
+    logger's version folder: a run of its own; default_root_dir without a logger)."""
     ck = trainer.checkpoint_callback
-    folder = ck.dirpath if ck is not None and ck.dirpath else os.path.join(trainer.default_root_dir, "checkpoints")
+    folder = ck.dirpath if ck is not None and ck.dirpath else os.path.join(trainer.log_dir, "checkpoints")
     return os.path.join(folder, PREEMPTED_NAME)
 
 
@@ -104,7 +106,7 @@ class FitPreemption:
         trainer = self.trainer
         self.flag.begin_agreed_stop()  # the ranks save together now: the signal thread must not end this one
         name = describe_signal(signum)
-        path = preemption_checkpoint_path(trainer)
+        path = runs.own_name(preemption_checkpoint_path(trainer))  # another run's preempted.ckpt stays
         own = self.flag.signum is not None
         if trainer.is_global_zero:
             log.warning("torchfleet: %s received; saving %s after step %d, then stopping.", name, path,

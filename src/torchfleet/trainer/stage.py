@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchfleet.errors import ConfigurationError, MisconfiguredModuleError, PossibleUserWarning
+from torchfleet.loggers.base import claim_versions
 from torchfleet.module import Module
 from torchfleet.samplers import without_shuffle
 from torchfleet.seed import isolate_rng, reset_seed
@@ -177,6 +178,7 @@ def _prepare(trainer: LoopTrainer, stage: str, model: Any) -> None:
         if owner is not None and (strategy.local_rank if owner.prepare_data_per_node else strategy.global_rank) == 0:
             owner.prepare_data()
     strategy.barrier("prepare_data")
+    claim_versions(trainer.loggers, strategy)  # rank 0 creates the version folders: no other run takes them now
     if strategy.world_size > 1:
         # every rank names the same log and checkpoint folder: rank 0's (the only one that writes)
         for lg in trainer.loggers:

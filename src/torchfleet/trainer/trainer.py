@@ -18,6 +18,7 @@ from torchfleet.errors import ConfigurationError, check_int
 from torchfleet.rank_zero import show_info_lines
 from torchfleet.settings import TrainingSettings, clip_arguments
 from torchfleet.trainer import arguments as args
+from torchfleet.trainer import runs
 from torchfleet.trainer.arguments import default
 from torchfleet.trainer.hooks import HookDispatcher
 from torchfleet.trainer.properties import TrainerProperties
@@ -436,7 +437,6 @@ class Trainer(TrainerProperties, UserCollectives):
 
     def _run(self, stage: str, model: Any, train_dl: Any, eval_dl: Any, datamodule: Any, ckpt_path: Any, **kw: Any) -> Any:
         from torchfleet.data import loaders_or_datamodule
-        from torchfleet.trainer.stage import run_stage
 
         train_dl, datamodule = loaders_or_datamodule(train_dl, datamodule, stage)
         eval_dl, datamodule = loaders_or_datamodule(eval_dl, datamodule, stage)
@@ -446,6 +446,12 @@ class Trainer(TrainerProperties, UserCollectives):
             from torchfleet.trainer.auto_strategy import choose_at_fit
 
             choose_at_fit(self, model, train_dl, datamodule)
+        with runs.exported_run_id():  # the ranks it launches, and their restarts, continue this run
+            return self._launch(stage, model, train_dl, eval_dl, ckpt_path, kw)
+
+    def _launch(self, stage: str, model: Any, train_dl: Any, eval_dl: Any, ckpt_path: Any, kw: dict) -> Any:
+        from torchfleet.trainer.stage import run_stage
+
         launcher = self.strategy.launcher
         if launcher is None or not launcher.runs_in_children:
             if launcher is None:
