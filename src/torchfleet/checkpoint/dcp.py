@@ -36,6 +36,7 @@ from torchfleet.checkpoint.distributed import (
     write_meta,
 )
 from torchfleet.checkpoint.schema import FORMAT_KEY
+from torchfleet.checkpoint.write_errors import no_room
 from torchfleet.errors import CheckpointError
 
 #: key in the format marker listing the entries stored in the DCP files: {key: None (one dict) | n (a list of n)}
@@ -105,10 +106,16 @@ def save_dcp_checkpoint(path: str | os.PathLike, plain: Mapping[str, Any], ranks
     }
     meta[FORMAT_KEY] = marker
     with atomic_checkpoint_dir(path, ranks) as tmp:
-        dcp.save(sharded, checkpoint_id=tmp)
-        if ranks.is_global_zero:  # DCP's save ends with rank 0 writing .metadata after every rank's files
-            marker.update(integrity.record(tmp, META_NAME))
-            write_meta(tmp, meta)
+        try:
+            dcp.save(sharded, checkpoint_id=tmp)
+            if ranks.is_global_zero:  # DCP's save ends with rank 0 writing .metadata after every rank's files
+                marker.update(integrity.record(tmp, META_NAME))
+                write_meta(tmp, meta)
+        except BaseException as exc:  # DCP's CheckpointException is one; a full disk: one paragraph, not tracebacks
+            failure = no_room(path, exc)
+            if failure is None:
+                raise
+            raise failure from None
 
 
 def read_dcp_checkpoint(path: str | os.PathLike, weights_only: bool = True) -> dict[str, Any]:
@@ -343,7 +350,8 @@ def read_dcp_full(path: str | os.PathLike, keys: set[str] | None = None, weights
         # dcp.load rebuilds its argument's keys first, so a planner that creates them needs the inner loader
         _load_state_dict(state, storage_reader=_reader(path, weights_only), planner=planner, no_dist=True)
     except (CheckpointException, OSError, pickle.UnpicklingError) as exc:
-        raise _failure(path, exc) from None
+        # a shard cut short fails inside DCP's reader without naming its file (EOFError): name it where we can
+        raise CheckpointError(files_problem(path, weights_only) or str(_failure(path, exc))) from None
     return state
 
 

@@ -36,6 +36,7 @@ from torchfleet.launchers.supervise import (
     exit_if_peer_stopped_on_signal,
     mark_launched_child,
     remove_run_folder,
+    report_when_uncaught,
     watch_parent,
     write_error,
 )
@@ -115,6 +116,7 @@ class ProcessLauncher(Launcher):
                 # with TF_RESTART_COUNT set: a Trainer's fit resumes from the newest checkpoint (auto_resume)
                 if not say_restart(failure, failure.rank, restart, self.max_restarts,
                                    f"starting all {self.num_processes} ranks again"):
+                    report_when_uncaught()
                     raise
                 restart += 1
 

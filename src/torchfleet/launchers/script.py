@@ -46,13 +46,13 @@ from torchfleet.launchers.base import (
 from torchfleet.launchers.supervise import (
     POLL_S,
     Supervisor,
-    exit_if_peer_stopped_on_signal,
-    mark_launched_child,
+    end_with_report,
+    rank_traceback,
     remove_run_folder,
+    report_when_uncaught,
     set_own_error_dir,
-    watch_parent,
-    write_error,
 )
+from torchfleet.launchers.script_child import run_as_child
 from torchfleet.preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
 from torchfleet.preemption import RESTART_COUNT_VAR, Preempted, describe_signal
 from torchfleet.signals import SignalFlag, end_own_children, interrupt_main, set_unagreed_stop
@@ -88,6 +88,8 @@ class _Children:
         self.in_launch = 0
         self.reported = False
         self.interrupted = False  # the KeyboardInterrupt in the main thread came from us, not from Ctrl-C
+        #: a thread other than the main one reports the failure and ends this process (the watchdog's, the watcher's)
+        self.thread_reports = False
         #: the restarts allowed (the latest launch's max_restarts) and how many happened before this start
         self.max_restarts = 0
         self.restart = int(os.environ.get(RESTART_COUNT_VAR) or 0)
@@ -133,7 +135,9 @@ class _Children:
         """This process's own watchdog fired (rank 0 waited too long in a collective): report for every rank, exit."""
         sup = self.supervisor
         with self.lock:  # the watcher thread must not interrupt the main thread now: this thread reports
-            deferred = self.interrupted or self.reported
+            # the main thread was told to stop, or handles an error of its own: it reports
+            deferred = self.interrupted or self.reported or self.main_stopped.is_set()
+            self.thread_reports = not deferred  # the main thread's error, once the others are killed, is its echo
             self.main_stopped.set()
         if deferred:  # the main thread was already told to stop and reports: leave it to do so
             threading.Event().wait()
@@ -164,9 +168,13 @@ class _Children:
                 self.main_stopped.set()
                 self.reported = True
                 self.supervisor.stop()
-                sys.stderr.write(f"torchfleet: {failure}\n")
-                sys.stderr.flush()
+                end_with_report(failure)
                 return
+        if isinstance(value, Exception) and not isinstance(value, ProcessFailedError):
+            # rank 0's own error ends the run: said as a child's error is, its frames shortened alike
+            sup = self.supervisor
+            end_with_report(ProcessFailedError(sup._global_rank(0), rank_traceback(value)))
+            return
         self._previous_excepthook(kind, value, tb)
 
     def restart_if_left(self, cause: BaseException) -> None:
@@ -209,7 +217,13 @@ class _Children:
                     self.interrupted = True
                     interrupt_main()
                 if not self.main_stopped.wait(INTERRUPT_GRACE_S):
-                    # blocked inside C++ where the interrupt cannot land: exit with the report ourselves
+                    # blocked inside C++ where the interrupt cannot land: exit with the report ourselves, unless
+                    # the main thread got there meanwhile (then it reports, once)
+                    with self.lock:
+                        if self.main_stopped.is_set():
+                            return
+                        self.thread_reports = True
+                        self.main_stopped.set()
                     self._report_and_exit(sup.failure)
                 return
             time.sleep(POLL_S)
@@ -222,7 +236,8 @@ class _Children:
             sys.stderr.write(f"torchfleet: {failure}\n")
             sys.stderr.flush()
         remove_run_folder(self.supervisor.error_dir)
-        os._exit(1)
+        hung = failure is not None and failure.diagnosis in ("hang", "desync")
+        os._exit(watchdog.HANG_EXIT_CODE if hung else 1)
 
     def _at_exit(self) -> None:
         # the script finished in rank 0: the children finish theirs; a failure there fails the run
@@ -295,7 +310,7 @@ class ScriptLauncher(Launcher):
             children.max_restarts = self.max_restarts
             return _run_watched(children, fn, args, kwargs)
         if os.environ.get(ERROR_DIR_VAR):
-            return _run_as_child(fn, args, kwargs)
+            return run_as_child(fn, args, kwargs)
         try:
             return fn(*args, **kwargs)
         except BaseException as exc:  # torchrun, srun: no launching process of ours to report a failed collective
@@ -366,6 +381,7 @@ def _export_rank_env(env: ClusterEnvironment, num_processes: int, num_nodes: int
 def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     if children.supervisor.check() is not None:
         children.reported = True
+        report_when_uncaught()
         raise children.supervisor.failure  # type: ignore[misc]
     children.in_launch += 1
     try:
@@ -379,6 +395,7 @@ def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwarg
         children.reported = True
         sup.stop()
         if failure is not None:
+            report_when_uncaught()
             raise failure from exc
         raise
     except BaseException as exc:
@@ -386,6 +403,8 @@ def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwarg
             threading.Event().wait()
         failed_at = time.time()
         with children.lock:  # from now on this handler reports: the watcher must not interrupt it (a second error)
+            if children.thread_reports:  # an echo of the failure another thread of this process reports and exits on
+                threading.Event().wait()
             children.main_stopped.set()
         sup = children.supervisor
         ctrl_c = isinstance(exc, KeyboardInterrupt) and not children.interrupted
@@ -400,6 +419,7 @@ def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwarg
         if not ctrl_c and not _clean_exit(exc):
             children.restart_if_left(failure if child_caused else exc)  # does not return when restarts are left
         if child_caused:  # this rank's own error ("Connection closed by peer") is an echo: the report is the news
+            report_when_uncaught()
             raise failure from None
         raise
     finally:
@@ -454,95 +474,3 @@ def _exec_again(command: list[str], env: dict[str, str]) -> None:
         except OSError:
             continue
     os.execve(command[0], command, env)
-
-
-def _run_as_child(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    _watch_launcher_once()
-    _report_uncaught_once()
-    mark_launched_child(os.environ.get(ERROR_DIR_VAR), int(os.environ.get("LOCAL_RANK", "0")))
-    try:
-        return fn(*args, **kwargs)
-    except Preempted:
-        raise  # not a failure: this rank saved with the others and exits with the preemption code
-    except BaseException as exc:
-        exit_if_peer_stopped_on_signal(os.environ.get(ERROR_DIR_VAR))
-        _record_error(exc)
-        _report_if_launcher_died(exc)
-        raise
-
-
-#: the error this child recorded for its launching process (which reports it: this rank does not print it)
-_RECORDED: BaseException | None = None
-
-
-def _record_error(exc: BaseException) -> None:
-    global _RECORDED
-    if write_error(os.environ.get(ERROR_DIR_VAR), int(os.environ.get("LOCAL_RANK", "0")), exc):
-        _RECORDED = exc
-
-
-def _launcher_alive() -> bool:
-    pid = os.environ.get(LAUNCHER_PID_VAR)
-    return bool(pid) and os.getppid() == int(pid)  # type: ignore[arg-type]
-
-
-#: how long a failing child waits to see whether the launching process (rank 0) is gone
-LAUNCHER_GONE_WAIT_S = 1.0
-_REPORTED_FOR_LAUNCHER = False
-
-
-def _report_if_launcher_died(exc: BaseException | None) -> None:
-    """In local rank 1: when the launching process (rank 0) died (gloo aborts a process whose collective received
-    the wrong size), nobody else can report: print the collectives report from the black boxes, end this process."""
-    global _REPORTED_FOR_LAUNCHER
-    error_dir, pid = os.environ.get(ERROR_DIR_VAR), os.environ.get(LAUNCHER_PID_VAR)
-    if _REPORTED_FOR_LAUNCHER or not error_dir or not pid or os.environ.get("LOCAL_RANK") != "1":
-        return
-    deadline = time.monotonic() + LAUNCHER_GONE_WAIT_S
-    while os.getppid() == int(pid) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    if os.getppid() == int(pid):
-        return  # the launching process lives and reports
-    _REPORTED_FOR_LAUNCHER = True
-    ranks = sorted(int(n[len("collectives-"):-4]) for n in os.listdir(error_dir)
-                   if n.startswith("collectives-") and n.endswith(".bin"))
-    kind, text = watchdog.report(error_dir, ranks)
-    if not kind:
-        return
-    why = f" This rank then failed: {type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}" if exc else ""
-    sys.stderr.write(f"torchfleet: the launching process (rank 0) died, so every rank stops.{why}\n{text}\n")
-    sys.stderr.flush()
-    remove_run_folder(error_dir)
-    os._exit(1)
-
-
-_PARENT_WATCH: threading.Thread | None = None
-_EXCEPTHOOK_SET = False
-
-
-def _report_uncaught_once() -> None:
-    """In a re-run child: an exception that ends the script outside a launch (a Fleet loop) is recorded too."""
-    global _EXCEPTHOOK_SET
-    if _EXCEPTHOOK_SET:
-        return
-    _EXCEPTHOOK_SET = True
-    previous = sys.excepthook
-
-    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        exit_if_peer_stopped_on_signal(os.environ.get(ERROR_DIR_VAR))
-        if value is not _RECORDED:  # an error raised inside a launch was recorded there already
-            _record_error(value)
-        if value is _RECORDED and _launcher_alive():
-            # the launching process reports the first rank that failed, once: printed here as well, the run's
-            # output would hold every rank's traceback, most of them echoes ("Connection closed by peer")
-            return
-        previous(kind, value, tb)
-
-    sys.excepthook = hook
-
-
-def _watch_launcher_once() -> None:
-    global _PARENT_WATCH
-    pid = os.environ.get(LAUNCHER_PID_VAR)
-    if _PARENT_WATCH is None and pid:
-        _PARENT_WATCH = watch_parent(int(pid), on_orphaned=lambda: _report_if_launcher_died(None))

@@ -18,6 +18,7 @@ launch at once (``signal_stop``), and the run ends with exit code 75 and that on
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
@@ -94,8 +95,34 @@ def signal_stop_file(error_dir: str, local_rank: int) -> str:
 def exit_if_peer_stopped_on_signal(error_dir: str | None) -> None:
     """In a launched child that failed: when another rank stopped on a signal, the failure is its echo (its
     sockets closed): leave quietly with exit code 75; the launcher says why, once."""
-    if error_dir and any(n.startswith(SIGNAL_STOP_PREFIX) for n in os.listdir(error_dir)):
+    try:
+        names = os.listdir(error_dir) if error_dir else []
+    except OSError:  # the folder is gone: the rank that reported for a dead launcher removed it
+        return
+    if any(n.startswith(SIGNAL_STOP_PREFIX) for n in names):
         os._exit(PREEMPTED_EXIT_CODE)
+
+
+def report_when_uncaught() -> None:
+    """In a launching process about to raise a ProcessFailedError: should it end the program uncaught, Python's last
+    words are the report alone, ``torchfleet: <report>`` (the failing rank's own traceback, once, not this process's
+    frames that only passed it on), and the process exits with the watchdog's code (76) for a hang or a desync.
+
+    Installed at the raise, so it is the outermost hook even after torch's (which prefixes ``[rankN]:``: the report
+    speaks for the run, not for this process). A program that catches the error is unaffected.
+    """
+    if getattr(sys.excepthook, "torchfleet_report", False):
+        return
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if isinstance(value, ProcessFailedError):
+            end_with_report(value)
+        else:
+            previous(kind, value, tb)
+
+    hook.torchfleet_report = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def mark_launched_child(error_dir: str | None, local_rank: int = 0) -> None:
@@ -197,6 +224,25 @@ def _format_chain(te: traceback.TracebackException, roots: list[tuple[str | None
                 lines.append(f"    {frame.line.strip()}\n")
     lines += list(te.format_exception_only())
     return lines
+
+
+def end_with_report(failure: ProcessFailedError) -> None:
+    """From an excepthook of the launching process, as the program ends on ``failure``: say it once, and for a hang
+    or a desync end with the watchdog's exit code (76; Python would exit with 1) after what Python runs at exit."""
+    # the process's own stderr, not the buffer torch's excepthook swaps in to prefix "[rankN]:" to what it holds
+    stream = sys.__stderr__ if isinstance(sys.stderr, io.StringIO) and sys.__stderr__ else sys.stderr
+    stream.write(f"torchfleet: {failure}\n")
+    stream.flush()
+    if failure.diagnosis in ("hang", "desync"):
+        import atexit
+
+        atexit._run_exitfuncs()  # Python's own exit would run them (this clears them)
+        for out in (sys.stdout, stream):
+            try:
+                out.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(HANG_EXIT_CODE)
 
 
 class Supervisor:
