@@ -6,7 +6,7 @@ import logging
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from torchfleet import DataModule, Module
 
@@ -111,3 +111,19 @@ class LogRecords(logging.Handler):
         logger = logging.getLogger("torchfleet")
         logger.removeHandler(self)
         logger.setLevel(self._old_level)
+
+
+class EpochSampler(Sampler):
+    """Reads in order (not a SequentialSampler), records the epochs it is told (``epochs``)."""
+
+    def __init__(self, n):
+        self.n, self.epochs = n, []
+
+    def set_epoch(self, epoch):
+        self.epochs.append(epoch)
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self):
+        return self.n

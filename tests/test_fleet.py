@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 
-from tests.helpers import loader, make_data
+from tests.helpers import EpochSampler, loader, make_data
 from torchfleet import Fleet, Module, Trainer
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.fleet import FleetDataLoader, FleetModule, FleetOptimizer
@@ -399,6 +399,24 @@ def test_set_epoch_reaches_the_sampler():
     dl.set_epoch(3)
     assert sampler.epoch == 3
     assert dl.batch_size == 4  # other attributes come from the dataloader
+    list(dl)  # set_epoch(3) chose the pass it makes: still epoch 3, and the passes after count on from there
+    assert sampler.epoch == 3
+    list(dl)
+    assert sampler.epoch == 4
+
+
+def test_each_pass_over_a_set_up_loader_is_the_next_epoch():
+    """As Fabric counts: the sampler and a batch sampler's sampler hear 0, 1, 2 at the passes' starts, and an
+    epoch a loop sets on the sampler itself is overridden by the count."""
+    data = make_data(8)
+    plain, inner = EpochSampler(8), EpochSampler(8)
+    fleet = Fleet(accelerator="cpu")
+    a, b = fleet.setup_dataloaders(DataLoader(data, sampler=plain, batch_size=4),
+                                   DataLoader(data, batch_sampler=torch.utils.data.BatchSampler(inner, 4, False)))
+    for epoch in range(3):
+        plain.set_epoch(10 + epoch)  # what a loop written without Fabric's counting might do
+        assert len(list(a)) == len(list(b)) == 2
+    assert plain.epochs == [10, 0, 11, 1, 12, 2] and inner.epochs == [0, 1, 2]
 
 
 # ------------------------------------------------------------ setup & errors

@@ -10,10 +10,10 @@ import warnings
 from unittest import mock
 
 import pytest
-from torch.utils.data import DataLoader, Sampler, SequentialSampler
+from torch.utils.data import DataLoader, SequentialSampler
 
 import torchfleet as tf
-from tests.helpers import LogRecords, Regressor, loader, quiet
+from tests.helpers import EpochSampler, LogRecords, Regressor, loader, quiet
 from torchfleet.callbacks import Callback, EarlyStopping
 from torchfleet.trainer.progress import (
     BatchProgress,
@@ -217,22 +217,6 @@ def test_validation_step_set_to_none_on_the_instance_switches_validation_off():
         trainer.validate(model, loader())
 
 
-class EpochSampler(Sampler):
-    """Reads in order (not a SequentialSampler), records the epochs it is told."""
-
-    def __init__(self, n):
-        self.n, self.epochs = n, []
-
-    def set_epoch(self, epoch):
-        self.epochs.append(epoch)
-
-    def __iter__(self):
-        return iter(range(self.n))
-
-    def __len__(self):
-        return self.n
-
-
 def test_overfit_batches_replaces_a_sampler_of_the_users_with_a_sequential_one():
     data = loader().dataset
     trainer = tf.Trainer(**quiet(max_epochs=1, overfit_batches=2))
@@ -253,6 +237,25 @@ def test_evaluation_samplers_hear_the_training_epoch():
     test_sampler = EpochSampler(len(data))
     trainer.test(Regressor(), DataLoader(data, sampler=test_sampler, batch_size=8))
     assert test_sampler.epochs == [2]
+
+
+def test_combined_training_loaders_samplers_hear_each_epoch():
+    """As Lightning's fit loop: every loader of a CombinedLoader, its sampler and its batch sampler's sampler."""
+    from torch.utils.data import BatchSampler
+
+    from torchfleet.utilities import CombinedLoader
+
+    data = loader().dataset
+    plain, inner = EpochSampler(len(data)), EpochSampler(len(data))
+    combined = CombinedLoader({"a": DataLoader(data, sampler=plain, batch_size=8),
+                               "b": DataLoader(data, batch_sampler=BatchSampler(inner, 8, False))}, "max_size_cycle")
+
+    class Pair(Regressor):
+        def training_step(self, batch, batch_idx):
+            return super().training_step(batch["a"], batch_idx) + super().training_step(batch["b"], batch_idx)
+
+    tf.Trainer(**quiet(max_epochs=3, limit_train_batches=1, limit_val_batches=0)).fit(Pair(), combined)
+    assert plain.epochs == inner.epochs == [0, 1, 2]
 
 
 def test_fit_loop_clock_is_read_at_each_call():

@@ -316,11 +316,20 @@ class FleetOptimizer(OptimizerWrapper):
 
 
 class FleetDataLoader:
-    """A dataloader whose batches arrive on the strategy's device; ``len`` and ``set_epoch`` keep working."""
+    """A dataloader whose batches arrive on the strategy's device, and whose samplers move to the next epoch.
+
+    As Fabric's loader does, each pass (``iter()``) first tells the loader's sampler and its batch sampler's
+    sampler the number of passes made before it (0, 1, 2, ...): a DistributedSampler reshuffles, a sampler of
+    yours wrapped for the ranks draws anew, your own sampler's ``set_epoch`` hears of it. Without this every
+    epoch of a multi-process run would read epoch 0's order again. ``set_epoch(n)`` makes the next pass epoch
+    ``n`` (a resumed loop starting at epoch ``n``); a ``set_epoch`` called on the sampler itself is overridden
+    by the count, as under Fabric. ``len`` keeps working.
+    """
 
     def __init__(self, loader: Any, to_device: Callable[[Any], Any] | None) -> None:
         self._loader = loader
         self._to_device = to_device
+        self._passes = 0  # Fabric's count of iter() calls: the epoch the next pass reads
 
     @property
     def loader(self) -> Any:
@@ -331,14 +340,17 @@ class FleetDataLoader:
         return len(self._loader)
 
     def __iter__(self) -> Iterator[Any]:
+        set_sampler_epoch(self._loader, self._passes)
+        self._passes += 1
         if self._to_device is None:
             return iter(self._loader)
         # map runs in C: no Python generator frame resumed per batch
         return map(self._to_device, self._loader)
 
     def set_epoch(self, epoch: int) -> None:
-        """Tell the samplers the epoch (a DistributedSampler reshuffles, a wrapped sampler of yours draws anew)."""
+        """Make the next pass epoch ``epoch`` (the passes after it count on from there), telling the samplers now."""
         set_sampler_epoch(self._loader, epoch)
+        self._passes = epoch
 
     def __getattr__(self, name: str) -> Any:
         loader = self.__dict__.get("_loader")

@@ -100,7 +100,8 @@ class ShardedSampler(Sampler[Any]):
     torch's, Python's and NumPy's global generators seeded from ``seed`` and the epoch (and put back
     afterwards: the run's own random stream is untouched); a new epoch draws anew and a resumed run
     draws again the epoch it stopped in. A sampler with a generator of its own draws from that generator,
-    which must then be seeded alike on every rank. ``set_epoch`` is passed on to the sampler when it has one.
+    which must then be seeded alike on every rank. ``set_epoch`` is passed on to the sampler when it has one, and
+    to a batch sampler's sampler.
 
     ``even=True`` (training): every rank gets ``ceil(n / num_replicas)`` items; the last positions repeat
     the epoch's first items, as torch's DistributedSampler pads, so no rank waits for a batch the others
@@ -140,9 +141,16 @@ class ShardedSampler(Sampler[Any]):
     def set_epoch(self, epoch: int) -> None:
         """Draw epoch ``epoch`` next (and tell the wrapped sampler, when it takes ``set_epoch``)."""
         self.epoch = epoch
-        set_epoch = getattr(self.sampler, "set_epoch", None)
-        if callable(set_epoch):
-            set_epoch(epoch)
+        for inner in self._told():
+            inner.set_epoch(epoch)
+
+    def _told(self) -> list[Any]:
+        """What ``set_epoch`` reaches: the wrapped sampler and, for a batch sampler, its sampler (as Lightning tells
+        a loader's ``batch_sampler.sampler``), each once, where it has ``set_epoch``."""
+        inner = [self.sampler, getattr(self.sampler, "sampler", None)]
+        if inner[1] is inner[0]:
+            del inner[1]
+        return [s for s in inner if s is not None and callable(getattr(s, "set_epoch", None))]
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.sampler!r}, num_replicas={self.num_replicas}, rank={self.rank}, "
@@ -180,7 +188,7 @@ def set_sampler_epoch(dataloader: Any, epoch: int) -> None:
         seen.add(id(owner))
         set_epoch(epoch)
         if isinstance(owner, ShardedSampler):
-            seen.add(id(owner.sampler))  # told by the ShardedSampler already
+            seen.update(id(inner) for inner in owner._told())  # told by the ShardedSampler already
 
 
 def inject_distributed_sampler(

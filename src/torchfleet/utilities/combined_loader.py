@@ -23,6 +23,7 @@ from typing import Any
 from torch.utils import _pytree
 
 from torchfleet.errors import ConfigurationError
+from torchfleet.samplers import set_sampler_epoch
 
 MODES = ("min_size", "max_size_cycle", "max_size", "sequential")
 #: how the loaders' lengths give the combined length, per mode
@@ -182,16 +183,14 @@ class CombinedLoader(Iterable):
 
 
 class _EpochSetter:
-    """The ``sampler`` a BatchView shows its loop: ``set_epoch`` reaches every loader's sampler that has one."""
+    """The ``sampler`` a BatchView shows its loop: ``set_epoch`` reaches every loader's samplers that have one."""
 
     def __init__(self, loaders: list[Any]) -> None:
         self.loaders = loaders
 
     def set_epoch(self, epoch: int) -> None:
-        for loader in self.loaders:
-            sampler = getattr(loader, "sampler", None)
-            if hasattr(sampler, "set_epoch"):
-                sampler.set_epoch(epoch)
+        for loader in self.loaders:  # each loader's sampler and batch sampler's sampler, as Lightning's fit loop
+            set_sampler_epoch(loader, epoch)
 
 
 class BatchView:

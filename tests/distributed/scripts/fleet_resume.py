@@ -19,7 +19,7 @@ def train_save_resume(fleet: Any, setup: Callable[[], tuple[Any, Any]], loader: 
     def train(model, opt, start: int, save: bool) -> None:
         step = 0
         for epoch in range(epochs):
-            loader.sampler.set_epoch(epoch)
+            loader.set_epoch(epoch)  # the epoch to read (a plain pass counts on from the last)
             for x, y in loader:
                 step += 1
                 if step <= start:
