@@ -1,6 +1,7 @@
-"""Seeded programs using Lightning's OnExceptionCheckpoint, BasePredictionWriter and GradientAccumulationScheduler,
+"""Seeded programs using Lightning's OnExceptionCheckpoint, BasePredictionWriter, GradientAccumulationScheduler and
+Tuner.lr_find,
 written once and run under torchfleet or (their import lines turned back) under Lightning 2.6.6; each prints
-``RESULTS <json>``. Used by tests/test_lightning_more_callbacks.py."""
+``RESULTS <json>``. Used by tests/test_lightning_more_callbacks.py and tests/test_tuner.py."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ TORCHFLEET = """
 from torchfleet import Trainer, seed_everything
 from torchfleet import Module as LightningModule
 from torchfleet.trainer.callbacks import BasePredictionWriter, GradientAccumulationScheduler, OnExceptionCheckpoint
+from torchfleet.tuner import Tuner
 """
 
 LIGHTNING = """
 from lightning.pytorch import LightningModule, Trainer, seed_everything
 from lightning.pytorch.callbacks import BasePredictionWriter, GradientAccumulationScheduler, OnExceptionCheckpoint
+from lightning.pytorch.tuner import Tuner
 """
 
-PROGRAM = """
+COMMON = """
 import json, os, tempfile
 import torch
 from torch import nn
@@ -26,7 +29,9 @@ def data(n, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 6, generator=g)
     return TensorDataset(x, 0.5 * x.sum(1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=g))
+"""
 
+CALLBACKS = """
 
 class Net(LightningModule):
     def __init__(self, fail_at=-1):
@@ -117,6 +122,47 @@ print("RESULTS", json.dumps(results))
 """
 
 
-def source(library: str) -> str:
-    """The program with ``library``'s ("torchfleet" or "lightning") import lines."""
-    return (TORCHFLEET if library == "torchfleet" else LIGHTNING) + PROGRAM
+#: Tuner.lr_find, then a fit with the rate it found
+LR_FIND = """
+class Net(LightningModule):
+    def __init__(self, lr=0.01):
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+
+
+seed_everything(11)
+model = Net()
+trainer = Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_progress_bar=False,
+                  enable_model_summary=False, enable_checkpointing=False)
+train = DataLoader(data(64, 0), batch_size=4, shuffle=True)
+val = DataLoader(data(16, 1), batch_size=8)
+finder = Tuner(trainer).lr_find(model, train, val, num_training=40)
+results = {"lr": finder.results["lr"], "loss": finder.results["loss"], "suggestion": finder.suggestion(),
+           "hparams_lr": model.hparams.lr}
+trainer.fit(model, train, val)
+results["weights"] = [p.detach().flatten().tolist() for p in model.parameters()]
+results["next_random"] = torch.rand(2).tolist()
+print("RESULTS", json.dumps(results))
+"""
+
+PROGRAMS = {"callbacks": CALLBACKS, "lr_find": LR_FIND}
+
+
+def source(library: str, program: str = "callbacks") -> str:
+    """``program`` with ``library``'s ("torchfleet" or "lightning") import lines."""
+    return (TORCHFLEET if library == "torchfleet" else LIGHTNING) + COMMON + PROGRAMS[program]
