@@ -58,12 +58,14 @@ class EvalLoop:
     """One pass of validation_step/test_step/predict_step over dataloaders, without gradients."""
 
     def __init__(self, trainer: LoopTrainer, model: Any, stage: str, loaders: list[Any], limits: list[Any],
-                 on_metrics: Any = None, collect: bool = False) -> None:
+                 on_metrics: Any = None, collect: bool = False, indices: Any = None) -> None:
         self.trainer, self.model, self.stage = trainer, model, stage
         self.loaders, self.limits = loaders, limits
         self.on_metrics = on_metrics
         self.collect = collect
         self.predictions: list[list[Any]] = []
+        #: predict with a prediction writer: trainer/prediction_indices.py's recorder
+        self.indices = indices
 
     def run(self) -> list[dict[str, float]]:
         """The whole stage, its start and end hooks included, runs without gradients (as in Lightning)."""
@@ -102,6 +104,9 @@ class EvalLoop:
         # Lightning's counters, read by callbacks (trainer.fit_loop.epoch_loop.val_loop.batch_progress, ...)
         progress = evaluation_loop(trainer, self.stage).batch_progress
         progress.reset_on_run()
+        if self.stage == "predict":
+            evaluation_loop(trainer, self.stage).set_predictions(self.predictions)
+        indices = self.indices
         # named in hang/desync reports (watchdog.py); inside fit, with the training epoch
         epoch = trainer.state.current_epoch if trainer.state.fn == "fit" else None
         for dl_idx, (loader, limit) in enumerate(zip(self.loaders, self.limits)):
@@ -136,6 +141,8 @@ class EvalLoop:
                 progress.increment_processed()
                 if self.collect:
                     preds.append(strategy.outputs_to_cpu(out))
+                if indices is not None:
+                    indices.after_step(dl_idx, batch_idx)
                 for fn in end_cbs:
                     fn(trainer, model, out, batch, batch_idx, dl_idx)
                 if end_mod is not None:

@@ -203,7 +203,7 @@ class FitLoop:
         if not math.isinf(limit):  # as Lightning: the batch after the limit is never read (nor its random draws)
             iterator = itertools.islice(iterator, max(0, limit - start_batch))
         stepper = self.stepper
-        accumulate = stepper.accumulate
+        accumulate = stepper.read_accumulate()
         log_every = trainer.log_every_n_steps or sys.maxsize  # 0: never by steps (barebones)
         automatic = model.automatic_optimization
         opt = trainer.optimizers[0] if trainer.optimizers else None

@@ -261,6 +261,20 @@ class EvaluationLoopProgress:
         self.batch_progress = BatchProgress()
         #: the running stage's evaluation (set while it runs)
         self._runner: Any = None
+        # predict only, for prediction writers (trainer/prediction_indices.py fills them while a writer listens)
+        self.current_batch_indices: list[int] = []
+        self.epoch_batch_indices: list[list[list[int]]] = []
+        self._predictions: list[list[Any]] = []
+
+    @property
+    def predictions(self) -> list[Any]:
+        """predict: the predictions kept so far (one loader: its list; several: a list per loader)."""
+        preds = self._predictions
+        return preds[0] if len(preds) == 1 else preds
+
+    def set_predictions(self, per_loader: list[list[Any]]) -> None:
+        """The predict loop's per-loader lists (the object it appends to)."""
+        self._predictions = per_loader
 
     def run(self) -> None:
         """Validate now (inside a fit; elsewhere nothing happens)."""

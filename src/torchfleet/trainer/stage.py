@@ -26,8 +26,10 @@ from torchfleet.trainer.checkpointing import resolve_ckpt_path, restore_after_se
 from torchfleet.trainer.eval_loop import EvalLoop
 from torchfleet.trainer.fit_loop import FitLoop
 from torchfleet.trainer.loop_shape import agree_eval, agree_fit, has_length, val_every_fraction
+from torchfleet.trainer.prediction_indices import prepare as prepare_prediction_indices
 from torchfleet.trainer.preemption import FitPreemption
 from torchfleet.trainer.profiling import attach as attach_profiler
+from torchfleet.trainer.progress import trainer_loops
 from torchfleet.trainer.stage_strategy import prepare_loader, setup_strategy, teardown_strategy
 from torchfleet.utilities.combined_loader import BatchView, CombinedLoader
 
@@ -505,7 +507,8 @@ def _predict(trainer: LoopTrainer, model: Any, dl: Any, ckpt_path: Any, return_p
             'trainer.predict() takes a CombinedLoader only in mode "sequential" (each loader\'s batches in turn, with '
             'their dataloader_idx), as Lightning does: build it with CombinedLoader(loaders, "sequential").'
         )
-    loaders = [_for_strategy(trainer, v, "predict") for v in sources]
+    loaders, indices = prepare_prediction_indices(trainer, trainer_loops(trainer)["predict"],
+                                                  [_for_strategy(trainer, v, "predict") for v in sources])
     if not loaders:
         raise ConfigurationError(
             "trainer.predict() found no data: pass dataloaders=..., a datamodule with predict_dataloader(), or "
@@ -514,8 +517,11 @@ def _predict(trainer: LoopTrainer, model: Any, dl: Any, ckpt_path: Any, return_p
     limits = agree_eval(trainer.strategy, [_num_batches(v, trainer.limit_predict_batches) for v in loaders])
     trainer.num_predict_batches, trainer.predict_dataloaders = limits, _one_or_list(loaders)
     _setup_for_evaluation(trainer, model, "predict", ckpt_path, weights_only)
-    loop = EvalLoop(trainer, model, "predict", loaders, limits, collect=return_predictions)
+    loop = EvalLoop(trainer, model, "predict", loaders, limits,
+                    collect=return_predictions or (indices is not None and indices.on_epoch), indices=indices)
     loop.run()
+    if indices is not None:
+        indices.finish(return_predictions)
     if not return_predictions:
         return None
     return loop.predictions[0] if len(loop.predictions) == 1 else loop.predictions

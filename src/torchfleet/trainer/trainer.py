@@ -356,6 +356,7 @@ class Trainer(TrainerProperties, UserCollectives):
 
     def _build_callbacks(self, callbacks: Any, max_time: Any) -> list[Any]:
         from torchfleet.trainer.callbacks import ModelCheckpoint, ProgressBar, Timer
+        from torchfleet.trainer.callbacks.base import Checkpoint
 
         cbs = args.check_callbacks(callbacks)
         if max_time is not None:
@@ -369,12 +370,14 @@ class Trainer(TrainerProperties, UserCollectives):
             cbs.append(ProgressBar())
         if not self.enable_progress_bar:
             cbs = [c for c in cbs if not isinstance(c, ProgressBar)]
-        if self.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in cbs):
+        # as Lightning: any checkpoint-writing callback (ModelCheckpoint, OnExceptionCheckpoint) counts
+        writers = [type(c).__name__ for c in cbs if isinstance(c, Checkpoint)]
+        if self.enable_checkpointing and not writers:
             cbs.append(ModelCheckpoint())
-        if not self.enable_checkpointing and any(isinstance(c, ModelCheckpoint) for c in cbs):
+        if not self.enable_checkpointing and writers:
             raise ConfigurationError(
-                "Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in callbacks "
-                "list (callbacks=[...] holds one). Remove the ModelCheckpoint, or pass enable_checkpointing=True."
+                f"Trainer was configured with `enable_checkpointing=False` but found `{writers[0]}` in callbacks "
+                f"list (callbacks=[...] holds one). Remove the {writers[0]}, or pass enable_checkpointing=True."
             )
         return cbs
 

@@ -85,8 +85,7 @@ class AutomaticStep:
         #: Lightning's path: training_step and backward run inside strategy.optimizer_step's closure
         self.through_closure = bool(overrides & set(CLOSURE_HOOKS))
         self._block = "block_backward_sync" in overrides
-        # read once per fit (Lightning reads it several times a batch): the strategy accumulates itself
-        self.accumulate = 1 if self.strategy.handles_gradient_accumulation else trainer.accumulate_grad_batches
+        self.read_accumulate()
         takes = step_capacity(model, "training_step")
         self._takes = 2 if takes is None else min(takes, 2)  # training_step(self, batch) is allowed, as in Lightning
         self._closure = _ReplayClosure(None, None)
@@ -100,6 +99,13 @@ class AutomaticStep:
             from torchfleet.trainer.manual import HookOptimizer
 
             self._hook_optimizers = {id(o): HookOptimizer(o, self._hooked_step) for o in trainer.optimizers}
+
+    def read_accumulate(self) -> int:
+        """The batches per optimizer step, read from the Trainer once per epoch (after on_train_epoch_start, where
+        GradientAccumulationScheduler sets it; Lightning reads it several times a batch); 1 where the strategy
+        accumulates itself."""
+        self.accumulate = 1 if self.strategy.handles_gradient_accumulation else self.trainer.accumulate_grad_batches
+        return self.accumulate
 
     def run(self, step_fn: Any, batch: Any, batch_idx: int, boundary: bool, window_has_grads: bool,
             opt: Any) -> tuple[Tensor | None, bool]:

@@ -1,12 +1,15 @@
 """Callbacks shipped with torchfleet."""
 
-from torchfleet.trainer.callbacks.base import Callback
+from torchfleet.trainer.callbacks.base import Callback, Checkpoint
 from torchfleet.trainer.callbacks.checkpoint import ModelCheckpoint
 from torchfleet.trainer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 from torchfleet.trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
+from torchfleet.trainer.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
 from torchfleet.trainer.callbacks.lambda_function import LambdaCallback
 from torchfleet.trainer.callbacks.lr_monitor import LearningRateMonitor
 from torchfleet.trainer.callbacks.model_summary import ModelSummary, RichModelSummary
+from torchfleet.trainer.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
+from torchfleet.trainer.callbacks.prediction_writer import BasePredictionWriter, WriteInterval
 from torchfleet.trainer.callbacks.progress import ProgressBar, TQDMProgressBar
 from torchfleet.trainer.callbacks.rich_progress import RichProgressBar
 from torchfleet.trainer.callbacks.throughput import ThroughputMonitor
@@ -14,4 +17,5 @@ from torchfleet.trainer.callbacks.timer import Timer
 
 __all__ = ["Callback", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason", "ProgressBar", "TQDMProgressBar",
            "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor", "ThroughputMonitor", "Timer",
-           "LambdaCallback", "BaseFinetuning", "BackboneFinetuning"]
+           "LambdaCallback", "BaseFinetuning", "BackboneFinetuning", "OnExceptionCheckpoint", "BasePredictionWriter",
+           "WriteInterval", "GradientAccumulationScheduler", "Checkpoint"]

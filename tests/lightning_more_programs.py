@@ -1,0 +1,168 @@
+"""Seeded programs using Lightning's OnExceptionCheckpoint, BasePredictionWriter, GradientAccumulationScheduler and
+Tuner.lr_find,
+written once and run under torchfleet or (their import lines turned back) under Lightning 2.6.6; each prints
+``RESULTS <json>``. Used by tests/test_lightning_more_callbacks.py and tests/test_tuner.py."""
+
+from __future__ import annotations
+
+TORCHFLEET = """
+from torchfleet import Trainer, seed_everything
+from torchfleet import Module as LightningModule
+from torchfleet.trainer.callbacks import BasePredictionWriter, GradientAccumulationScheduler, OnExceptionCheckpoint
+from torchfleet.tuner import Tuner
+"""
+
+LIGHTNING = """
+from lightning.pytorch import LightningModule, Trainer, seed_everything
+from lightning.pytorch.callbacks import BasePredictionWriter, GradientAccumulationScheduler, OnExceptionCheckpoint
+from lightning.pytorch.tuner import Tuner
+"""
+
+COMMON = """
+import json, os, tempfile
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def data(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    return TensorDataset(x, 0.5 * x.sum(1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=g))
+"""
+
+CALLBACKS = """
+
+class Net(LightningModule):
+    def __init__(self, fail_at=-1):
+        super().__init__()
+        self.layer = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+        self.fail_at, self.losses, self.epochs = fail_at, [], {}
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step == self.fail_at:
+            raise RuntimeError("stop here")
+        x, y = batch
+        loss = nn.functional.mse_loss(self(x), y)
+        self.losses.append(loss.item())
+        return loss
+
+    def on_train_epoch_end(self):
+        self.epochs[self.current_epoch] = [self.trainer.global_step, self.trainer.accumulate_grad_batches]
+
+    def predict_step(self, batch, batch_idx, dataloader_idx=0):
+        return self(batch[0])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+
+class Writer(BasePredictionWriter):
+    def __init__(self, interval):
+        super().__init__(interval)
+        self.batches, self.epoch = [], None
+
+    def write_on_batch_end(self, trainer, module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        self.batches.append([batch_idx, dataloader_idx, list(batch_indices), prediction.squeeze(1).tolist()])
+
+    def write_on_epoch_end(self, trainer, module, predictions, batch_indices):
+        nested = predictions and isinstance(predictions[0], list)
+        self.epoch = {"predictions": [[p.squeeze(1).tolist() for p in per] for per in predictions] if nested
+                      else [p.squeeze(1).tolist() for p in predictions], "indices": batch_indices}
+
+
+def trainer(**kw):
+    kw.setdefault("enable_checkpointing", False)
+    return Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                   num_sanity_val_steps=0, **kw)
+
+
+def weights(module):
+    return [p.detach().flatten().tolist() for p in module.parameters()]
+
+
+results = {}
+
+seed_everything(7)
+model = Net()
+trainer(max_epochs=4, callbacks=[GradientAccumulationScheduler({1: 2, 3: 3})]).fit(
+    model, DataLoader(data(40, 0), batch_size=4, shuffle=True))
+results["accumulation"] = {"epochs": model.epochs, "losses": model.losses, "weights": weights(model)}
+
+folder = tempfile.mkdtemp()
+seed_everything(3)
+model = Net(fail_at=5)
+try:
+    trainer(max_epochs=3, callbacks=[OnExceptionCheckpoint(folder)], enable_checkpointing=True).fit(model, DataLoader(data(32, 1), batch_size=4))
+except RuntimeError:
+    pass
+saved = torch.load(os.path.join(folder, "on_exception.ckpt"), weights_only=False)
+clean = tempfile.mkdtemp()
+seed_everything(3)
+trainer(max_epochs=1, callbacks=[OnExceptionCheckpoint(clean, filename="x")], enable_checkpointing=True).fit(
+    Net(), DataLoader(data(32, 1), batch_size=4))
+results["exception"] = {"files": sorted(os.listdir(folder)), "epoch": saved["epoch"],
+                        "global_step": saved["global_step"], "left_after_success": os.listdir(clean),
+                        "state_dict": {k: v.flatten().tolist() for k, v in saved["state_dict"].items()}}
+
+seed_everything(5)
+model = Net()
+both = Writer("batch_and_epoch")
+returned = trainer(callbacks=[both]).predict(
+    model, [DataLoader(data(10, 2), batch_size=3), DataLoader(data(7, 3), batch_size=4)], return_predictions=False)
+epoch_only = Writer("epoch")
+kept = trainer(callbacks=[epoch_only]).predict(model, DataLoader(data(9, 4), batch_size=2))
+results["writer"] = {"batches": both.batches, "epoch": both.epoch, "returned": returned,
+                     "single": epoch_only.epoch, "kept": [p.squeeze(1).tolist() for p in kept]}
+
+print("RESULTS", json.dumps(results))
+"""
+
+
+#: Tuner.lr_find, then a fit with the rate it found
+LR_FIND = """
+class Net(LightningModule):
+    def __init__(self, lr=0.01):
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    def forward(self, x):
+        return self.layer(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+
+
+seed_everything(11)
+model = Net()
+trainer = Trainer(accelerator="cpu", max_epochs=2, logger=False, enable_progress_bar=False,
+                  enable_model_summary=False, enable_checkpointing=False)
+train = DataLoader(data(64, 0), batch_size=4, shuffle=True)
+val = DataLoader(data(16, 1), batch_size=8)
+finder = Tuner(trainer).lr_find(model, train, val, num_training=40)
+results = {"lr": finder.results["lr"], "loss": finder.results["loss"], "suggestion": finder.suggestion(),
+           "hparams_lr": model.hparams.lr}
+trainer.fit(model, train, val)
+results["weights"] = [p.detach().flatten().tolist() for p in model.parameters()]
+results["next_random"] = torch.rand(2).tolist()
+print("RESULTS", json.dumps(results))
+"""
+
+PROGRAMS = {"callbacks": CALLBACKS, "lr_find": LR_FIND}
+
+
+def source(library: str, program: str = "callbacks") -> str:
+    """``program`` with ``library``'s ("torchfleet" or "lightning") import lines."""
+    return (TORCHFLEET if library == "torchfleet" else LIGHTNING) + COMMON + PROGRAMS[program]
