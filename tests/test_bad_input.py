@@ -35,6 +35,7 @@ def one_paragraph(info: pytest.ExceptionInfo) -> str:
 @pytest.mark.parametrize(("name", "value", "accepted"), [
     ("default_root_dir", 123, "a path"),
     ("default_root_dir", ["runs"], "a path"),
+    ("default_root_dir", os.path.abspath(__file__), "it is a file, not a folder"),
     ("logger", "csv", "takes a Logger object"),
     ("logger", 123, "is not a Logger"),
     ("min_steps", -1, "an int >= 0"),

@@ -124,7 +124,7 @@ def test_fits_usage_errors_are_one_paragraph(argv, words, capsys):
     assert message.startswith(words), message
 
 
-def test_values_the_trainer_refuses_and_numbers_too_large_for_the_machine(capsys):
+def test_values_the_trainer_refuses_and_numbers_too_large_for_the_machine(tmp_path, capsys):
     assert main(["fit", *CPU, "--trainer.max_epochs=-5"]) == 2
     assert error_of(capsys, "fit") == "max_epochs=-5 is not valid: it must be an int >= 0."
     assert main(["fit", *CPU, "--trainer.devices=1000000"]) == 2
@@ -132,6 +132,12 @@ def test_values_the_trainer_refuses_and_numbers_too_large_for_the_machine(capsys
     assert message.startswith(f"devices=1000000 is not valid for the CPU: 1000000 processes on a machine with "
                               f"{os.cpu_count()} cores is more than torchfleet starts on one node (at most "
                               f"{max(64, 4 * os.cpu_count())}")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("a file where a folder is expected")
+    assert main(["fit", *CPU, f"--trainer.default_root_dir={a_file}"]) == 2
+    assert error_of(capsys, "fit") == (f"default_root_dir={str(a_file)!r} is not valid: it is a file, not a folder; "
+                                       "give the folder for logs and checkpoints (made if it does not exist), or None "
+                                       "for the current directory.")
     assert main(["validate", *CPU, "--trainer.limit_val_batches=-1"]) == 2
     assert error_of(capsys, "validate").startswith("limit_val_batches=-1 is not valid")
 

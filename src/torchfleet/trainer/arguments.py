@@ -206,6 +206,10 @@ def check_root_dir(value: Any) -> None:
     """default_root_dir: a folder path, or None for the current directory."""
     check_text("default_root_dir", value, allow_none=True, path=True,
                meaning="the folder for logs and checkpoints; None: the current directory")
+    # a folder that does not exist yet is made when the first log or checkpoint is written; a file never becomes one
+    if value is not None and os.path.exists(value) and not os.path.isdir(value):
+        raise not_valid("default_root_dir", os.fspath(value), "it is a file, not a folder; give the folder for logs "
+                        "and checkpoints (made if it does not exist), or None for the current directory")
 
 
 def check_logger(logger: Any) -> list[Any] | None:
