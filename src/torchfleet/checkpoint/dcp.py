@@ -234,11 +234,12 @@ def _metadata(path: str, weights_only: bool = True) -> Any:
         raise _failure(path, exc) from None
 
 
-def files_problem(path: str | os.PathLike, weights_only: bool = True) -> str | None:
+def files_problem(path: str | os.PathLike, weights_only: bool = True, share: tuple[int, int] = (0, 1)) -> str | None:
     """What keeps the DCP files at ``path`` from loading (a missing, short, unsafe or foreign file, chunks that do not
     tile a tensor: see torchfleet.checkpoint.integrity), or None.
 
-    Checked before any rank starts DCP's collective read, so that all can agree the load fails.
+    Checked before any rank starts DCP's collective read, so that all can agree the load fails; ``share`` (rank,
+    ranks) splits the files' comparison with the save's record between ranks that agree afterwards.
     """
     path = os.fspath(path)
     try:
@@ -247,7 +248,7 @@ def files_problem(path: str | os.PathLike, weights_only: bool = True) -> str | N
     except CheckpointError as exc:
         return str(exc)
     problem = integrity.cover_problem(path, metadata) or integrity.files_changed(
-        path, marker if isinstance(marker, Mapping) else {})
+        path, marker if isinstance(marker, Mapping) else {}, share)
     if problem:
         return problem
     storage = metadata.storage_data

@@ -16,7 +16,8 @@ Callables (Hydra's ``_partial_: true`` optimizers and schedulers, a model class,
 import path (``{TAG: "callable", "name": "torch.optim.adam:Adam"}``), ``functools.partial`` as its callable plus
 its arguments (themselves plain), and an ``nn.Module`` instance (Hydra's ``net``) as its class plus its attributes
 (parameters as tensors). Rebuilding a callable does not call it, but the model's constructor may, so a callable is
-given back only if it is one of (``trusted_callable``): a class or function of ``torch.nn`` or ``torch.optim``; one
+given back only if it is one of (``trusted_callable``): a class or function of ``torch.nn`` or ``torch.optim``, or a
+builtin value type (``float``); one
 the program holds in hyperparameters it gave ``save_hyperparameters`` in this process (``hold_callables``: a run's
 own checkpoints, and its resume once the model is built again); one the process allowed with
 ``torch.serialization.add_safe_globals``; or one of the program's own code (``__main__``, or a module whose file
@@ -205,6 +206,8 @@ def _installation_folders() -> tuple[str, ...]:
     return tuple(os.path.join(os.path.realpath(f), "") for f in folders if f)
 
 
+#: builtin types given as hyperparameters (``dtype=float``): building one of their values runs nothing else
+_VALUE_TYPES = (bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset)
 #: callables the program holds in its own hyperparameters (``hold_callables``): its checkpoints give them back
 _HELD: set[Any] = set()
 
@@ -226,7 +229,7 @@ def hold_callables(value: Any) -> None:
 def trusted_callable(obj: Any, name: str) -> bool:
     """Whether a checkpoint may give back the callable ``obj`` (found as ``name``) without being trusted itself."""
     module = name.partition(":")[0]
-    if module.split(".")[:2] in (["torch", "nn"], ["torch", "optim"]):
+    if module.split(".")[:2] in (["torch", "nn"], ["torch", "optim"]) or any(obj is t for t in _VALUE_TYPES):
         return True
     try:
         if obj in _HELD:

@@ -3,7 +3,7 @@
 At save, rank 0 (after DCP's collective write, whose last step is rank 0 writing ``.metadata`` once every rank's
 files are written) records each DCP file's size and a hash of sampled blocks in ``torchfleet.pt``'s format marker,
 with an id of the save (``record``). A load compares the files on disk with that record before any rank reads a
-tensor (``files_changed``): a shard copied from another run or save, a file cut short, grown or edited is refused
+tensor (``files_changed``; the ranks of a sharded load share the files between them): a shard copied from another run or save, a file cut short, grown or edited is refused
 with one paragraph naming it. ``.metadata`` is small and hashed whole; a shard is hashed over its size, its first
 and last blocks and blocks spread evenly between (``SAMPLES`` blocks of ``BLOCK`` bytes, 1 MiB in all), so the
 check reads about 1 MiB per file whatever the checkpoint's size: another run's shard differs in every block, but a
@@ -56,13 +56,17 @@ def record(directory: str, skip: str) -> dict[str, Any]:
             FILES: {name: fingerprint(os.path.join(directory, name)) for name in _data_files(directory, skip)}}
 
 
-def files_changed(path: str, marker: Mapping[str, Any]) -> str | None:
-    """What differs between the files of the checkpoint at ``path`` and the record in its ``marker``, or None."""
+def files_changed(path: str, marker: Mapping[str, Any], share: tuple[int, int] = (0, 1)) -> str | None:
+    """What differs between the files of the checkpoint at ``path`` and the record in its ``marker``, or None.
+
+    ``share`` (rank, ranks): this process checks every ranks-th file from its rank on, where the ranks of a load
+    share the check and then agree on its result."""
     recorded = marker.get(FILES)
     if not isinstance(recorded, Mapping):
         return None  # written before torchfleet recorded its files
     save = str(marker.get(SAVE_ID, "?"))[:12]
-    for name, want in sorted(recorded.items()):
+    rank, ranks = share
+    for name, want in sorted(recorded.items())[rank::ranks]:
         file = os.path.join(path, name)
         if not os.path.isfile(file):
             return (f"The sharded checkpoint {path!r} is incomplete: {file} is missing (torchfleet.pt lists it among "

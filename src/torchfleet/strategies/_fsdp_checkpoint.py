@@ -42,6 +42,8 @@ class ShardedStrategy(Protocol):
     @property
     def world_size(self) -> int: ...
     @property
+    def global_rank(self) -> int: ...
+    @property
     def is_global_zero(self) -> bool: ...
     def modules_set_up(self) -> list[nn.Module]: ...
     def all_gather_object(self, obj: Any, name: str | None = None) -> list[Any]: ...
@@ -161,7 +163,8 @@ def _agree_files_load(strategy: ShardedStrategy, checkpoint: Mapping[str, Any], 
                if isinstance(e, DCPEntry)]
     if not entries:
         return
-    problem = files_problem(entries[0].path, entries[0].weights_only)
+    # the ranks share the comparison of the files with the save's record, then agree
+    problem = files_problem(entries[0].path, entries[0].weights_only, (strategy.global_rank, strategy.world_size))
     if strategy.world_size > 1:
         problem = next((p for p in strategy.all_gather_object(problem, name="checkpoint files check") if p), None)
     if problem is not None:
