@@ -119,9 +119,7 @@ def find_last_checkpoint(trainer: LoopTrainer) -> tuple[str | None, str | None]:
     candidates = sorted({c for folder in folders for c in _complete_checkpoints(folder)})
     if not candidates:
         return None, None
-    claimed = {c: runs.owner_of(c) for c in candidates}
     mine = runs.run_id()
-    own = [c for c in candidates if claimed[c] == mine]
 
     def newest(path: str) -> tuple[float, bool]:
         try:
@@ -130,10 +128,16 @@ def find_last_checkpoint(trainer: LoopTrainer) -> tuple[str | None, str | None]:
             mtime = -1.0
         return mtime, re.fullmatch(r"(last|preempted)(-v\d+)?\.ckpt", os.path.basename(path)) is not None
 
-    found = max(own or candidates, key=newest)
+    ordered = sorted(candidates, key=newest, reverse=True)  # newest first; a tie keeps the sorted names' order
+    claimed: dict[str, str | None] = {}
+    for path in ordered:  # each read costs a few milliseconds (mmap): stop at this run's newest
+        claimed[path] = runs.owner_of(path)
+        if claimed[path] == mine:
+            return path, mine
+    found = ordered[0]
     owner = claimed[found]
     others = set(claimed.values()) - {owner}
-    if not own and others:
+    if others:
         log.warning(
             "ckpt_path='last': this process has saved no checkpoint in %s, and %d runs have: it resumes %s, the "
             "newest (run %s), and continues that run. Pass ckpt_path=<file> to resume another run.",
