@@ -223,7 +223,9 @@ class Fleet(UserCollectives):
                     "def train(fleet): ...), or start the script with torchrun or `torchfleet run`, which start "
                     "every process themselves."
                 )
-            if "fleet" in self._strategy.reseeds_for:  # Fabric's fsdp and deepspeed re-seed here
+            # Fabric's fsdp and deepspeed re-seed when launch() sets up the processes (or Fabric() under its CLI),
+            # before the program seeds; never at a first setup() under torchrun, after the model drew its weights
+            if self._launched and "fleet" in self._strategy.reseeds_for:
                 reset_seed()
             self._strategy.setup_environment()
             self._environment_ready = True

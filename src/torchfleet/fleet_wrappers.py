@@ -233,6 +233,10 @@ class FleetModule(nn.Module):
             self._routes[name] = route
         return route
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The original module's ``zero_grad`` (under fsdp it also clears the sharded gradients)."""
+        self._original.zero_grad(set_to_none)
+
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
         """The original module's state dict (keys without any wrapper prefix)."""
         return self._original.state_dict(*args, **kwargs)

@@ -131,6 +131,7 @@ def test_users_samplers_hear_the_epochs_fabric_tells_them(runs, lightning_runs):
     ``batch_sampler=``, Fabric 2.6.6 on 2 processes rebuilds the loader around its default sampler and drops the
     user's batch sampler (its sampler hears nothing, single samples come out), so only torchfleet's side is checked
     there (test_fleet_tells_a_users_sampler_each_epoch)."""
+    ours, fabric = runs["fleet_samplers"], lightning_runs["fleet_samplers"]
     for rank in range(2):
-        assert runs["fleet_samplers"][rank]["sampler"]["heard"] == lightning_runs["fleet_samplers"][rank]["sampler"]["heard"]
-        assert lightning_runs["fleet_samplers"][rank]["batch_sampler"]["heard"] == []  # as described: re-check if it changes
+        assert ours[rank]["sampler"]["heard"] == fabric[rank]["sampler"]["heard"]
+        assert fabric[rank]["batch_sampler"]["heard"] == []  # as described above: re-check if Fabric changes

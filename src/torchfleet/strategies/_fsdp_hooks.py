@@ -34,6 +34,8 @@ from torchfleet.watchdog import call_site, collective
 _HANDLES: weakref.WeakKeyDictionary[nn.Module, list[Any]] = weakref.WeakKeyDictionary()
 #: what marks the step methods registered here, so that unsharding finds them in the instance's __dict__
 _MARK = "_torchfleet_fsdp_method"
+#: set on a module whose ``zero_grad`` reaches the sharded gradients (route_zero_grad)
+_MARK_ZERO = "_torchfleet_fsdp_zero_grad"
 #: attributes fully_shard sets on every module it manages (read by torch.compile)
 _MANAGED_FLAGS = ("_is_fsdp_managed_module", "_fsdp_use_orig_params")
 
@@ -69,6 +71,171 @@ def number_forward_gathers(root: nn.Module) -> None:
             handles.append(unit.register_forward_pre_hook(gather.end))
 
 
+def follow_distributions(root: nn.Module) -> None:
+    """Let backward through a ``torch.distributions`` object that an FSDP unit returns reach the unit (see below)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    handles = _HANDLES.setdefault(root, [])
+    for unit in root.modules():
+        if isinstance(unit, FSDPModule):
+            handles.append(unit.register_forward_hook(_distributions_hook))
+
+
+def _distributions_hook(unit: nn.Module, args: Any, output: Any) -> None:
+    if not isinstance(output, torch.Tensor):  # a tensor: fully_shard has hooked it already
+        _backward_through_distributions(unit, output)
+
+
+def _backward_through_distributions(unit: nn.Module, output: Any) -> None:
+    """Hook the tensors inside the Distributions in ``output`` as fully_shard hooks the output's tensors.
+
+    fully_shard gathers a unit's parameters for backward when the gradient reaches a tensor of its output, and
+    queues the gradients' reduction from there; it finds those tensors in dicts, lists, tuples and dataclasses
+    only. A Distribution (``Normal(mu, std)``) hides them: backward then fails inside the unit (its parameters were
+    freed after forward) or, for the root, the gradients are never averaged across the ranks. Other objects that
+    hold tensors needing gradients are refused here, naming the unit, instead of either.
+    """
+    if not torch.is_grad_enabled() or isinstance(output, torch.Tensor):
+        return
+    from torch.distributions import Distribution
+    from torch.utils._pytree import tree_flatten
+
+    found: list[torch.Tensor] = []
+    for leaf in tree_flatten(output)[0]:
+        if isinstance(leaf, Distribution):
+            _tensors_inside(leaf, found, set())
+        elif not isinstance(leaf, (torch.Tensor, nn.Module)) and _holds_grad_tensors(leaf):
+            from torchfleet.errors import ConfigurationError
+
+            raise ConfigurationError(
+                f"{_user_class(unit).__name__}.forward returned an object of class {type(leaf).__name__} holding "
+                "tensors that need gradients. Under fsdp each sharded module's backward starts where the gradient "
+                "reaches a tensor of its output, and fully_shard finds those only in tensors, dicts, lists, tuples, "
+                "dataclasses and torch.distributions objects: return one of those (e.g. a dict of the tensors), or "
+                "leave this module out of auto_wrap_policy so that its parent's output carries the gradients."
+            )
+    if found:
+        pre_backward = unit._get_fsdp_state()._pre_backward
+        for tensor in found:
+            tensor.register_hook(pre_backward)
+
+
+def _tensors_inside(obj: Any, found: list[torch.Tensor], seen: set[int]) -> None:
+    """The grad-requiring tensors a Distribution keeps (its parameters, its base distributions', its transforms')."""
+    if id(obj) in seen or len(seen) > 64:
+        return
+    seen.add(id(obj))
+    for value in vars(obj).values():
+        if isinstance(value, torch.Tensor):
+            if value.requires_grad and all(t is not value for t in found):
+                found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if hasattr(item, "__dict__") and not isinstance(item, nn.Module):
+                    _tensors_inside(item, found, seen)
+        elif hasattr(value, "__dict__") and not isinstance(value, (nn.Module, type)):
+            _tensors_inside(value, found, seen)
+
+
+def _holds_grad_tensors(obj: Any) -> bool:
+    attributes = getattr(obj, "__dict__", None)
+    return isinstance(attributes, dict) and any(
+        isinstance(v, torch.Tensor) and v.requires_grad for v in attributes.values())
+
+
+def route_zero_grad(root: nn.Module) -> None:
+    """Make ``zero_grad`` on ``root`` or any of its submodules clear the sharded gradients too.
+
+    Between a unit's forward and its backward (the root's, with reshard_after_forward off, until its backward ends)
+    the module holds the gathered parameters, so ``nn.Module.zero_grad`` clears their gradients only, and the
+    reduce-scatter after the next backward adds to the sharded gradients of the step before, which nothing cleared
+    (ddp's gradients are cleared by the same call). Each module gets a ``zero_grad`` of its own that runs its class's,
+    then clears the sharded gradient (and any gradient held back for accumulation) of each of its parameters.
+    """
+    for sub in root.modules():
+        if next(sub.parameters(), None) is None or _MARK_ZERO in vars(sub):
+            continue
+
+        def zero_grad(set_to_none: bool = True, _sub: nn.Module = sub) -> None:
+            type(_sub).zero_grad(_sub, set_to_none)
+            _clear_sharded_grads(root, _sub, set_to_none)
+
+        setattr(zero_grad, _MARK, True)
+        vars(sub)["zero_grad"] = zero_grad
+        vars(sub)[_MARK_ZERO] = True
+
+
+def route_reset_parameters(root: nn.Module) -> None:
+    """Make ``reset_parameters()`` of ``root``'s modules draw whole tensors, as on one process, and keep the shard.
+
+    Called on sharded parameters, torch's initialisers draw each rank's shard alone from the global generator (DTensor
+    random ops have no CPU generator that spans the ranks): the ranks' shards repeat the same numbers, the weights
+    are not those a ddp or one-process run gets, and the generator is left elsewhere, so later dropout masks and
+    shuffles differ too (a k-fold loop that resets its model per fold). Each module with a ``reset_parameters`` gets
+    one of its own that lends its class's method whole tensors, then keeps this rank's part of each.
+    """
+    for sub in root.modules():
+        if not callable(getattr(type(sub), "reset_parameters", None)) or "reset_parameters" in vars(sub):
+            continue
+
+        def reset_parameters(*args: Any, _sub: nn.Module = sub, **kwargs: Any) -> Any:
+            return _reset_whole(root, _sub, *args, **kwargs)
+
+        setattr(reset_parameters, _MARK, True)
+        vars(sub)["reset_parameters"] = reset_parameters
+
+
+def _reset_whole(root: nn.Module, sub: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    for unit in root.modules():
+        if isinstance(unit, FSDPModule):  # a root left gathered by a forward without backward (evaluation) holds
+            unit.reshard()  # copies of the gathered values: the shards, which training reads, must be reset
+    lent: list[tuple[nn.Module, str, Any]] = []
+    whole: dict[int, nn.Parameter] = {}  # a tied parameter is lent once
+    for owner in sub.modules():
+        for name, param in owner._parameters.items():
+            if isinstance(param, DTensor):
+                if id(param) not in whole:
+                    local = param.to_local()
+                    whole[id(param)] = nn.Parameter(torch.empty(param.shape, dtype=local.dtype, device=local.device),
+                                                    requires_grad=param.requires_grad)
+                lent.append((owner, name, param))
+                owner._parameters[name] = whole[id(param)]
+    try:
+        return type(sub).reset_parameters(sub, *args, **kwargs)
+    finally:
+        with torch.no_grad():
+            for owner, name, param in lent:
+                drawn = owner._parameters[name]
+                owner._parameters[name] = param
+                if whole.pop(id(param), None) is not None:  # each rank keeps its part of its own whole draw
+                    part = distribute_tensor(drawn.detach(), param.device_mesh, param.placements, src_data_rank=None)
+                    param.to_local().copy_(part.to_local())
+
+
+def _clear_sharded_grads(root: nn.Module, sub: nn.Module, set_to_none: bool) -> None:
+    from torch.distributed.fsdp import FSDPModule
+
+    inside = {id(m) for m in sub.modules()}
+    for unit in root.modules():
+        if not isinstance(unit, FSDPModule):
+            continue
+        for group in unit._get_fsdp_state()._fsdp_param_groups or ():
+            for fsdp_param in group.fsdp_params:
+                if id(fsdp_param._module_info.module) not in inside:
+                    continue
+                sharded = fsdp_param.sharded_param
+                if set_to_none:
+                    sharded.grad = None
+                    fsdp_param.unsharded_accumulated_grad = None
+                else:
+                    for grad in (sharded.grad, fsdp_param.unsharded_accumulated_grad):
+                        if grad is not None:
+                            grad.zero_()
+
+
 def register_forward_method(module: nn.Module, name: str) -> None:
     """torch's ``register_fsdp_forward_method`` with the gather numbered: ``name`` runs between fully_shard's
     pre-forward (gather) and post-forward (reshard), as ``forward`` does. Once per method."""
@@ -85,7 +252,9 @@ def register_forward_method(module: nn.Module, name: str) -> None:
         gather.begin()
         args, kwargs = state._pre_forward(module, args, kwargs)
         gather.end()
-        return state._post_forward(module, args, method(*args, **kwargs))
+        output = state._post_forward(module, args, method(*args, **kwargs))
+        _backward_through_distributions(module, output)
+        return output
 
     setattr(forward_method, _MARK, True)
     vars(module)[name] = forward_method
@@ -115,8 +284,10 @@ def unshard(module: nn.Module, optimizers: Iterable[Optimizer]) -> bool:
     for unit in units:
         _take_off(unit)
     for sub in module.modules():
-        for flag in _MANAGED_FLAGS:
+        for flag in (*_MANAGED_FLAGS, _MARK_ZERO):
             vars(sub).pop(flag, None)
+        for name in [k for k, v in vars(sub).items() if getattr(v, _MARK, False)]:
+            del vars(sub)[name]
     for name, param in named:
         owner, _, leaf = name.rpartition(".")
         module.get_submodule(owner)._parameters[leaf] = whole[id(param)]

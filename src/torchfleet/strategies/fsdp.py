@@ -303,8 +303,11 @@ class FSDPStrategy(ParallelStrategy):
             if callable(getattr(module, hook, None)):
                 _fsdp_hooks.register_forward_method(module, hook)
         _fsdp_hooks.number_forward_gathers(module)
+        _fsdp_hooks.follow_distributions(module)
+        _fsdp_hooks.route_zero_grad(module)
         if _on_meta(module):
             _materialize(module, torch.device("cpu") if self.cpu_offload else self.root_device)
+        _fsdp_hooks.route_reset_parameters(module)  # after materialising, whose initialisation stays as it was
         new = dict(module.named_parameters())
         self._replaced.update({id(p): (weakref.ref(p), new[n]) for n, p in old.items() if n in new and new[n] is not p})
         self._remember(module)
