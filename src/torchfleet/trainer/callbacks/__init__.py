@@ -1,6 +1,6 @@
 """Callbacks shipped with torchfleet."""
 
-from torchfleet.trainer.callbacks.base import Callback
+from torchfleet.trainer.callbacks.base import Callback, Checkpoint
 from torchfleet.trainer.callbacks.checkpoint import ModelCheckpoint
 from torchfleet.trainer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 from torchfleet.trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
@@ -12,6 +12,6 @@ from torchfleet.trainer.callbacks.rich_progress import RichProgressBar
 from torchfleet.trainer.callbacks.throughput import ThroughputMonitor
 from torchfleet.trainer.callbacks.timer import Timer
 
-__all__ = ["Callback", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason", "ProgressBar", "TQDMProgressBar",
+__all__ = ["Callback", "Checkpoint", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason", "ProgressBar", "TQDMProgressBar",
            "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor", "ThroughputMonitor", "Timer",
            "LambdaCallback", "BaseFinetuning", "BackboneFinetuning"]

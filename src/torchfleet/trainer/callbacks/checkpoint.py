@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 
 from torchfleet.errors import ConfigurationError, check_flag, check_int, check_text, not_valid
-from torchfleet.trainer.callbacks.base import Callback
+from torchfleet.trainer.callbacks.base import Checkpoint
 from torchfleet.watchdog import labelled
 
 log = logging.getLogger("torchfleet")
@@ -60,7 +60,7 @@ def _check_arguments(given: dict[str, Any]) -> None:
                                                          "than zero, or None", owner)
 
 
-class ModelCheckpoint(Callback):
+class ModelCheckpoint(Checkpoint):
     """Save a checkpoint after validation (or each training epoch, or every n steps), keeping the best ``save_top_k``.
 
     ``filename`` is a template of logged metric names, ``epoch`` and ``step``, e.g.

@@ -1,0 +1,5 @@
+"""``lightning.pytorch.plugins.io.checkpoint_plugin`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+
+from torchfleet.checkpoint.io import CheckpointIO
+
+__all__ = ['CheckpointIO']

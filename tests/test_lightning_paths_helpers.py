@@ -1,0 +1,153 @@
+"""The small helpers that Lightning's module paths brought (docs/porting.md, "Lightning's module paths"): each does
+what its Lightning name promises, through the path a ported program imports it from."""
+
+from __future__ import annotations
+
+import warnings
+from collections import namedtuple
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from torchfleet.errors import ConfigurationError
+
+
+def test_move_and_convert_nested_batches():
+    from torchfleet.utilities import move_data_to_device
+    from torchfleet.utilities.apply_func import convert_tensors_to_scalars, convert_to_tensors
+
+    Pair = namedtuple("Pair", "x y")
+    batch = {"a": [torch.ones(2, dtype=torch.float64)], "p": Pair(torch.zeros(1), "label")}
+    moved = move_data_to_device(batch, "meta")
+    assert moved["a"][0].device.type == "meta" and moved["a"][0].dtype == torch.float64
+    assert isinstance(moved["p"], Pair) and moved["p"].x.is_meta and moved["p"].y == "label"
+    converted = convert_to_tensors({"n": 3, "f": 0.5, "b": True, "s": "x"}, "cpu")
+    assert converted["n"].dtype == torch.int32 and converted["f"].dtype == torch.float32
+    assert converted["b"].dtype == torch.uint8 and converted["s"] == "x"
+    assert convert_tensors_to_scalars({"loss": torch.tensor(2.5), "k": [torch.tensor([7])]}) == {"loss": 2.5, "k": [7]}
+    with pytest.raises(ValueError, match="3 elements"):
+        convert_tensors_to_scalars(torch.ones(3))
+
+
+class _Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(3))
+
+
+def test_data_questions():
+    from torchfleet.utilities import suggested_max_num_workers
+    from torchfleet.utilities.data import extract_batch_size, has_iterable_dataset, has_len, sized_len
+
+    sized = DataLoader(TensorDataset(torch.zeros(10, 2)), batch_size=4)
+    stream = DataLoader(_Stream(), batch_size=2)
+    assert sized_len(sized) == 3 and has_len(sized) and not has_iterable_dataset(sized)
+    assert sized_len(stream) is None and not has_len(stream) and has_iterable_dataset(stream)
+    assert extract_batch_size({"x": "text", "y": [torch.zeros(5, 3)]}) == 5
+    assert extract_batch_size(torch.tensor(1.0)) == 1
+    with pytest.raises(ConfigurationError, match="no tensor"):
+        extract_batch_size({"x": "text"})
+    assert suggested_max_num_workers(1) >= 1 and suggested_max_num_workers(10_000) == 1
+    with pytest.raises(ConfigurationError, match="local_world_size=0"):
+        suggested_max_num_workers(0)
+
+
+def test_memory_helpers():
+    from torchfleet.utilities.memory import is_oom_error, recursive_detach
+
+    assert is_oom_error(RuntimeError("CUDA error: out of memory"))
+    assert is_oom_error(RuntimeError("[enforce fail] DefaultCPUAllocator: can't allocate memory: you tried 10 GB"))
+    assert not is_oom_error(RuntimeError("shape mismatch")) and not is_oom_error(ValueError("CUDA out of memory"))
+    x = torch.ones(2, requires_grad=True)
+    out = recursive_detach({"loss": x * 2, "parts": [x + 1, "note"]})
+    assert not out["loss"].requires_grad and not out["parts"][0].requires_grad and out["parts"][1] == "note"
+    assert torch.equal(out["loss"], torch.full((2,), 2.0))
+
+
+def test_shared_parameters_found_and_tied_again():
+    from torchfleet.utilities import find_shared_parameters, set_shared_parameters
+
+    model = nn.Sequential(nn.Embedding(5, 3), nn.Linear(3, 5, bias=False))
+    model[1].weight = model[0].weight
+    assert find_shared_parameters(model) == [["0.weight", "1.weight"]]
+    model[1].weight = nn.Parameter(model[0].weight.detach().clone())  # untied, as a copy to a device may leave it
+    assert find_shared_parameters(model) == []
+    set_shared_parameters(model, [["0.weight", "1.weight"]])
+    assert model[1].weight is model[0].weight
+
+
+def test_compiled_modules_in_and_out():
+    from torchfleet.utilities.compile import from_compiled, to_uncompiled
+
+    module = nn.Linear(2, 2)
+    compiled = torch.compile(module)
+    assert to_uncompiled(compiled) is module and to_uncompiled(module) is module
+    assert from_compiled(compiled) is compiled
+    with pytest.raises(ConfigurationError, match="torch.compile"):
+        from_compiled(module)
+
+
+def test_is_wrapped_tells_fleet_objects_apart():
+    import torchfleet
+    from torchfleet.wrappers import is_wrapped
+
+    fleet = torchfleet.Fleet(accelerator="cpu", devices=1)
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.zeros(4, 2)), batch_size=2)
+    assert not is_wrapped(model) and not is_wrapped(optimizer) and not is_wrapped(loader)
+    wrapped_model, wrapped_optimizer = fleet.setup(model, optimizer)
+    assert is_wrapped(wrapped_model) and is_wrapped(wrapped_optimizer) and is_wrapped(fleet.setup_dataloaders(loader))
+    assert torchfleet.is_wrapped is is_wrapped
+
+
+def test_small_names_behave_as_lightnings():
+    from torchfleet.accelerators.cuda import is_cuda_available, num_cuda_devices
+    from torchfleet.callbacks import Checkpoint, ModelCheckpoint
+    from torchfleet.callbacks.timer import Interval, Timer
+    from torchfleet.seed import seed_everything
+    from torchfleet.utilities.rank_zero import LightningDeprecationWarning, rank_zero_deprecation
+    from torchfleet.utilities.seed import max_seed_value, min_seed_value
+    from torchfleet.utilities.warnings import PossibleUserWarning, disable_possible_user_warnings
+
+    assert issubclass(ModelCheckpoint, Checkpoint)
+    timer = Timer(duration="00:00:01:00", interval=Interval.epoch)
+    assert timer.interval == "epoch" and type(timer.interval) is str
+    assert num_cuda_devices() == torch.cuda.device_count() and is_cuda_available() == (torch.cuda.device_count() > 0)
+    assert seed_everything(max_seed_value, verbose=False) == 2**32 - 1 and min_seed_value == 0
+    with pytest.raises(ConfigurationError):
+        seed_everything(max_seed_value + 1)
+    with pytest.warns(LightningDeprecationWarning, match="old"):
+        rank_zero_deprecation("old")
+    assert issubclass(LightningDeprecationWarning, DeprecationWarning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        disable_possible_user_warnings()
+        warnings.warn("maybe wrong", PossibleUserWarning)
+        warnings.warn("kept", UserWarning)
+    assert [str(w.message) for w in caught] == ["kept"]
+
+
+def test_model_summary_submodule_and_constants():
+    from torchfleet.utilities.model_summary import ModelSummary as Package
+    from torchfleet.utilities.model_summary.model_summary import (
+        LEFTOVER_PARAMS_NAME,
+        NOT_APPLICABLE,
+        ModelSummary,
+        get_formatted_model_size,
+        parse_batch_shape,
+    )
+
+    assert ModelSummary is Package
+    assert get_formatted_model_size(1234.56789) == "1,234.568"
+    assert parse_batch_shape([torch.zeros(2, 3), (torch.zeros(4),), "x"]) == [[2, 3], [[4]], "?"]
+
+    class WithOwnParameter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(1))
+            self.layer = nn.Linear(2, 2)
+
+    text = str(ModelSummary(WithOwnParameter()))
+    assert LEFTOVER_PARAMS_NAME in text and NOT_APPLICABLE in text
