@@ -151,3 +151,59 @@ def test_model_summary_submodule_and_constants():
 
     text = str(ModelSummary(WithOwnParameter()))
     assert LEFTOVER_PARAMS_NAME in text and NOT_APPLICABLE in text
+
+
+def test_signal_stop_is_lightnings_sigterm_exception():
+    from torchfleet import Preempted
+    from torchfleet.utilities.exceptions import SIGTERMException
+
+    with pytest.raises(SIGTERMException):
+        raise Preempted("stopped on SIGTERM", "SIGTERM")
+    assert issubclass(SIGTERMException, SystemExit)
+
+
+def test_logger_and_progress_bar_helpers(monkeypatch):
+    from types import SimpleNamespace
+
+    from torchfleet.callbacks.progress.progress_bar import get_standard_metrics
+    from torchfleet.core.optimizer import do_nothing_closure
+    from torchfleet.loggers.base import DummyExperiment
+    from torchfleet.loggers.logger import rank_zero_experiment
+
+    made = []
+
+    class Recorder:
+        @property
+        @rank_zero_experiment
+        def experiment(self):
+            made.append(1)
+            return "run"
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert Recorder().experiment == "run" and made == [1]
+    monkeypatch.setenv("RANK", "1")
+    assert isinstance(Recorder().experiment, DummyExperiment) and made == [1]  # rank 1 creates no run
+    assert get_standard_metrics(SimpleNamespace(loggers=[SimpleNamespace(version="run-abcdef")])) == {"v_num": "cdef"}
+    assert get_standard_metrics(SimpleNamespace(loggers=[SimpleNamespace(version=3)])) == {"v_num": 3}
+    assert get_standard_metrics(SimpleNamespace(loggers=[])) == {}
+    assert do_nothing_closure() is None
+
+
+def test_fabrics_throughput_monitor_logs_through_the_fleet(tmp_path):
+    import torchfleet
+    from torchfleet.loggers import CSVLogger
+    from torchfleet.utilities import ThroughputMonitor
+
+    fleet = torchfleet.Fleet(accelerator="cpu", devices=1, loggers=CSVLogger(tmp_path))
+    monitor = ThroughputMonitor(fleet, window_size=2, available_flops=100.0)
+    assert monitor.world_size == 1
+    monitor.update(time=1.0, batches=1, samples=4, flops=10.0)
+    metrics = monitor.compute_and_log(step=1, time=3.0, batches=2, samples=8, flops=10.0)
+    # 4 samples and 1 batch in the 2 s between the two updates; 10 FLOPs in that time on a 100 FLOP/s device
+    assert metrics["device/samples_per_sec"] == 2.0 and metrics["device/batches_per_sec"] == 0.5
+    assert metrics["device/mfu"] == pytest.approx(0.05)
+    fleet.loggers[0].finalize("success")
+    (written,) = list(tmp_path.rglob("metrics.csv"))
+    header = written.read_text().splitlines()[0].split(",")
+    assert "device/samples_per_sec" in header and "device/mfu" in header

@@ -1,5 +1,15 @@
 """``lightning.pytorch.core.module`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
 
-from torchfleet.module import Module
+from __future__ import annotations
 
-__all__ = ['Module']
+from typing import Union
+
+from torch.optim import Optimizer
+
+from torchfleet.module import Module
+from torchfleet.optim_wrapper import OptimizerWrapper
+
+__all__ = ["MODULE_OPTIMIZERS", "Module"]
+
+#: what ``Module.optimizers()`` returns: one optimizer (wrapped by the Trainer or Fleet, or not) or a list of them
+MODULE_OPTIMIZERS = Union[Optimizer, OptimizerWrapper, list[Optimizer], list[OptimizerWrapper]]

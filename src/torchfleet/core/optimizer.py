@@ -2,4 +2,9 @@
 
 from torchfleet.optim_wrapper import OptimizerWrapper
 
-__all__ = ['OptimizerWrapper']
+__all__ = ["OptimizerWrapper", "do_nothing_closure"]
+
+
+def do_nothing_closure() -> None:
+    """A closure for ``optimizer.step(closure)`` that computes nothing (the loss was computed already)."""
+    return None

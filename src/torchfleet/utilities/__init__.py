@@ -22,9 +22,9 @@ from torchfleet.utilities.enums import GradClipAlgorithmType, LightningEnum
 from torchfleet.utilities.grads import grad_norm
 from torchfleet.utilities.parameter_tying import find_shared_parameters, set_shared_parameters
 from torchfleet.utilities.parsing import AttributeDict, is_picklable
-from torchfleet.utilities.throughput import Throughput, measure_flops
+from torchfleet.utilities.throughput import Throughput, ThroughputMonitor, measure_flops
 from torchfleet.utilities.warnings import disable_possible_user_warnings
 
 __all__ = [*_rank_zero.__all__, "AttributeDict", "CombinedLoader", "GradClipAlgorithmType", "LightningEnum", "Throughput",
-           "disable_possible_user_warnings", "find_shared_parameters", "grad_norm", "is_picklable", "measure_flops",
-           "move_data_to_device", "set_shared_parameters", "suggested_max_num_workers"]
+           "ThroughputMonitor", "disable_possible_user_warnings", "find_shared_parameters", "grad_norm", "is_picklable",
+           "measure_flops", "move_data_to_device", "set_shared_parameters", "suggested_max_num_workers"]

@@ -13,6 +13,16 @@ from torchfleet.trainer.callbacks.base import Callback
 _clock = time.monotonic
 
 
+def get_standard_metrics(trainer: Any) -> dict[str, Any]:
+    """What every progress bar shows besides the logged values: ``v_num``, the first logger's version, when it has one."""
+    metrics: dict[str, Any] = {}
+    version = getattr(trainer.loggers[0], "version", None) if trainer.loggers else None
+    if version is not None:
+        # as Lightning: a long string version (a wandb run id) is shortened to its last 4 characters
+        metrics["v_num"] = version[-4:] if isinstance(version, str) else version
+    return metrics
+
+
 class ProgressBar(Callback):
     """A tqdm bar per epoch showing step, loss and everything logged with ``prog_bar=True``.
 
@@ -145,11 +155,7 @@ class ProgressBar(Callback):
     def get_metrics(self, trainer: Any, module: Any) -> dict[str, Any]:
         """What the bar shows after its counts: ``v_num`` (the first logger's version, when it has one) and every
         value logged with ``prog_bar=True``. Override it to change that, as in Lightning."""
-        metrics: dict[str, Any] = {}
-        version = getattr(trainer.loggers[0], "version", None) if trainer.loggers else None
-        if version is not None:
-            # as Lightning: a long string version (a wandb run id) is shortened to its last 4 characters
-            metrics["v_num"] = version[-4:] if isinstance(version, str) else version
+        metrics = get_standard_metrics(trainer)
         metrics.update(trainer.progress_bar_metrics)
         return metrics
 
