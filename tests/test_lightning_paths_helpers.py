@@ -3,6 +3,7 @@ what its Lightning name promises, through the path a ported program imports it f
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections import namedtuple
 
@@ -207,3 +208,22 @@ def test_fabrics_throughput_monitor_logs_through_the_fleet(tmp_path):
     (written,) = list(tmp_path.rglob("metrics.csv"))
     header = written.read_text().splitlines()[0].split(",")
     assert "device/samples_per_sec" in header and "device/mfu" in header
+
+
+def test_rich_progress_bar_theme_styles_the_bar():
+    pytest.importorskip("rich", reason="RichProgressBar needs the optional rich package")
+    import io
+
+    from tests.helpers import RegressionData, Regressor, quiet
+    from torchfleet import Trainer
+    from torchfleet.callbacks.progress.rich_progress import RichProgressBar, RichProgressBarTheme
+
+    out = io.StringIO()
+    theme = RichProgressBarTheme(metrics_text_delimiter=" | ", metrics_format=".1e", batch_progress="bold")
+    bar = RichProgressBar(theme=theme, console_kwargs={"file": out, "width": 200, "force_terminal": False})
+    Trainer(max_epochs=1, callbacks=[bar], **quiet(enable_progress_bar=True)).fit(Regressor(), datamodule=RegressionData())
+    text = out.getvalue()
+    # the logged loss in the theme's format ("1.2e-01"), the parts joined by its delimiter, the batches counted
+    assert re.search(r"train_loss: \d\.\de[-+]\d\d", text) and " | " in text and "8/8" in text
+    with pytest.raises(ConfigurationError, match=r"RichProgressBar\(theme='dark'\) is not valid"):
+        RichProgressBar(theme="dark")
