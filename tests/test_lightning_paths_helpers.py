@@ -227,3 +227,10 @@ def test_rich_progress_bar_theme_styles_the_bar():
     assert re.search(r"train_loss: \d\.\de[-+]\d\d", text) and " | " in text and "8/8" in text
     with pytest.raises(ConfigurationError, match=r"RichProgressBar\(theme='dark'\) is not valid"):
         RichProgressBar(theme="dark")
+
+
+def test_convert_inf_gives_none_for_unknown_totals():
+    from torchfleet.callbacks.progress.tqdm_progress import convert_inf
+
+    assert convert_inf(float("inf")) is None and convert_inf(float("nan")) is None and convert_inf(None) is None
+    assert convert_inf(8) == 8 and convert_inf(2.5) == 2.5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Any
@@ -11,6 +12,11 @@ from torchfleet.trainer.callbacks.base import Callback
 #: the redraw clock, bound once: a program (or test) that replaces time.monotonic to drive validation does not
 #: see the bar's reads of it
 _clock = time.monotonic
+
+
+def convert_inf(x: float | None) -> float | None:
+    """None for an infinite or NaN count (a bar without a known total), the count otherwise."""
+    return None if x is None or math.isinf(x) or math.isnan(x) else x
 
 
 def get_standard_metrics(trainer: Any) -> dict[str, Any]:
@@ -95,7 +101,8 @@ class ProgressBar(Callback):
     def _new_bar(self, desc: str, total: Any, leave: bool, position: int = 0) -> Any:
         from tqdm.auto import tqdm
 
-        total = None if total is None or total == float("inf") else int(total)
+        total = convert_inf(total)
+        total = None if total is None else int(total)
         return tqdm(desc=desc, total=total, leave=leave, position=position, dynamic_ncols=True, file=sys.stderr,
                     mininterval=self.refresh_interval, smoothing=0.1)
 
