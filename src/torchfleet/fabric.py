@@ -1,5 +1,5 @@
-"""``lightning.fabric.fabric`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.fabric.fabric``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.fleet import Fleet
 
-__all__ = ['Fleet']
+__all__ = ["Fleet"]

@@ -1,5 +1,5 @@
-"""``lightning.pytorch.accelerators.accelerator`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.accelerators.accelerator``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.accelerators.base import Accelerator
 
-__all__ = ['Accelerator']
+__all__ = ["Accelerator"]

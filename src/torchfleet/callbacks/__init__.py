@@ -22,6 +22,6 @@ from torchfleet.trainer.callbacks import (
     TQDMProgressBar,
 )
 
-__all__ = ["Callback", "Checkpoint", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason", "ProgressBar", "TQDMProgressBar",
-           "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor", "ThroughputMonitor", "Timer",
-           "LambdaCallback", "BaseFinetuning", "BackboneFinetuning"]
+__all__ = ["Callback", "Checkpoint", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason", "ProgressBar",
+           "TQDMProgressBar", "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor",
+           "ThroughputMonitor", "Timer", "LambdaCallback", "BaseFinetuning", "BackboneFinetuning"]

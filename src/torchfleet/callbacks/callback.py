@@ -1,5 +1,5 @@
-"""``lightning.pytorch.callbacks.callback`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.callbacks.callback``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.trainer.callbacks.base import Callback
 
-__all__ = ['Callback']
+__all__ = ["Callback"]

@@ -1,4 +1,4 @@
-"""``lightning.pytorch.callbacks.checkpoint`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.callbacks.checkpoint``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.trainer.callbacks.base import Checkpoint
 

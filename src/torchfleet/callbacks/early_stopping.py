@@ -1,5 +1,5 @@
-"""``lightning.pytorch.callbacks.early_stopping`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.callbacks.early_stopping``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.trainer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 
-__all__ = ['EarlyStopping', 'EarlyStoppingReason']
+__all__ = ["EarlyStopping", "EarlyStoppingReason"]

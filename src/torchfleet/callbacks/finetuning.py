@@ -1,5 +1,5 @@
-"""``lightning.pytorch.callbacks.finetuning`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.callbacks.finetuning``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning, multiplicative
 
-__all__ = ['BackboneFinetuning', 'BaseFinetuning', 'multiplicative']
+__all__ = ["BackboneFinetuning", "BaseFinetuning", "multiplicative"]

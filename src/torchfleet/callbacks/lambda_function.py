@@ -1,5 +1,5 @@
-"""``lightning.pytorch.callbacks.lambda_function`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.callbacks.lambda_function``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.trainer.callbacks.lambda_function import LambdaCallback
 
-__all__ = ['LambdaCallback']
+__all__ = ["LambdaCallback"]

@@ -1,5 +1,5 @@
-"""``lightning.pytorch.callbacks.lr_monitor`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.callbacks.lr_monitor``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.trainer.callbacks.lr_monitor import LearningRateMonitor
 
-__all__ = ['LearningRateMonitor']
+__all__ = ["LearningRateMonitor"]

@@ -1,5 +1,5 @@
-"""``lightning.pytorch.callbacks.model_checkpoint`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.callbacks.model_checkpoint``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.trainer.callbacks.checkpoint import ModelCheckpoint
 
-__all__ = ['ModelCheckpoint']
+__all__ = ["ModelCheckpoint"]

@@ -1,5 +1,5 @@
-"""``lightning.pytorch.callbacks.model_summary`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.callbacks.model_summary``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.trainer.callbacks.model_summary import ModelSummary
 
-__all__ = ['ModelSummary']
+__all__ = ["ModelSummary"]

@@ -1,5 +1,5 @@
-"""``lightning.pytorch.callbacks.rich_model_summary`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.callbacks.rich_model_summary``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.trainer.callbacks.model_summary import RichModelSummary
 
-__all__ = ['RichModelSummary']
+__all__ = ["RichModelSummary"]

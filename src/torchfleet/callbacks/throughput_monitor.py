@@ -1,5 +1,5 @@
-"""``lightning.pytorch.callbacks.throughput_monitor`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.callbacks.throughput_monitor``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.trainer.callbacks.throughput import ThroughputMonitor
 
-__all__ = ['ThroughputMonitor']
+__all__ = ["ThroughputMonitor"]

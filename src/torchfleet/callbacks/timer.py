@@ -1,4 +1,4 @@
-"""``lightning.pytorch.callbacks.timer`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.callbacks.timer``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.trainer.callbacks.timer import Interval, Timer
 

@@ -1,6 +1,6 @@
-"""``lightning.pytorch.core`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.core``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.data import DataModule
 from torchfleet.module import Module
 
-__all__ = ['DataModule', 'Module']
+__all__ = ["DataModule", "Module"]

@@ -1,5 +1,5 @@
-"""``lightning.pytorch.core.datamodule`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.core.datamodule``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.data import DataModule
 
-__all__ = ['DataModule']
+__all__ = ["DataModule"]

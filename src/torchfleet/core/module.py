@@ -1,4 +1,4 @@
-"""``lightning.pytorch.core.module`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.core.module``, its names under torchfleet's (docs/porting.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``lightning.pytorch.core.optimizer`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.core.optimizer``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.optim_wrapper import OptimizerWrapper
 

@@ -1,5 +1,5 @@
-"""``lightning.pytorch.core.saving`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.core.saving``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.loggers.base import load_hparams_from_yaml, save_hparams_to_yaml
 
-__all__ = ['load_hparams_from_yaml', 'save_hparams_to_yaml']
+__all__ = ["load_hparams_from_yaml", "save_hparams_to_yaml"]

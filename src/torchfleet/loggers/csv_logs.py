@@ -1,5 +1,5 @@
-"""``lightning.pytorch.loggers.csv_logs`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.loggers.csv_logs``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.loggers.csv import CSVLogger, CSVWriter
 
-__all__ = ['CSVLogger', 'CSVWriter']
+__all__ = ["CSVLogger", "CSVWriter"]

@@ -1,5 +1,5 @@
-"""``lightning.pytorch.profilers.profiler`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.profilers.profiler``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.profilers.base import Profiler
 
-__all__ = ['Profiler']
+__all__ = ["Profiler"]

@@ -1,6 +1,6 @@
-"""``lightning.pytorch.callbacks.progress`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.callbacks.progress``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.trainer.callbacks.progress import ProgressBar, TQDMProgressBar
 from torchfleet.trainer.callbacks.rich_progress import RichProgressBar
 
-__all__ = ['ProgressBar', 'TQDMProgressBar', 'RichProgressBar']
+__all__ = ["ProgressBar", "TQDMProgressBar", "RichProgressBar"]

@@ -1,4 +1,4 @@
-"""``lightning.pytorch.callbacks.progress.progress_bar`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.callbacks.progress.progress_bar``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.trainer.callbacks.progress import ProgressBar, get_standard_metrics
 

@@ -1,4 +1,4 @@
-"""``lightning.pytorch.callbacks.progress.rich_progress`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.callbacks.progress.rich_progress``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.trainer.callbacks.rich_progress import RichProgressBar, RichProgressBarTheme
 

@@ -1,4 +1,4 @@
-"""``lightning.pytorch.callbacks.progress.tqdm_progress`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.callbacks.progress.tqdm_progress``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.trainer.callbacks.progress import TQDMProgressBar, convert_inf
 

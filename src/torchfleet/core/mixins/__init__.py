@@ -1,5 +1,5 @@
-"""``lightning.pytorch.core.mixins`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.core.mixins``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.hparams import HyperparametersMixin
 
-__all__ = ['HyperparametersMixin']
+__all__ = ["HyperparametersMixin"]

@@ -1,5 +1,5 @@
-"""``lightning.fabric.plugins.environments.cluster_environment`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.fabric.plugins.environments.cluster_environment``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.environments import ClusterEnvironment
 
-__all__ = ['ClusterEnvironment']
+__all__ = ["ClusterEnvironment"]

@@ -1,5 +1,5 @@
-"""``lightning.fabric.plugins.environments.kubeflow`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.fabric.plugins.environments.kubeflow``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.environments import KubeflowEnvironment
 
-__all__ = ['KubeflowEnvironment']
+__all__ = ["KubeflowEnvironment"]

@@ -1,5 +1,5 @@
-"""``lightning.fabric.plugins.environments.lsf`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.fabric.plugins.environments.lsf``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.environments import LSFEnvironment
 
-__all__ = ['LSFEnvironment']
+__all__ = ["LSFEnvironment"]

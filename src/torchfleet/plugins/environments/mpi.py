@@ -1,5 +1,5 @@
-"""``lightning.fabric.plugins.environments.mpi`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.fabric.plugins.environments.mpi``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.environments import MPIEnvironment
 
-__all__ = ['MPIEnvironment']
+__all__ = ["MPIEnvironment"]

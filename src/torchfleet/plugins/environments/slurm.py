@@ -1,5 +1,5 @@
-"""``lightning.fabric.plugins.environments.slurm`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.fabric.plugins.environments.slurm``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.environments import SLURMEnvironment
 
-__all__ = ['SLURMEnvironment']
+__all__ = ["SLURMEnvironment"]

@@ -1,5 +1,5 @@
-"""``lightning.fabric.plugins.environments.torchelastic`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.fabric.plugins.environments.torchelastic``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.environments import TorchElasticEnvironment
 
-__all__ = ['TorchElasticEnvironment']
+__all__ = ["TorchElasticEnvironment"]

@@ -1,5 +1,5 @@
-"""``lightning.pytorch.plugins.io`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.plugins.io``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.checkpoint.io import AsyncCheckpointIO, CheckpointIO, TorchCheckpointIO
 
-__all__ = ['AsyncCheckpointIO', 'CheckpointIO', 'TorchCheckpointIO']
+__all__ = ["AsyncCheckpointIO", "CheckpointIO", "TorchCheckpointIO"]

@@ -1,5 +1,5 @@
-"""``lightning.pytorch.plugins.io.async_plugin`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.plugins.io.async_plugin``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.checkpoint.io import AsyncCheckpointIO
 
-__all__ = ['AsyncCheckpointIO']
+__all__ = ["AsyncCheckpointIO"]

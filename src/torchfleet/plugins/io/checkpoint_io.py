@@ -1,5 +1,5 @@
-"""``lightning.fabric.plugins.io.checkpoint_io`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.fabric.plugins.io.checkpoint_io``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.checkpoint.io import CheckpointIO
 
-__all__ = ['CheckpointIO']
+__all__ = ["CheckpointIO"]

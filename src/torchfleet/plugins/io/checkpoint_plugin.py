@@ -1,5 +1,5 @@
-"""``lightning.pytorch.plugins.io.checkpoint_plugin`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.plugins.io.checkpoint_plugin``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.checkpoint.io import CheckpointIO
 
-__all__ = ['CheckpointIO']
+__all__ = ["CheckpointIO"]

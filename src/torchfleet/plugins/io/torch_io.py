@@ -1,5 +1,5 @@
-"""``lightning.fabric.plugins.io.torch_io`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.fabric.plugins.io.torch_io``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.checkpoint.io import TorchCheckpointIO
 
-__all__ = ['TorchCheckpointIO']
+__all__ = ["TorchCheckpointIO"]

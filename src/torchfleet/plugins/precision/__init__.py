@@ -1,5 +1,5 @@
-"""``lightning.pytorch.plugins.precision`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.plugins.precision``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.precision import DoublePrecision, HalfPrecision, MixedPrecision, Precision, TruePrecision
 
-__all__ = ['DoublePrecision', 'HalfPrecision', 'MixedPrecision', 'Precision', 'TruePrecision']
+__all__ = ["DoublePrecision", "HalfPrecision", "MixedPrecision", "Precision", "TruePrecision"]

@@ -1,5 +1,5 @@
-"""``lightning.pytorch.plugins.precision.amp`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.plugins.precision.amp``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.precision import MixedPrecision
 
-__all__ = ['MixedPrecision']
+__all__ = ["MixedPrecision"]

@@ -1,5 +1,5 @@
-"""``lightning.pytorch.plugins.precision.double`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.plugins.precision.double``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.precision import DoublePrecision
 
-__all__ = ['DoublePrecision']
+__all__ = ["DoublePrecision"]

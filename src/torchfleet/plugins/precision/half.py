@@ -1,5 +1,5 @@
-"""``lightning.pytorch.plugins.precision.half`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.plugins.precision.half``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.precision import HalfPrecision
 
-__all__ = ['HalfPrecision']
+__all__ = ["HalfPrecision"]

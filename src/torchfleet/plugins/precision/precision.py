@@ -1,5 +1,5 @@
-"""``lightning.pytorch.plugins.precision.precision`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.plugins.precision.precision``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.precision import Precision
 
-__all__ = ['Precision']
+__all__ = ["Precision"]

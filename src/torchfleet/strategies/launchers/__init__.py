@@ -1,5 +1,5 @@
-"""``lightning.pytorch.strategies.launchers`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.strategies.launchers``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.launchers import Launcher, ProcessLauncher, ScriptLauncher
 
-__all__ = ['Launcher', 'ProcessLauncher', 'ScriptLauncher']
+__all__ = ["Launcher", "ProcessLauncher", "ScriptLauncher"]

@@ -1,5 +1,5 @@
-"""``lightning.pytorch.strategies.launchers.launcher`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.strategies.launchers.launcher``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.launchers.base import Launcher
 
-__all__ = ['Launcher']
+__all__ = ["Launcher"]

@@ -1,5 +1,5 @@
-"""``lightning.pytorch.strategies.launchers.multiprocessing`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.strategies.launchers.multiprocessing``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.launchers.processes import ProcessLauncher
 
-__all__ = ['ProcessLauncher']
+__all__ = ["ProcessLauncher"]

@@ -1,5 +1,5 @@
-"""``lightning.pytorch.strategies.launchers.subprocess_script`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.strategies.launchers.subprocess_script``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.launchers.script import ScriptLauncher
 
-__all__ = ['ScriptLauncher']
+__all__ = ["ScriptLauncher"]

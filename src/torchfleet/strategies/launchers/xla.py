@@ -1,5 +1,5 @@
-"""``lightning.pytorch.strategies.launchers.xla`` under torchfleet's name (docs/porting.md, "Lightning's module paths")."""
+"""Lightning's ``lightning.pytorch.strategies.launchers.xla``, its names under torchfleet's (docs/porting.md)."""
 
 from torchfleet.launchers.xla import XLALauncher
 
-__all__ = ['XLALauncher']
+__all__ = ["XLALauncher"]
