@@ -234,3 +234,24 @@ def test_convert_inf_gives_none_for_unknown_totals():
 
     assert convert_inf(float("inf")) is None and convert_inf(float("nan")) is None and convert_inf(None) is None
     assert convert_inf(8) == 8 and convert_inf(2.5) == 2.5
+
+
+def test_save_hyperparameters_function_form_reads_the_calling_constructor():
+    import torchfleet
+    from torchfleet.utilities.parsing import save_hyperparameters
+
+    class Model(torchfleet.Module):
+        def __init__(self, width: int = 4, depth: int = 2, note: str = "x"):
+            super().__init__()
+            save_hyperparameters(self, ignore="note")
+
+    assert dict(Model(width=8).hparams) == {"width": 8, "depth": 2}
+
+    class Given(torchfleet.Module):
+        def __init__(self):
+            super().__init__()
+            save_hyperparameters(self, given_hparams={"lr": 0.1})
+
+    assert dict(Given().hparams) == {"lr": 0.1}
+    with pytest.raises(ConfigurationError, match="got a int"):
+        save_hyperparameters(3)
