@@ -255,3 +255,14 @@ def test_save_hyperparameters_function_form_reads_the_calling_constructor():
     assert dict(Given().hparams) == {"lr": 0.1}
     with pytest.raises(ConfigurationError, match="got a int"):
         save_hyperparameters(3)
+
+
+def test_has_len_all_ranks_on_one_process():
+    from torchfleet.strategies import SingleDeviceStrategy
+    from torchfleet.utilities.data import has_len_all_ranks
+
+    strategy = SingleDeviceStrategy(device="cpu")
+    assert has_len_all_ranks([1, 2], strategy)
+    assert not has_len_all_ranks(DataLoader(_Stream()), strategy)  # no length
+    with pytest.warns(UserWarning, match="no batch on any rank"):
+        assert has_len_all_ranks([], strategy)
