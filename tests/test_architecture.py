@@ -16,7 +16,9 @@ ROOT = Path(torchfleet.__file__).parent
 #: package (a directory or module under src/torchfleet) -> packages none of its modules may import
 #: the layers, lowest first: parts (accelerators, environments, checkpoint, loggers, launchers) know nothing of
 #: strategies; strategies know nothing of the loops; the Trainer and Fleet are two clients that ignore each other
-_CLIENTS = {"trainer", "fleet", "fleet_wrappers", "cli", "cli_lightning", "cli_lightning_parser", "callbacks"}
+_CLIENTS = {"trainer", "fleet", "fleet_wrappers", "cli", "cli_lightning", "cli_lightning_parser", "callbacks",
+            # Lightning's module paths over the clients (docs/porting.md): nothing below imports them
+            "core", "fabric", "wrappers"}
 _PARTS_MAY_NOT = {"strategies", "connector", "module"} | _CLIENTS
 FORBIDDEN: dict[str, set[str]] = {
     "accelerators": _PARTS_MAY_NOT | {"launchers"},
@@ -35,7 +37,7 @@ FORBIDDEN: dict[str, set[str]] = {
     "collectives": _PARTS_MAY_NOT | {"launchers", "accelerators", "environments", "checkpoint", "loggers"},
     "strategies": {"connector", "module"} | _CLIENTS,
     "connector": {"module"} | _CLIENTS,
-    "trainer": {"fleet", "fleet_wrappers", "cli"},
+    "trainer": {"fleet", "fleet_wrappers", "cli", "core", "fabric", "wrappers"},
     "fleet": {"trainer", "cli", "callbacks"},
     # leaves: seed uses rank_zero (the rank), rank_zero uses nothing of torchfleet; utilities (Lightning's module
     # paths) sits on them and imports nothing else, so any layer may import it

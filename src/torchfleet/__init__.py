@@ -27,6 +27,7 @@ _LAZY = {
     "Module": "torchfleet.module",
     "DataModule": "torchfleet.data",
     "Fleet": "torchfleet.fleet",
+    "is_wrapped": "torchfleet.wrappers",
     "ConfigurationError": "torchfleet.errors",
     "CheckpointError": "torchfleet.errors",
     "TrainingSettings": "torchfleet.settings",
@@ -38,8 +39,8 @@ _LAZY = {
 }
 
 #: subpackages reachable as attributes after a plain ``import torchfleet`` (``torchfleet.strategies.DDPStrategy``)
-_SUBMODULES = ("accelerators", "callbacks", "checkpoint", "demos", "environments", "launchers", "loggers", "plugins",
-               "precision", "strategies", "utilities")
+_SUBMODULES = ("accelerators", "callbacks", "checkpoint", "core", "demos", "environments", "launchers", "loggers",
+               "plugins", "precision", "profilers", "strategies", "utilities")
 
 __all__ = sorted(_LAZY) + ["__version__"]
 
@@ -71,3 +72,4 @@ if TYPE_CHECKING:
     from torchfleet.settings import TrainingSettings
     from torchfleet.trainer.callbacks.base import Callback
     from torchfleet.trainer.trainer import Trainer
+    from torchfleet.wrappers import is_wrapped

@@ -30,6 +30,8 @@ import signal
 import time
 from typing import Any, Protocol
 
+from torchfleet.utilities.exceptions import SIGTERMException
+
 #: the exit code of a run stopped by a preemption signal after saving its checkpoint (EX_TEMPFAIL)
 EXIT_CODE = 75
 
@@ -61,10 +63,10 @@ class SignalRecord(Protocol):
         """When it was received (``time.monotonic()``)."""
 
 
-class Preempted(SystemExit):
+class Preempted(SIGTERMException):
     """The run was asked to stop by a preemption signal, saved its checkpoint, and stopped.
 
-    A ``SystemExit``: uncaught, the process exits with ``EXIT_CODE`` (75) and prints nothing more,
+    A ``SystemExit`` (Lightning's ``SIGTERMException``): uncaught, the process exits with ``EXIT_CODE`` (75) and prints nothing more,
     so a job script or scheduler can tell "try again later" from a failure. ``signal`` is the
     signal's name, ``checkpoint`` the path of the checkpoint written (None where none was).
     """

@@ -112,8 +112,12 @@ def rank_zero_warn(message: str | Warning, category: type[Warning] = UserWarning
 
 
 def rank_zero_deprecation(message: str | Warning, stacklevel: int = 2, **kwargs: Any) -> None:
-    """``warnings.warn(message, DeprecationWarning)`` on global rank 0 only."""
-    rank_zero_warn(message, DeprecationWarning, stacklevel=stacklevel + 1, **kwargs)
+    """``warnings.warn(message, LightningDeprecationWarning)`` (a DeprecationWarning) on global rank 0 only."""
+    rank_zero_warn(message, LightningDeprecationWarning, stacklevel=stacklevel + 1, **kwargs)
+
+
+class LightningDeprecationWarning(DeprecationWarning):
+    """The category of ``rank_zero_deprecation``'s warnings (a DeprecationWarning: its filters apply)."""
 
 
 class WarningCache(set):
@@ -156,4 +160,4 @@ def cli_logo() -> None:
 cli_lightning_logo = cli_logo
 
 __all__ = ["rank_zero_only", "rank_zero_info", "rank_zero_warn", "rank_zero_debug", "rank_zero_deprecation",
-           "rank_prefixed_message", "WarningCache", "cli_logo", "cli_lightning_logo"]
+           "rank_prefixed_message", "WarningCache", "LightningDeprecationWarning", "cli_logo", "cli_lightning_logo"]

@@ -22,7 +22,10 @@ log = logging.getLogger("torchfleet")
 SEED_ENV = "TF_GLOBAL_SEED"
 #: "1" when seed_everything(workers=True) asked for seeded DataLoader workers
 WORKERS_ENV = "TF_SEED_WORKERS"
-_MAX_SEED = 2**32 - 1  # NumPy's legacy generator takes at most 32 bits
+#: the seeds seed_everything accepts (NumPy's legacy generator takes at most 32 bits)
+min_seed_value = 0
+max_seed_value = 2**32 - 1
+_MAX_SEED = max_seed_value
 
 
 def seed_everything(seed: int | None = None, workers: bool = False, verbose: bool = True) -> int:

@@ -31,6 +31,9 @@ def check_ran_as_two_ddp_ranks(ranks: list[dict]) -> None:
         assert r["world_size"] == 2 and r["strategy"] == "DDPStrategy" and r["device"] == "cpu"
         # rank r fed inputs r+1: DDP averaged the gradients of both ranks
         assert r["weight_grad"] == [[1.5, 1.5]]
+    # has_len_all_ranks: both ranks have lengths; an empty loader on rank 1 alone is refused there unless allowed
+    assert ranks[0]["len_all_ranks"] == [True, False, True]
+    assert ranks[1]["len_all_ranks"] == [True, "This rank's list is empty", True]
     # rank_zero_first: rank 1 entered only after rank 0 had left (rank 0 stayed 1.5 s inside)
     assert ranks[0]["other_entered_meanwhile"] is False
     assert ranks[1]["rank0_had_left"] is True

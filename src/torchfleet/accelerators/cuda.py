@@ -26,6 +26,16 @@ def cuda_device_count() -> int:
     return max(int(torch.cuda.device_count()), 0)
 
 
+def num_cuda_devices() -> int:
+    """Lightning's name for ``cuda_device_count``: the visible CUDA devices, counted without initialising CUDA."""
+    return cuda_device_count()
+
+
+def is_cuda_available() -> bool:
+    """Whether a CUDA device is visible, asked without initialising CUDA (so fork-based strategies still work)."""
+    return cuda_device_count() > 0
+
+
 class CUDAAccelerator(Accelerator):
     """Train on NVIDIA (or ROCm) GPUs through torch.cuda."""
 

@@ -6,13 +6,14 @@ the version every rank agreed on (``agree_version``, a broadcast of rank 0's cho
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
 import warnings
 from abc import ABC, abstractmethod
 from argparse import Namespace
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from torchfleet.errors import ConfigurationError, not_valid
@@ -351,6 +352,16 @@ def on_rank_zero() -> bool:
     from torchfleet.utilities import rank_zero_only
 
     return rank_zero_only.rank == 0
+
+
+def rank_zero_experiment(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """For a logger's ``experiment`` property: the real object on global rank 0, a ``DummyExperiment`` elsewhere
+    (``fn`` is not called there, so other ranks create no run)."""
+    @functools.wraps(fn)
+    def experiment(self: Any) -> Any:
+        return fn(self) if on_rank_zero() else DummyExperiment()
+
+    return experiment
 
 
 class UploadsCheckpoints(Logger):

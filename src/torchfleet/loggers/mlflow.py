@@ -17,6 +17,8 @@ from torchfleet.errors import ConfigurationError
 from torchfleet.loggers.base import DummyExperiment, UploadsCheckpoints, on_rank_zero, plain_params
 from torchfleet.utilities import rank_zero_only
 
+#: the scheme of a local artifact folder
+LOCAL_FILE_URI_PREFIX = "file:"
 _STATUS = {"success": "FINISHED", "failed": "FAILED", "finished": "FINISHED"}
 _PARAM_LENGTH = 6000  # MLflow refuses longer parameter values
 
@@ -77,7 +79,7 @@ class MLflowLogger(UploadsCheckpoints):
             if self._save_dir is None:
                 raise ConfigurationError("MLflowLogger needs a tracking_uri=... or a save_dir=... for a local store.")
             tracking_uri = f"sqlite:///{os.path.join(self._save_dir, 'mlflow.db')}"
-            artifact_location = artifact_location or f"file:{os.path.join(self._save_dir, 'artifacts')}"
+            artifact_location = artifact_location or f"{LOCAL_FILE_URI_PREFIX}{os.path.join(self._save_dir, 'artifacts')}"
         self._tracking_uri = tracking_uri
         self._experiment_name = experiment_name
         self._run_name = run_name

@@ -10,30 +10,10 @@ import torch
 from torch import Tensor
 
 from torchfleet.errors import ConfigurationError
+from torchfleet.utilities.apply_func import move_to_device  # noqa: F401  (strategies and clients import it from here)
 
 ReduceOp = str  # "mean" | "sum" | "max" | "min"
 REDUCE_OPS = ("mean", "sum", "max", "min")
-
-
-def move_to_device(data: Any, device: torch.device) -> Any:
-    """Move every tensor inside nested dicts, lists, tuples and namedtuples to ``device``."""
-    if isinstance(data, Tensor):
-        if data.device == device:
-            return data
-        return data.to(device, non_blocking=device.type == "cuda")
-    if isinstance(data, dict):
-        moved = {k: move_to_device(v, device) for k, v in data.items()}
-        return moved if type(data) is dict else type(data)(moved)
-    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
-        return type(data)(*[move_to_device(v, device) for v in data])
-    if isinstance(data, (list, tuple)):
-        on_cpu = device.type == "cpu"
-        for v in data:
-            # Tensor.is_cpu is much cheaper than building and comparing device objects
-            if not (isinstance(v, Tensor) and (v.is_cpu if on_cpu else v.device == device)):
-                return type(data)([move_to_device(v, device) for v in data])
-        return data  # the common (x, y) batch already in place: no copy of the container
-    return data
 
 
 def apply_to_tensors(data: Any, fn: Callable[[Tensor], Any]) -> Any:

@@ -1,4 +1,4 @@
-"""Lightning's ``utilities.exceptions.MisconfigurationException``: here torchfleet's ConfigurationError.
+"""Lightning's ``utilities.exceptions``: ``MisconfigurationException`` is torchfleet's ConfigurationError.
 
 Ported code that raises it raises a ConfigurationError; ``except MisconfigurationException`` (and
 ``pytest.raises``) catches every argument error torchfleet raises.
@@ -10,4 +10,10 @@ from torchfleet.errors import ConfigurationError
 
 MisconfigurationException = ConfigurationError
 
-__all__ = ["MisconfigurationException"]
+
+class SIGTERMException(SystemExit):
+    """A run stopped by a signal; torchfleet's ``Preempted`` (SIGTERM, SIGUSR1 or SIGINT during fit, after saving
+    ``preempted.ckpt``; exit code 75) is one, so ``except SIGTERMException`` catches it as in Lightning."""
+
+
+__all__ = ["MisconfigurationException", "SIGTERMException"]

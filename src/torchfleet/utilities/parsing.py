@@ -9,9 +9,11 @@ from argparse import Namespace
 from collections.abc import MutableMapping
 from typing import Any
 
+from torchfleet.errors import ConfigurationError
+
 __all__ = [
     "AttributeDict", "clean_namespace", "collect_init_args", "get_init_args", "is_picklable", "lightning_getattr",
-    "lightning_hasattr", "lightning_setattr", "parse_class_init_keys",
+    "lightning_hasattr", "lightning_setattr", "parse_class_init_keys", "save_hyperparameters",
 ]
 
 
@@ -146,3 +148,16 @@ def lightning_setattr(model: Any, attribute: str, value: Any) -> None:
             holder[attribute] = value
         else:
             setattr(holder, attribute, value)
+
+
+def save_hyperparameters(obj: Any, *args: Any, ignore: str | list[str] | None = None, frame: Any = None,
+                         given_hparams: dict[str, Any] | None = None) -> None:
+    """The function form of ``obj.save_hyperparameters(...)`` (a Module's or DataModule's): the ``__init__`` arguments
+    of the constructor that called it (``frame``: another frame to read them from), or ``given_hparams`` as they are."""
+    if not callable(getattr(obj, "save_hyperparameters", None)):
+        raise ConfigurationError(f"save_hyperparameters(obj) needs a torchfleet Module, DataModule or another "
+                                 f"HyperparametersMixin; got a {type(obj).__name__}.")
+    if given_hparams is not None:
+        obj.save_hyperparameters(dict(given_hparams))
+        return
+    obj.save_hyperparameters(*args, ignore=ignore, frame=frame or inspect.currentframe().f_back)  # type: ignore[union-attr]

@@ -183,3 +183,25 @@ class Throughput:
     def reset(self) -> None:
         self._rows.clear()
         self._flops.clear()
+
+
+class ThroughputMonitor(Throughput):
+    """Fabric's ``ThroughputMonitor(fabric)``: a ``Throughput`` for a launched Fleet, with its world size and its
+    device's peak FLOP/s at the precision's compute dtype, that logs through the Fleet's loggers.
+
+    (The Trainer's callback of the same name is ``torchfleet.callbacks.ThroughputMonitor``.)
+    """
+
+    def __init__(self, fabric: Any, **kwargs: Any) -> None:
+        self._fleet = fabric
+        if "available_flops" not in kwargs:
+            kwargs["available_flops"] = get_available_flops(fabric.device, fabric.strategy.precision.compute_dtype)
+        super().__init__(world_size=fabric.world_size, **kwargs)
+
+    def compute_and_log(self, step: int | None = None, **kwargs: Any) -> dict[str, float]:
+        """``update(**kwargs)`` when given, then ``compute()``; the result goes to ``fleet.log_dict`` and is returned."""
+        if kwargs:
+            self.update(**kwargs)
+        metrics = self.compute()
+        self._fleet.log_dict(metrics, step=step)
+        return metrics

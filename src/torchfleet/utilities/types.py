@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
+import torch
 from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
@@ -74,6 +75,40 @@ OptimizerLRScheduler = (
     | None
 )
 
-__all__ = ["STEP_OUTPUT", "TRAIN_DATALOADERS", "EVAL_DATALOADERS", "LRSchedulerTypeTuple", "LRSchedulerTypeUnion",
+# Fabric's names (lightning.fabric.utilities.types): torch's distributed types, and what Fleet wraps as an optimizer
+UntypedStorage = torch.UntypedStorage
+DistributedDataParallel = torch.nn.parallel.DistributedDataParallel
+if torch.distributed.is_available():
+    from torch.distributed import ProcessGroup, ReduceOp
+
+    RedOpType = ReduceOp.RedOpType
+else:  # a torch built without distributed support
+    ProcessGroup = ReduceOp = RedOpType = Any  # type: ignore[misc,assignment]
+#: what the collectives take as ``group``
+CollectibleGroup = ProcessGroup
+
+
+@runtime_checkable
+class Steppable(Protocol):
+    """Something with ``step(closure=None)``."""
+
+    def step(self, closure: Any = None) -> Any: ...
+
+
+@runtime_checkable
+class Optimizable(Steppable, Protocol):
+    """What an optimizer offers: ``step``, its groups, defaults and state, and their state dict."""
+
+    param_groups: list[dict[Any, Any]]
+    defaults: dict[Any, Any]
+    state: Any
+
+    def state_dict(self) -> dict[str, dict[Any, Any]]: ...
+
+    def load_state_dict(self, state_dict: dict[str, dict[Any, Any]]) -> None: ...
+
+
+__all__ = ["CollectibleGroup", "DistributedDataParallel", "Optimizable", "ProcessGroup", "RedOpType", "ReduceOp",
+           "Steppable", "UntypedStorage", "STEP_OUTPUT", "TRAIN_DATALOADERS", "EVAL_DATALOADERS", "LRSchedulerTypeTuple", "LRSchedulerTypeUnion",
            "LRSchedulerType", "LRSchedulerPLType", "LRSchedulerConfig", "LRSchedulerConfigType", "OptimizerConfig",
            "OptimizerLRSchedulerConfig", "OptimizerLRScheduler"]

@@ -34,6 +34,17 @@ def main(mode: str, out_dir: str) -> None:
     opt.step()
 
     rank = fleet.global_rank
+    # Lightning's has_len_all_ranks sums the ranks' loader lengths through the strategy (a collective)
+    from torchfleet.errors import ConfigurationError
+    from torchfleet.utilities.data import has_len_all_ranks
+
+    uneven = has_len_all_ranks([0] * (rank + 2), fleet.strategy)  # 2 and 3 batches
+    empty_here = [0, 0] if rank == 0 else []
+    try:
+        refused = not has_len_all_ranks(empty_here, fleet.strategy)
+    except ConfigurationError as error:
+        refused = str(error).split(" while ")[0]
+    allowed = has_len_all_ranks(empty_here, fleet.strategy, allow_zero_length_dataloader_with_multiple_devices=True)
     marks = {n: os.path.join(out_dir, f"{n}") for n in ("enter-0", "leave-0", "enter-1")}
     record: dict = {}
     with fleet.rank_zero_first():
@@ -53,6 +64,7 @@ def main(mode: str, out_dir: str) -> None:
         argv=sys.argv[3:],
         # the gradients were averaged over both ranks: (1 + 2) / 2 per input dimension
         weight_grad=model.module.weight.grad.tolist(),
+        len_all_ranks=[uneven, refused, allowed],
     )
     with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
         json.dump(record, f)

@@ -15,7 +15,7 @@ from torchfleet.trainer.callbacks.rich_progress import RichProgressBar
 from torchfleet.trainer.callbacks.throughput import ThroughputMonitor
 from torchfleet.trainer.callbacks.timer import Timer
 
-__all__ = ["Callback", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason", "ProgressBar", "TQDMProgressBar",
+__all__ = ["Callback", "Checkpoint", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason", "ProgressBar", "TQDMProgressBar",
            "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor", "ThroughputMonitor", "Timer",
            "LambdaCallback", "BaseFinetuning", "BackboneFinetuning", "OnExceptionCheckpoint", "BasePredictionWriter",
            "WriteInterval", "GradientAccumulationScheduler", "Checkpoint"]

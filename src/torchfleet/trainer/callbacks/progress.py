@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from typing import Any
@@ -11,6 +12,21 @@ from torchfleet.trainer.callbacks.base import Callback
 #: the redraw clock, bound once: a program (or test) that replaces time.monotonic to drive validation does not
 #: see the bar's reads of it
 _clock = time.monotonic
+
+
+def convert_inf(x: float | None) -> float | None:
+    """None for an infinite or NaN count (a bar without a known total), the count otherwise."""
+    return None if x is None or math.isinf(x) or math.isnan(x) else x
+
+
+def get_standard_metrics(trainer: Any) -> dict[str, Any]:
+    """What every progress bar shows besides the logged values: ``v_num``, the first logger's version, when it has one."""
+    metrics: dict[str, Any] = {}
+    version = getattr(trainer.loggers[0], "version", None) if trainer.loggers else None
+    if version is not None:
+        # as Lightning: a long string version (a wandb run id) is shortened to its last 4 characters
+        metrics["v_num"] = version[-4:] if isinstance(version, str) else version
+    return metrics
 
 
 class ProgressBar(Callback):
@@ -85,7 +101,8 @@ class ProgressBar(Callback):
     def _new_bar(self, desc: str, total: Any, leave: bool, position: int = 0) -> Any:
         from tqdm.auto import tqdm
 
-        total = None if total is None or total == float("inf") else int(total)
+        total = convert_inf(total)
+        total = None if total is None else int(total)
         return tqdm(desc=desc, total=total, leave=leave, position=position, dynamic_ncols=True, file=sys.stderr,
                     mininterval=self.refresh_interval, smoothing=0.1)
 
@@ -145,11 +162,7 @@ class ProgressBar(Callback):
     def get_metrics(self, trainer: Any, module: Any) -> dict[str, Any]:
         """What the bar shows after its counts: ``v_num`` (the first logger's version, when it has one) and every
         value logged with ``prog_bar=True``. Override it to change that, as in Lightning."""
-        metrics: dict[str, Any] = {}
-        version = getattr(trainer.loggers[0], "version", None) if trainer.loggers else None
-        if version is not None:
-            # as Lightning: a long string version (a wandb run id) is shortened to its last 4 characters
-            metrics["v_num"] = version[-4:] if isinstance(version, str) else version
+        metrics = get_standard_metrics(trainer)
         metrics.update(trainer.progress_bar_metrics)
         return metrics
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from torchfleet.errors import ConfigurationError, check_flag
 from torchfleet.trainer.callbacks.base import Callback
+from torchfleet.utilities.enums import LightningEnum
 
 log = logging.getLogger("torchfleet")
 
@@ -42,6 +43,13 @@ def parse_duration(duration: Any) -> float | None:
 STAGES = ("train", "validate", "test", "predict")
 
 
+class Interval(LightningEnum):
+    """When a Timer checks its duration: after every optimizer step or after every epoch (equal to the strings)."""
+
+    step = "step"
+    epoch = "epoch"
+
+
 class Timer(Callback):
     """Stop training once ``duration`` has passed, checked after every step (``interval="step"``) or epoch.
 
@@ -60,7 +68,7 @@ class Timer(Callback):
         check_flag("verbose", verbose, "Timer")
         #: the budget in seconds (None: none); ``_duration`` is the name Lightning's Timer keeps it under
         self._duration = parse_duration(duration)
-        self.interval, self.verbose = interval, verbose
+        self.interval, self.verbose = str(interval), verbose  # an Interval member becomes its plain string
         self._start: dict[str, float | None] = dict.fromkeys(STAGES)
         self._end: dict[str, float | None] = dict.fromkeys(STAGES)
         self._offset = 0.0  # seconds spent training by the runs this one resumes

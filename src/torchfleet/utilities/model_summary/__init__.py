@@ -12,8 +12,13 @@ from torch import nn
 from torchfleet.errors import ConfigurationError
 
 #: Lightning's abbreviations of parameter counts: thousands, millions, billions, trillions
-_UNITS = [" ", "K", "M", "B", "T"]
+#: the suffixes of parameter counts (thousands, millions, billions, trillions)
+PARAMETER_NUM_UNITS = [" ", "K", "M", "B", "T"]
+_UNITS = PARAMETER_NUM_UNITS
 UNKNOWN_SIZE = "?"
+#: the row of the parameters no listed layer owns, and the value of the other columns there
+LEFTOVER_PARAMS_NAME = "other params"
+NOT_APPLICABLE = "n/a"
 #: bits per parameter of the Trainer's precision, for the size estimate (anything else counts as 32)
 _BITS = {"64": 64, "64-true": 64, "32": 32, "32-true": 32, "16": 16, "bf16": 16, "16-true": 16, "bf16-true": 16}
 
@@ -30,11 +35,12 @@ def get_human_readable_count(number: int | float) -> str:
     return f"{scaled:,.1f} {_UNITS[group]}"
 
 
-def _shape(value: Any) -> Any:
-    if hasattr(value, "shape"):
-        return list(value.shape)
-    if isinstance(value, (list, tuple)):
-        return [_shape(v) for v in value]
+def parse_batch_shape(batch: Any) -> Any:
+    """The shape of every tensor in ``batch`` (nested lists for nested lists and tuples); ``UNKNOWN_SIZE`` elsewhere."""
+    if hasattr(batch, "shape"):
+        return list(batch.shape)
+    if isinstance(batch, (list, tuple)):
+        return [parse_batch_shape(item) for item in batch]
     return UNKNOWN_SIZE
 
 
@@ -141,8 +147,8 @@ class ModelSummary:
 
         def recorder(name: str) -> Any:
             def hook(_: nn.Module, args: Any, out: Any) -> None:
-                self._in[name] = _shape(args[0] if len(args) == 1 else list(args))
-                self._out[name] = _shape(out)
+                self._in[name] = parse_batch_shape(args[0] if len(args) == 1 else list(args))
+                self._out[name] = parse_batch_shape(out)
             return hook
 
         handles = [m.register_forward_hook(recorder(name)) for name, m in modules]
@@ -179,8 +185,8 @@ class ModelSummary:
         leftover = self.total_parameters - self.total_layer_params
         if leftover > 0:  # parameters that belong to no listed layer (the root's own)
             for header, values in columns:
-                values.append({" ": " ", "Name": "other params", "Params": get_human_readable_count(leftover)}
-                              .get(header, "n/a"))
+                values.append({" ": " ", "Name": LEFTOVER_PARAMS_NAME, "Params": get_human_readable_count(leftover)}
+                              .get(header, NOT_APPLICABLE))
         return columns
 
     def __str__(self) -> str:
@@ -195,7 +201,7 @@ class ModelSummary:
             (get_human_readable_count(trainable), "Trainable params"),
             (get_human_readable_count(total - trainable), "Non-trainable params"),
             (get_human_readable_count(total), "Total params"),
-            (f"{self.model_size:,.3f}", "Total estimated model params size (MB)"),
+            (get_formatted_model_size(self.model_size), "Total estimated model params size (MB)"),
             (modes["train"], "Modules in train mode"), (modes["eval"], "Modules in eval mode"),
             (get_human_readable_count(self.total_flops), "Total Flops"))]
         return "\n".join(lines)
@@ -209,4 +215,10 @@ def summarize(model: nn.Module, max_depth: int = 1) -> ModelSummary:
     return ModelSummary(model, max_depth=max_depth)
 
 
-__all__ = ["ModelSummary", "summarize", "get_human_readable_count"]
+def get_formatted_model_size(total_model_size: float) -> str:
+    """A model size in MB as the summary prints it: three decimals, thousands separated."""
+    return f"{total_model_size:,.3f}"
+
+
+__all__ = ["LEFTOVER_PARAMS_NAME", "NOT_APPLICABLE", "PARAMETER_NUM_UNITS", "UNKNOWN_SIZE", "ModelSummary",
+           "get_formatted_model_size", "get_human_readable_count", "parse_batch_shape", "summarize"]

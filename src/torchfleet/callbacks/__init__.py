@@ -1,0 +1,27 @@
+"""Public callbacks: ``from torchfleet.callbacks import ModelCheckpoint, EarlyStopping, ...``.
+
+The submodules have Lightning's module names (``torchfleet.callbacks.early_stopping``, ``.model_checkpoint``,
+``.progress.tqdm_progress``, ...) and import the same classes, which live in ``torchfleet.trainer.callbacks``."""
+
+from torchfleet.trainer.callbacks import (
+    BackboneFinetuning,
+    BaseFinetuning,
+    Callback,
+    Checkpoint,
+    EarlyStopping,
+    EarlyStoppingReason,
+    LambdaCallback,
+    LearningRateMonitor,
+    ModelCheckpoint,
+    ModelSummary,
+    ProgressBar,
+    RichModelSummary,
+    RichProgressBar,
+    ThroughputMonitor,
+    Timer,
+    TQDMProgressBar,
+)
+
+__all__ = ["Callback", "Checkpoint", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason", "ProgressBar",
+           "TQDMProgressBar", "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor",
+           "ThroughputMonitor", "Timer", "LambdaCallback", "BaseFinetuning", "BackboneFinetuning"]

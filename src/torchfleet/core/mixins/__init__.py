@@ -1,0 +1,5 @@
+"""Lightning's ``lightning.pytorch.core.mixins``, its names under torchfleet's (docs/porting.md)."""
+
+from torchfleet.hparams import HyperparametersMixin
+
+__all__ = ["HyperparametersMixin"]
