@@ -162,3 +162,35 @@ def test_black_box_numbers_a_group_collective_within_its_group(tmp_path, monkeyp
 def _line_of(text: str) -> int:
     with open(__file__) as f:
         return next(n for n, line in enumerate(f, 1) if text in line and "_line_of" not in line)
+
+
+_EXIT_PROGRAM = """
+import atexit, threading, time
+from torch.distributed import TCPStore
+from torchfleet.watchdog import hang
+
+calls = []
+class Store:  # the rendezvous store as torchrun's ranks have it, counting the watchdog's questions
+    def __init__(self):
+        self.real = TCPStore("127.0.0.1", 0, 1, True)
+    def check(self, keys):
+        calls.append(threading.current_thread().name)
+        return self.real.check(keys)
+
+# registered before the watchdog starts, so it runs after the watchdog's own exit handler, still before finalising
+atexit.register(lambda: print("at exit: watchdog alive", hang._THREAD.is_alive(), "asked", len(calls) > 0, flush=True))
+hang.start(0, 2, 0.5, None, Store())  # no launcher's folder: as under torchrun; a tick of 0.05 s
+time.sleep(0.5)
+"""
+
+
+def test_the_watchdog_thread_has_stopped_before_the_interpreter_finalises():
+    # Issue 32 item 9: under torchrun the watchdog thread asks the rendezvous store every tick; a daemon thread inside
+    # that C++ call when Python finalises aborts the process (SIGABRT) after a run that finished. It must be stopped
+    # and joined at exit, while the interpreter is whole (scripts/stress_multinode_exit.py measures the runs)
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _EXIT_PROGRAM], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "at exit: watchdog alive False asked True" in proc.stdout, proc.stdout + proc.stderr

@@ -170,8 +170,9 @@ class _Children:
                 self.supervisor.stop()
                 end_with_report(failure)
                 return
-        if isinstance(value, Exception) and not isinstance(value, ProcessFailedError):
-            # rank 0's own error ends the run: said as a child's error is, its frames shortened alike
+        if (isinstance(value, Exception) and not isinstance(value, ProcessFailedError)
+                and self.restart >= self.max_restarts):
+            # rank 0's own error ends the run (no restart follows): said as a child's error is, frames shortened alike
             sup = self.supervisor
             end_with_report(ProcessFailedError(sup._global_rank(0), rank_traceback(value)))
             return

@@ -101,7 +101,33 @@ def start(rank: int, world_size: int, hang_timeout: float | None, folder: str | 
             faulthandler.enable(file=target, all_threads=True)
         except (OSError, ValueError, AttributeError):
             pass
-    threading.Thread(target=_run, args=(_WATCH,), name="torchfleet-watchdog", daemon=True).start()
+    global _THREAD
+    _THREAD = threading.Thread(target=_run, args=(_WATCH,), name="torchfleet-watchdog", daemon=True)
+    _THREAD.start()
+    import atexit
+
+    atexit.register(stop)  # registered after the process group's teardown, so it runs before it
+
+
+#: set at exit: the watchdog thread leaves its loop
+_STOP = threading.Event()
+_THREAD: threading.Thread | None = None
+#: how long the exit waits for the watchdog thread to finish a call it is in (a store round trip)
+STOP_JOIN_S = 5.0
+
+
+def stop() -> None:
+    """Stop the watchdog thread and wait for it: at exit, before the interpreter finalises.
+
+    Left running, the daemon thread may be inside a C++ call that released the GIL (under torchrun it asks the
+    rendezvous store every tick whether another rank fired) when Python finalises; taking the GIL back then ends the
+    thread from inside that call's C++ frames, which aborts the process ("terminate called without an active
+    exception", SIGABRT) after a run that finished: torchrun then reports the job failed.
+    """
+    _STOP.set()
+    thread = _THREAD
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(STOP_JOIN_S)
 
 
 def tick_for(timeout: float | None) -> float:
@@ -112,8 +138,7 @@ def tick_for(timeout: float | None) -> float:
 
 
 def _run(watch: _Watch) -> None:
-    while True:  # a daemon thread: it ends with the process
-        time.sleep(tick_for(watch.timeout))
+    while not _STOP.wait(tick_for(watch.timeout)):  # a daemon thread, stopped at exit (stop)
         try:
             _check(watch)
         except Exception:  # noqa: BLE001 - the watchdog must never be what fails a run

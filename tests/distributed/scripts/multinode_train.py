@@ -6,7 +6,8 @@ Usage: ``python multinode_train.py '<json>'`` with keys
   saw of the run), and global rank 0 writes ``result.json``: world size, the global ranks gathered
   from every process, and the final weights.
 * ``devices`` (1), ``num_nodes`` (1), ``strategy`` ("ddp"), ``batch`` (per-rank batch size, 4),
-  ``epochs`` (2).
+  ``epochs`` (2), ``hang_timeout`` (the Trainer's default; scripts/stress_multinode_exit.py lowers it so that the
+  watchdog thread calls the store more often).
 
 The data are fixed (N_SAMPLES samples, no shuffling), the model is seeded, the loss is a mean MSE
 and the optimizer plain SGD, so W ranks with batch B take exactly the steps that one process with
@@ -75,7 +76,7 @@ def main(cfg: dict) -> None:
         strategy=cfg.get("strategy", "ddp"), accelerator="cpu", devices=cfg.get("devices", 1),
         num_nodes=cfg.get("num_nodes", 1), max_epochs=cfg.get("epochs", 2),
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0,
+        num_sanity_val_steps=0, **({"hang_timeout": cfg["hang_timeout"]} if "hang_timeout" in cfg else {}),
     )
     print("TRAINER_BUILT", flush=True)
     model = TinyNet()
