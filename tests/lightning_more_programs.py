@@ -160,7 +160,46 @@ results["next_random"] = torch.rand(2).tolist()
 print("RESULTS", json.dumps(results))
 """
 
-PROGRAMS = {"callbacks": CALLBACKS, "lr_find": LR_FIND}
+#: Tuner.scale_batch_size in both modes on a model whose training step fails as torch does when out of memory above
+#: 48 samples, then a fit with the size found
+BATCH_SIZE = """
+class Sized(LightningModule):
+    def __init__(self, batch_size=16):
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = nn.Sequential(nn.Linear(6, 8), nn.Dropout(0.2), nn.Linear(8, 1))
+        self.tried = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.tried.append(len(x))
+        if len(x) > 48:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        return nn.functional.mse_loss(self.layer(x), y)
+
+    def train_dataloader(self):
+        return DataLoader(data(300, 0), batch_size=self.hparams.batch_size, shuffle=True)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+results = {}
+for mode in ("power", "binsearch"):
+    seed_everything(4)
+    model = Sized()
+    trainer = Trainer(accelerator="cpu", max_epochs=1, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False)
+    found = Tuner(trainer).scale_batch_size(model, mode=mode)
+    tried, model.tried = model.tried, []
+    trainer.fit(model)
+    results[mode] = {"found": found, "hparams": model.hparams.batch_size, "tried": tried, "fit_batches": model.tried,
+                     "weights": [p.detach().flatten().tolist() for p in model.parameters()],
+                     "next_random": torch.rand(2).tolist()}
+print("RESULTS", json.dumps(results))
+"""
+
+PROGRAMS = {"callbacks": CALLBACKS, "lr_find": LR_FIND, "batch_size": BATCH_SIZE}
 
 
 def source(library: str, program: str = "callbacks") -> str:

@@ -1,11 +1,13 @@
 """Callbacks shipped with torchfleet."""
 
 from torchfleet.trainer.callbacks.base import Callback, Checkpoint
+from torchfleet.trainer.callbacks.batch_size_finder import BatchSizeFinder
 from torchfleet.trainer.callbacks.checkpoint import ModelCheckpoint
 from torchfleet.trainer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 from torchfleet.trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from torchfleet.trainer.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
 from torchfleet.trainer.callbacks.lambda_function import LambdaCallback
+from torchfleet.trainer.callbacks.lr_finder import LearningRateFinder
 from torchfleet.trainer.callbacks.lr_monitor import LearningRateMonitor
 from torchfleet.trainer.callbacks.model_summary import ModelSummary, RichModelSummary
 from torchfleet.trainer.callbacks.on_exception_checkpoint import OnExceptionCheckpoint
@@ -18,4 +20,5 @@ from torchfleet.trainer.callbacks.timer import Timer
 __all__ = ["Callback", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason", "ProgressBar", "TQDMProgressBar",
            "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor", "ThroughputMonitor", "Timer",
            "LambdaCallback", "BaseFinetuning", "BackboneFinetuning", "OnExceptionCheckpoint", "BasePredictionWriter",
-           "WriteInterval", "GradientAccumulationScheduler", "Checkpoint"]
+           "WriteInterval", "GradientAccumulationScheduler", "Checkpoint",
+           "LearningRateFinder", "BatchSizeFinder"]
