@@ -9,12 +9,14 @@ TORCHFLEET = """
 from torchfleet import Trainer, seed_everything
 from torchfleet import Module as LightningModule
 from torchfleet.trainer.callbacks import BasePredictionWriter, GradientAccumulationScheduler, OnExceptionCheckpoint
+from torchfleet.trainer.callbacks import StochasticWeightAveraging
 from torchfleet.tuner import Tuner
 """
 
 LIGHTNING = """
 from lightning.pytorch import LightningModule, Trainer, seed_everything
 from lightning.pytorch.callbacks import BasePredictionWriter, GradientAccumulationScheduler, OnExceptionCheckpoint
+from lightning.pytorch.callbacks import StochasticWeightAveraging
 from lightning.pytorch.tuner import Tuner
 """
 
@@ -199,7 +201,41 @@ for mode in ("power", "binsearch"):
 print("RESULTS", json.dumps(results))
 """
 
-PROGRAMS = {"callbacks": CALLBACKS, "lr_find": LR_FIND, "batch_size": BATCH_SIZE}
+#: StochasticWeightAveraging from epoch 3 of 6 after a StepLR, with the averaged weights and the rate every epoch
+SWA = """
+class Averaged(LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+        self.rates, self.starts = [], []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.layer(x), y)
+
+    def on_train_epoch_start(self):
+        self.rates.append(self.trainer.optimizers[0].param_groups[0]["lr"])
+        self.starts.append([p.detach().flatten().tolist() for p in self.parameters()])
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        return [opt], [torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)]
+
+
+results = {}
+for strategy in ("cos", "linear"):
+    seed_everything(9)
+    model = Averaged()
+    swa = StochasticWeightAveraging(swa_lrs=0.02, swa_epoch_start=3, annealing_epochs=2, annealing_strategy=strategy)
+    trainer = Trainer(accelerator="cpu", max_epochs=6, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False, callbacks=[swa])
+    trainer.fit(model, DataLoader(data(48, 2), batch_size=8, shuffle=True))
+    results[strategy] = {"rates": model.rates, "starts": model.starts, "n_averaged": int(swa.n_averaged),
+                         "final": [p.detach().flatten().tolist() for p in model.parameters()]}
+print("RESULTS", json.dumps(results))
+"""
+
+PROGRAMS = {"callbacks": CALLBACKS, "lr_find": LR_FIND, "batch_size": BATCH_SIZE, "swa": SWA}
 
 
 def source(library: str, program: str = "callbacks") -> str:

@@ -14,6 +14,7 @@ from torchfleet.trainer.callbacks.on_exception_checkpoint import OnExceptionChec
 from torchfleet.trainer.callbacks.prediction_writer import BasePredictionWriter, WriteInterval
 from torchfleet.trainer.callbacks.progress import ProgressBar, TQDMProgressBar
 from torchfleet.trainer.callbacks.rich_progress import RichProgressBar
+from torchfleet.trainer.callbacks.stochastic_weight_avg import StochasticWeightAveraging
 from torchfleet.trainer.callbacks.throughput import ThroughputMonitor
 from torchfleet.trainer.callbacks.timer import Timer
 
@@ -21,4 +22,4 @@ __all__ = ["Callback", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason"
            "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor", "ThroughputMonitor", "Timer",
            "LambdaCallback", "BaseFinetuning", "BackboneFinetuning", "OnExceptionCheckpoint", "BasePredictionWriter",
            "WriteInterval", "GradientAccumulationScheduler", "Checkpoint",
-           "LearningRateFinder", "BatchSizeFinder"]
+           "LearningRateFinder", "BatchSizeFinder", "StochasticWeightAveraging"]
