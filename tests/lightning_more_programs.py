@@ -235,7 +235,73 @@ for strategy in ("cos", "linear"):
 print("RESULTS", json.dumps(results))
 """
 
-PROGRAMS = {"callbacks": CALLBACKS, "lr_find": LR_FIND, "batch_size": BATCH_SIZE, "swa": SWA}
+#: under ddp on 2 processes (a script each rank runs; each writes ranks-<rank>.json in the folder of argv[1]): the
+#: scheduled accumulation, a prediction writer's shards and stochastic weight averaging, in one launch
+DDP = """
+import sys
+
+
+class Net(LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 1))
+        self.epochs = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.layer(x), y)
+
+    def on_train_epoch_end(self):
+        self.epochs.append(self.trainer.global_step)
+
+    def predict_step(self, batch, batch_idx, dataloader_idx=0):
+        return self.layer(batch[0])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+
+class Writer(BasePredictionWriter):
+    def __init__(self):
+        super().__init__("batch_and_epoch")
+        self.batches, self.epoch = [], None
+
+    def write_on_batch_end(self, trainer, module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        self.batches.append([list(batch_indices), prediction.squeeze(1).tolist()])
+
+    def write_on_epoch_end(self, trainer, module, predictions, batch_indices):
+        self.epoch = [batch_indices, [p.squeeze(1).tolist() for p in predictions]]
+
+
+def trainer(**kw):
+    return Trainer(accelerator="cpu", strategy="ddp", devices=2, logger=False, enable_progress_bar=False,
+                   enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0, **kw)
+
+
+def weights(module):
+    return [p.detach().flatten().tolist() for p in module.parameters()]
+
+
+results = {}
+seed_everything(7)
+model = Net()
+trainer(max_epochs=3, callbacks=[GradientAccumulationScheduler({1: 2, 2: 3})]).fit(
+    model, DataLoader(data(40, 0), batch_size=4, shuffle=True))
+results["accumulation"] = {"epochs": model.epochs, "weights": weights(model)}
+writer = Writer()
+run = trainer(callbacks=[writer])
+run.predict(model, DataLoader(data(13, 3), batch_size=3), return_predictions=False)
+results["writer"] = {"batches": writer.batches, "epoch": writer.epoch}
+seed_everything(9)
+model = Net()
+swa = StochasticWeightAveraging(swa_lrs=0.02, swa_epoch_start=2, annealing_epochs=1)
+trainer(max_epochs=4, callbacks=[swa]).fit(model, DataLoader(data(48, 2), batch_size=8, shuffle=True))
+results["swa"] = {"weights": weights(model), "n_averaged": int(swa.n_averaged)}
+with open(os.path.join(sys.argv[1], f"ranks-{run.global_rank}.json"), "w") as f:
+    json.dump(results, f)
+"""
+
+PROGRAMS = {"callbacks": CALLBACKS, "lr_find": LR_FIND, "batch_size": BATCH_SIZE, "swa": SWA, "ddp": DDP}
 
 
 def source(library: str, program: str = "callbacks") -> str:
