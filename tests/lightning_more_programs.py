@@ -9,14 +9,16 @@ TORCHFLEET = """
 from torchfleet import Trainer, seed_everything
 from torchfleet import Module as LightningModule
 from torchfleet.trainer.callbacks import BasePredictionWriter, GradientAccumulationScheduler, OnExceptionCheckpoint
-from torchfleet.trainer.callbacks import StochasticWeightAveraging
+from torchfleet.loggers import Logger
+from torchfleet.trainer.callbacks import DeviceStatsMonitor, StochasticWeightAveraging
 from torchfleet.tuner import Tuner
 """
 
 LIGHTNING = """
 from lightning.pytorch import LightningModule, Trainer, seed_everything
 from lightning.pytorch.callbacks import BasePredictionWriter, GradientAccumulationScheduler, OnExceptionCheckpoint
-from lightning.pytorch.callbacks import StochasticWeightAveraging
+from lightning.pytorch.callbacks import DeviceStatsMonitor, StochasticWeightAveraging
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.tuner import Tuner
 """
 
@@ -301,7 +303,49 @@ with open(os.path.join(sys.argv[1], f"ranks-{run.global_rank}.json"), "w") as f:
     json.dump(results, f)
 """
 
-PROGRAMS = {"callbacks": CALLBACKS, "lr_find": LR_FIND, "batch_size": BATCH_SIZE, "swa": SWA, "ddp": DDP}
+#: DeviceStatsMonitor's logged names and steps (its figures, the machine's memory and CPU use, vary by the moment)
+DEVICE_STATS = """
+class Recorder(Logger):
+    name, version = "recorder", 0  # plain attributes stand for the abstract properties
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+    def log_metrics(self, metrics, step=None):
+        names = sorted(k for k in metrics if k.startswith("DeviceStatsMonitor"))
+        if names:
+            self.calls.append([names, step, all(isinstance(metrics[k], float) for k in names)])
+
+
+class Net(LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(6, 1)
+
+    def training_step(self, batch, batch_idx):
+        return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", nn.functional.mse_loss(self.layer(batch[0]), batch[1]))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+recorder = Recorder()
+trainer = Trainer(accelerator="cpu", max_epochs=2, log_every_n_steps=2, logger=recorder, enable_progress_bar=False,
+                  enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0,
+                  callbacks=[DeviceStatsMonitor()])
+trainer.fit(Net(), DataLoader(data(20, 0), batch_size=4), DataLoader(data(8, 1), batch_size=4))
+print("RESULTS", json.dumps({"calls": recorder.calls}))
+"""
+
+PROGRAMS = {"callbacks": CALLBACKS, "lr_find": LR_FIND, "batch_size": BATCH_SIZE, "swa": SWA, "ddp": DDP,
+            "device_stats": DEVICE_STATS}
 
 
 def source(library: str, program: str = "callbacks") -> str:

@@ -3,6 +3,7 @@
 from torchfleet.trainer.callbacks.base import Callback, Checkpoint
 from torchfleet.trainer.callbacks.batch_size_finder import BatchSizeFinder
 from torchfleet.trainer.callbacks.checkpoint import ModelCheckpoint
+from torchfleet.trainer.callbacks.device_stats_monitor import DeviceStatsMonitor
 from torchfleet.trainer.callbacks.early_stopping import EarlyStopping, EarlyStoppingReason
 from torchfleet.trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from torchfleet.trainer.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
@@ -22,4 +23,5 @@ __all__ = ["Callback", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason"
            "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor", "ThroughputMonitor", "Timer",
            "LambdaCallback", "BaseFinetuning", "BackboneFinetuning", "OnExceptionCheckpoint", "BasePredictionWriter",
            "WriteInterval", "GradientAccumulationScheduler", "Checkpoint",
-           "LearningRateFinder", "BatchSizeFinder", "StochasticWeightAveraging"]
+           "LearningRateFinder", "BatchSizeFinder", "StochasticWeightAveraging",
+           "DeviceStatsMonitor"]
