@@ -26,7 +26,15 @@ def test_cpu_accelerator():
     assert acc.parse_devices(3) == 3
     assert acc.get_parallel_devices(3) == [torch.device("cpu")] * 3
     assert acc.get_parallel_devices("2") == [torch.device("cpu")] * 2
-    assert acc.get_device_stats(torch.device("cpu")) == {}
+    try:  # as Lightning: psutil's figures, in percent; without psutil a clear error
+        import psutil  # noqa: F401
+    except ImportError:
+        with pytest.raises(ModuleNotFoundError, match="pip install psutil"):
+            acc.get_device_stats(torch.device("cpu"))
+    else:
+        stats = acc.get_device_stats(torch.device("cpu"))
+        assert sorted(stats) == ["cpu_percent", "cpu_swap_percent", "cpu_vm_percent"]
+        assert all(0 <= v <= 100 for v in stats.values())
     acc.setup_device(torch.device("cpu"))  # nothing to do, and must not fail
     acc.teardown()
 

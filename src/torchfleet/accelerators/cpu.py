@@ -14,6 +14,17 @@ from torchfleet.accelerators.devices import parse_cpu_processes
 log = logging.getLogger("torchfleet")
 
 
+def get_cpu_stats() -> dict[str, float]:
+    """The machine's memory, CPU and swap use in percent (Lightning's keys), read with psutil."""
+    try:
+        import psutil
+    except ImportError:
+        raise ModuleNotFoundError("Fetching CPU device stats requires psutil, which is not installed here: "
+                                  "pip install psutil.") from None
+    return {"cpu_vm_percent": psutil.virtual_memory().percent, "cpu_percent": psutil.cpu_percent(),
+            "cpu_swap_percent": psutil.swap_memory().percent}
+
+
 class CPUAccelerator(Accelerator):
     """Train on the CPU; one process per requested device."""
 
@@ -38,6 +49,10 @@ class CPUAccelerator(Accelerator):
     def is_available() -> bool:
         """Always true."""
         return True
+
+    def get_device_stats(self, device: torch.device) -> dict[str, Any]:
+        """The CPU's figures (``get_cpu_stats``: needs psutil), as Lightning's CPU accelerator reports them."""
+        return get_cpu_stats()
 
 
 # ---------------------------------------------------------------------------- threads per process

@@ -191,6 +191,8 @@ class FitLoop:
         model.train()
         state.in_train = True
         hooks.call("on_train_epoch_start", trainer)
+        # a callback may have added or swapped a scheduler there (StochasticWeightAveraging puts SWALR in)
+        self._has_epoch_schedulers = any(c.interval == "epoch" and not c.reduce_on_plateau for c in self._schedulers)
         iterator = iter(self.loader)
         for _ in range(start_batch):  # fast-forward to where the interrupted run stopped
             next(iterator, None)

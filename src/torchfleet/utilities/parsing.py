@@ -101,12 +101,13 @@ def collect_init_args(frame: Any, path_args: list[dict[str, Any]], inside: bool 
     return path_args
 
 
-def _holders(model: Any, attribute: str) -> list[Any]:
+def _holders(model: Any, attribute: str, datamodule: Any = None) -> list[Any]:
     """Where ``attribute`` is found, in the order a later one wins: the model, its hparams, its Trainer's datamodule
-    and that datamodule's hparams."""
+    (or ``datamodule``, given before a run has attached one: the tuner) and that datamodule's hparams."""
     found = []
-    trainer = getattr(model, "_trainer", None)
-    datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
+    if datamodule is None:
+        trainer = getattr(model, "_trainer", None)
+        datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
     for owner in (model, datamodule):
         if owner is None:
             continue
@@ -124,23 +125,24 @@ def _missing(attribute: str) -> AttributeError:
                           "nor the datamodule.")
 
 
-def lightning_hasattr(model: Any, attribute: str) -> bool:
-    """Whether ``attribute`` is on the model, in its hparams, or on (or in the hparams of) its Trainer's datamodule."""
-    return bool(_holders(model, attribute))
+def lightning_hasattr(model: Any, attribute: str, *, datamodule: Any = None) -> bool:
+    """Whether ``attribute`` is on the model, in its hparams, or on (or in the hparams of) its Trainer's datamodule
+    (``datamodule``: the one to look in when no Trainer has attached one yet)."""
+    return bool(_holders(model, attribute, datamodule))
 
 
-def lightning_getattr(model: Any, attribute: str) -> Any:
+def lightning_getattr(model: Any, attribute: str, *, datamodule: Any = None) -> Any:
     """``attribute`` from the datamodule if it has one, else from the model's hparams or the model itself."""
-    holders = _holders(model, attribute)
+    holders = _holders(model, attribute, datamodule)
     if not holders:
         raise _missing(attribute)
     holder = holders[-1]
     return holder[attribute] if isinstance(holder, MutableMapping) else getattr(holder, attribute)
 
 
-def lightning_setattr(model: Any, attribute: str, value: Any) -> None:
+def lightning_setattr(model: Any, attribute: str, value: Any, *, datamodule: Any = None) -> None:
     """Set ``attribute`` everywhere ``lightning_getattr`` could read it, so that every copy agrees."""
-    holders = _holders(model, attribute)
+    holders = _holders(model, attribute, datamodule)
     if not holders:
         raise _missing(attribute)
     for holder in holders:

@@ -20,6 +20,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from torchfleet.errors import ConfigurationError
 from torchfleet.seed import isolate_rng
 from torchfleet.trainer.callbacks.base import Callback
+from torchfleet.utilities.parsing import lightning_hasattr, lightning_setattr
 from torchfleet.utilities.types import LRSchedulerConfig
 
 log = logging.getLogger("torchfleet")
@@ -142,21 +143,18 @@ class _Search(Callback):
         self.losses.append(smoothed)
 
 
-def lr_attribute(model: Any, attr_name: str = "") -> str:
-    """The name under which ``model`` (or ``model.hparams``) holds its learning rate: ``attr_name``, else ``lr`` or
-    ``learning_rate``; a ConfigurationError when there is none."""
-    def has(name: str) -> bool:
-        return hasattr(model, name) or name in (getattr(model, "hparams", None) or {})
-
+def lr_attribute(model: Any, attr_name: str = "", datamodule: Any = None) -> str:
+    """The name under which the model (its attribute or hparams) or the DataModule holds the learning rate:
+    ``attr_name``, else ``lr`` or ``learning_rate``; a ConfigurationError when there is none."""
     if attr_name:
-        if not has(attr_name):
+        if not lightning_hasattr(model, attr_name, datamodule=datamodule):
             raise ConfigurationError(
                 f"attr_name={attr_name!r}: the learning rate finder found no attribute {attr_name!r} on "
                 f"{type(model).__name__} nor in its hparams. Name the attribute configure_optimizers reads the rate "
                 "from, or pass update_attr=False.")
         return attr_name
     for name in ("lr", "learning_rate"):
-        if has(name):
+        if lightning_hasattr(model, name, datamodule=datamodule):
             return name
     raise ConfigurationError(
         f"The learning rate finder sets the rate it finds on the model, but {type(model).__name__} has neither `lr` "
@@ -164,18 +162,9 @@ def lr_attribute(model: Any, attr_name: str = "") -> str:
         "yours with attr_name=..., or pass update_attr=False.")
 
 
-def set_lr_attribute(model: Any, name: str, value: float) -> None:
-    """Write the rate where ``model`` keeps it: its attribute and/or its hparams entry."""
-    hparams = getattr(model, "hparams", None)
-    if hparams is not None and name in hparams:
-        hparams[name] = value
-    if hasattr(model, name):
-        setattr(model, name, value)
-
-
 def find_lr(trainer: Any, model: Any, run_fit: Callable[[], None], min_lr: float = 1e-8, max_lr: float = 1.0,
             num_training: int = 100, mode: str = "exponential", early_stop_threshold: float | None = 4.0,
-            update_attr: bool = True, attr_name: str = "") -> LRFinder | None:
+            update_attr: bool = True, attr_name: str = "", datamodule: Any = None) -> LRFinder | None:
     """Run the search through ``run_fit()`` (a ``trainer.fit`` of ``model`` on the user's data) and restore what it
     changed; with ``update_attr`` the suggestion is written to the model's rate attribute."""
     if mode not in MODES:
@@ -188,7 +177,8 @@ def find_lr(trainer: Any, model: Any, run_fit: Callable[[], None], min_lr: float
     if trainer.fast_dev_run:
         log.warning("Skipping learning rate finder since `fast_dev_run` is enabled.")
         return None
-    name = lr_attribute(model, attr_name) if update_attr else ""
+    datamodule = datamodule if datamodule is not None else trainer.datamodule
+    name = lr_attribute(model, attr_name, datamodule) if update_attr else ""
     finder = LRFinder(mode, min_lr, max_lr, num_training)
     search = _Search(finder, early_stop_threshold)
     kept = {key: getattr(trainer, key) for key in ("callbacks", "max_steps", "limit_val_batches",
@@ -210,7 +200,7 @@ def find_lr(trainer: Any, model: Any, run_fit: Callable[[], None], min_lr: float
     if update_attr:
         lr = finder.suggestion()
         if lr is not None:
-            set_lr_attribute(model, name, lr)
+            lightning_setattr(model, name, lr, datamodule=datamodule)
             log.info("Learning rate set to %s", lr)
     return finder
 
@@ -237,10 +227,11 @@ class LearningRateFinder(Callback):
         self._update_attr, self._attr_name = update_attr, attr_name
         self.optimal_lr: LRFinder | None = None
 
-    def lr_find(self, trainer: Any, module: Any, run_fit: Callable[[], None]) -> None:
+    def lr_find(self, trainer: Any, module: Any, run_fit: Callable[[], None], datamodule: Any = None) -> None:
         """Search with this callback's arguments through ``run_fit`` (a ``trainer.fit`` call); sets ``optimal_lr``."""
         self.optimal_lr = find_lr(trainer, module, run_fit, self._min_lr, self._max_lr, self._num_training_steps,
-                                  self._mode, self._early_stop_threshold, self._update_attr, self._attr_name)
+                                  self._mode, self._early_stop_threshold, self._update_attr, self._attr_name,
+                                  datamodule)
 
     def on_fit_start(self, trainer: Any, module: Any) -> None:
         raise ConfigurationError(
