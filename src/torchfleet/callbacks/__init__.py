@@ -6,22 +6,32 @@ The submodules have Lightning's module names (``torchfleet.callbacks.early_stopp
 from torchfleet.trainer.callbacks import (
     BackboneFinetuning,
     BaseFinetuning,
+    BasePredictionWriter,
+    BatchSizeFinder,
     Callback,
     Checkpoint,
+    DeviceStatsMonitor,
     EarlyStopping,
     EarlyStoppingReason,
+    GradientAccumulationScheduler,
     LambdaCallback,
+    LearningRateFinder,
     LearningRateMonitor,
     ModelCheckpoint,
     ModelSummary,
+    OnExceptionCheckpoint,
     ProgressBar,
     RichModelSummary,
     RichProgressBar,
+    StochasticWeightAveraging,
     ThroughputMonitor,
     Timer,
     TQDMProgressBar,
+    WriteInterval,
 )
 
 __all__ = ["Callback", "Checkpoint", "ModelCheckpoint", "EarlyStopping", "EarlyStoppingReason", "ProgressBar",
            "TQDMProgressBar", "RichProgressBar", "ModelSummary", "RichModelSummary", "LearningRateMonitor",
-           "ThroughputMonitor", "Timer", "LambdaCallback", "BaseFinetuning", "BackboneFinetuning"]
+           "ThroughputMonitor", "Timer", "LambdaCallback", "BaseFinetuning", "BackboneFinetuning",
+           "OnExceptionCheckpoint", "BasePredictionWriter", "WriteInterval", "GradientAccumulationScheduler",
+           "LearningRateFinder", "BatchSizeFinder", "StochasticWeightAveraging", "DeviceStatsMonitor"]

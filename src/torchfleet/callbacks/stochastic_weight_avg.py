@@ -1,0 +1,5 @@
+"""Lightning's ``lightning.pytorch.callbacks.stochastic_weight_avg``, its names under torchfleet's (docs/porting.md)."""
+
+from torchfleet.trainer.callbacks.stochastic_weight_avg import StochasticWeightAveraging
+
+__all__ = ["StochasticWeightAveraging"]
