@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from torchfleet.accelerators.base import Accelerator
+from torchfleet.accelerators.base import Accelerator, AcceleratorName
 from torchfleet.accelerators.devices import parse_gpu_ids
 from torchfleet.errors import ConfigurationError
 
@@ -29,7 +29,7 @@ def cuda_device_count() -> int:
 class CUDAAccelerator(Accelerator):
     """Train on NVIDIA (or ROCm) GPUs through torch.cuda."""
 
-    name = "cuda"
+    name = AcceleratorName("cuda")
 
     def setup_device(self, device: torch.device) -> None:
         """Make ``device`` this process's current CUDA device."""
