@@ -147,3 +147,56 @@ def difflib_lines(expected: list[str], got: list[str]) -> list[str]:
     import difflib
 
     return list(difflib.unified_diff(expected, got, "lightning", "torchfleet", lineterm="", n=2))
+
+
+class _Tiny:
+    """A one-layer Module and its loader for the behaviour tests below (built lazily: torchfleet imports inside)."""
+
+    @staticmethod
+    def fit(precision: Precision) -> tuple[torch.Tensor, torch.Tensor]:
+        import torchfleet as tf
+
+        class Tiny(tf.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.layer = torch.nn.Linear(4, 1)
+
+            def training_step(self, batch, batch_idx):
+                return self.layer(batch).pow(2).mean()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+            def train_dataloader(self):
+                return torch.utils.data.DataLoader(torch.ones(8, 4), batch_size=4)
+
+        tf.seed_everything(3)
+        model = Tiny()
+        before = model.layer.weight.detach().clone()
+        trainer = tf.Trainer(accelerator="cpu", devices=1, plugins=[precision], max_epochs=1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(model)
+        return before, model.layer.weight.detach()
+
+
+def test_what_a_precision_of_yours_returns_and_decides_is_what_the_trainer_uses():
+    """pre_backward's tensor is the one backpropagated; optimizer_step decides whether the optimizer steps."""
+
+    class NoGradient(Precision):
+        def pre_backward(self, tensor, module):
+            return tensor * 0.0
+
+    before, after = _Tiny.fit(NoGradient())
+    assert torch.equal(before, after)  # zero gradients: SGD without momentum leaves the weights as they were
+
+    class NeverSteps(Precision):
+        def optimizer_step(self, optimizer, model, closure, **kwargs):
+            self.model_seen = type(model).__name__
+            return closure()  # forward and backward, but no step
+
+    precision = NeverSteps()
+    before, after = _Tiny.fit(precision)
+    assert torch.equal(before, after) and precision.model_seen == "Tiny"
+
+    before, after = _Tiny.fit(Precision())  # the control: the same run with the plain plugin trains
+    assert not torch.equal(before, after)
