@@ -64,11 +64,10 @@ def recorder_class(base: type, mode: str) -> type:
     return TOOL.build_recorder_class(base, methods, properties)
 
 
-def run_stage(mode: str, stage: str, root: str, strategy: Any, devices: int, ckpt_path: str | None = None) -> list[str]:
-    """One stage as the Lightning recording ran it (``tools/record_lightning_strategy_hooks.py``: run_worker),
-    under torchfleet's Trainer; returns this process's events."""
+def start_recording(root: str) -> tuple[type, type]:
+    """A fresh recorder for a run in ``root``, the seed set; returns the recording HookModel and Callback classes."""
     import torchfleet as tf
-    from torchfleet.callbacks import Callback, ModelCheckpoint
+    from torchfleet.callbacks import Callback
 
     TOOL.ROOT = root
     recorder = TOOL.RECORDER
@@ -78,6 +77,17 @@ def run_stage(mode: str, stage: str, root: str, strategy: Any, devices: int, ckp
     tf.seed_everything(TOOL.SEED)
     model_class = TOOL.with_recorded_hooks(TOOL.build_model_class(tf.Module), TOOL.MODULE_HOOKS, "M", ("self",))
     callback_class = TOOL.with_recorded_hooks(Callback, TOOL.CALLBACK_HOOKS, "C", ("self", "trainer", "pl_module"))
+    return model_class, callback_class
+
+
+def run_stage(mode: str, stage: str, root: str, strategy: Any, devices: int, ckpt_path: str | None = None) -> list[str]:
+    """One stage as the Lightning recording ran it (``tools/record_lightning_strategy_hooks.py``: run_worker),
+    under torchfleet's Trainer; returns this process's events."""
+    import torchfleet as tf
+    from torchfleet.callbacks import ModelCheckpoint
+
+    recorder = TOOL.RECORDER
+    model_class, callback_class = start_recording(root)
     recorder.add("== strategy constructed")
     options = TOOL.trainer_options(stage)
     checkpoint = ModelCheckpoint(dirpath=os.path.join(root, stage), save_on_train_epoch_end=True)

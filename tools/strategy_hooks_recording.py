@@ -165,8 +165,8 @@ def recorded_call(prefix: str, name: str, signature: inspect.Signature, call, sk
 class _RecordedContext:
     """Wraps a context manager a Strategy hook returned: calls inside it are nested, leaving it is recorded."""
 
-    def __init__(self, context, name: str) -> None:
-        self.context, self.name = context, name
+    def __init__(self, context, name: str, prefix: str = "S") -> None:
+        self.context, self.name, self.prefix = context, name, prefix
 
     def __enter__(self):
         value = self.context.__enter__()
@@ -175,37 +175,43 @@ class _RecordedContext:
 
     def __exit__(self, *exc):
         RECORDER.depth -= 1
-        RECORDER.add(f"S.{self.name} exit")
+        RECORDER.add(f"{self.prefix}.{self.name} exit")
         return self.context.__exit__(*exc)
 
 
-def build_recorder_class(base: type, methods: dict[str, tuple[str, inspect.Signature]], properties: list[str]) -> type:
+def build_recorder_class(base: type, methods: dict[str, tuple[str, inspect.Signature]], properties: list[str],
+                         prefix: str = "S") -> type:
     """A subclass of ``base`` recording every call of ``methods`` (name -> (kind, the signature its arguments are
     bound to)) and the reads and writes of ``properties``, then running ``base``'s. Needs no Lightning: the
-    torchfleet side (tests/strategy_hooks.py) builds its recorder with it from the contract this script wrote."""
+    torchfleet side (tests/strategy_hooks.py) builds its recorder with it from the contract this script wrote.
+    ``prefix`` starts each event ("S" for a strategy, "P" for a precision plugin, "A" for an accelerator)."""
     namespace: dict[str, Any] = {"__module__": __name__}
     for name, (kind, signature) in methods.items():
         implementation = inspect.getattr_static(base, name)
-        if kind == "classmethod":
+        if kind == "staticmethod":
+            function = implementation.__func__
+            namespace[name] = staticmethod(functools.wraps(function)(recorded_call(prefix, name, signature, function,
+                                                                                   skip=())))
+        elif kind == "classmethod":
             function = implementation.__func__
             namespace[name] = classmethod(
-                functools.wraps(function)(recorded_call("S", name, signature, function, skip=("cls",)))
+                functools.wraps(function)(recorded_call(prefix, name, signature, function, skip=("cls",)))
             )
         elif kind == "context manager":
 
             def make(implementation=implementation, name=name, signature=signature):
-                inner = recorded_call("S", name, signature, implementation)
+                inner = recorded_call(prefix, name, signature, implementation)
 
                 @functools.wraps(implementation)
                 def wrapper(*args, **kwargs):
                     context = inner(*args, **kwargs)
-                    return _RecordedContext(context, name) if RECORDER.active else context
+                    return _RecordedContext(context, name, prefix) if RECORDER.active else context
 
                 return wrapper
 
             namespace[name] = make()
         else:
-            namespace[name] = functools.wraps(implementation)(recorded_call("S", name, signature, implementation))
+            namespace[name] = functools.wraps(implementation)(recorded_call(prefix, name, signature, implementation))
     for name in properties:
         parent = next(inspect.getattr_static(c, name) for c in base.__mro__ if name in vars(c))
 
@@ -241,6 +247,7 @@ def signature_from_text(text: str) -> inspect.Signature:
     import ast
 
     head = text.rsplit(") ->", 1)[0] + ")" if ") ->" in text else text
+    head = re.sub(r"<\w+\.\w+: ('[^']*')>", r"\1", head)  # an enum default (<GradClipAlgorithmType.NORM: 'norm'>)
     function = ast.parse(f"def f{head.replace('~', '')}: pass").body[0]
     arguments = function.args  # type: ignore[attr-defined]
     parameters = []
@@ -342,14 +349,14 @@ def build_model_class(lightning_module: type) -> type:
     return HookModel
 
 
-def hook_name(event: str) -> str | None:
-    """``S.optimizer_step(...)`` -> ``optimizer_step``; None for other events."""
-    match = re.match(r"S\.(\w+)\(", event.strip())
+def hook_name(event: str, prefix: str = "S") -> str | None:
+    """``S.optimizer_step(...)`` -> ``optimizer_step`` (for ``prefix`` "S"); None for other events."""
+    match = re.match(prefix + r"\.(\w+)\(", event.strip())
     return match.group(1) if match else None
 
 
-def derive(events: list[str]) -> dict[str, Any]:
-    """Counts per Strategy hook: every call, and those made from inside another Strategy hook."""
+def derive(events: list[str], prefix: str = "S") -> dict[str, Any]:
+    """Counts per hook of ``prefix`` (S: the Strategy): every call, and those made from inside another of its hooks."""
     counts: Counter[str] = Counter()
     nested: Counter[str] = Counter()
     strategy_depths: list[int] = []  # indentation of the enclosing Strategy calls
@@ -357,7 +364,7 @@ def derive(events: list[str]) -> dict[str, Any]:
         depth = (len(event) - len(event.lstrip(" "))) // 2
         while strategy_depths and strategy_depths[-1] >= depth:
             strategy_depths.pop()
-        name = hook_name(event)
+        name = hook_name(event, prefix)
         if name is None:
             continue
         counts[name] += 1

@@ -162,6 +162,7 @@ def resolve(
     run settings); those of one process run no collective and ignore it.
     """
     from torchfleet.accelerators import AcceleratorRegistry, select_accelerator
+    from torchfleet.accelerators.base import accelerator_name
     from torchfleet.environments import detect_environment
     from torchfleet.precision import DEFAULT_PRECISION, normalize_precision, precision_for
     from torchfleet.strategies.registry import StrategyRegistry
@@ -209,8 +210,9 @@ def resolve(
     # Accelerator: the strategy's own, else the argument, else a plugin.
     acc_arg = parts.get("accelerator", accelerator)
     if built is not None and built.accelerator is not None:
-        if acc_arg not in ("auto", None) and not (isinstance(acc_arg, str) and acc_arg == built.accelerator.name):
-            if not (acc_arg == "gpu" and built.accelerator.name in ("cuda", "mps")):
+        built_name = accelerator_name(built.accelerator)
+        if acc_arg not in ("auto", None) and not (isinstance(acc_arg, str) and acc_arg == built_name):
+            if not (acc_arg == "gpu" and built_name in ("cuda", "mps")):
                 raise ConfigurationError(
                     f"accelerator={acc_arg!r} disagrees with the strategy's accelerator {built.accelerator!r}."
                 )
@@ -230,6 +232,8 @@ def resolve(
                 raise _no_device(devices, acc_arg) from None
             raise
 
+    if isinstance(devices, str) and devices.strip().lower() == "auto":
+        devices = acc.auto_device_count()  # as Lightning: the accelerator says what "auto" means
     parsed = acc.parse_devices(devices)
     device_list = acc.get_parallel_devices(parsed)
     total = len(device_list) * num_nodes
@@ -241,7 +245,7 @@ def resolve(
             # a launcher that started several ranks (torchrun, srun) means a multi-process run even where
             # devices x num_nodes says 1: ddp's pre-flight check then names the disagreement
             launched = env.world_size() if env.creates_processes_externally else 1
-            name = _auto_strategy(max(total, launched), len(device_list), num_nodes, acc.name)
+            name = _auto_strategy(max(total, launched), len(device_list), num_nodes, accelerator_name(acc))
         built = StrategyRegistry.get(name)
 
     built.configure(device_list, num_nodes, env)

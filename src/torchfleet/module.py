@@ -21,7 +21,10 @@ from torchfleet.compiled import jit_scanning
 from torchfleet.errors import CheckpointError, ConfigurationError
 from torchfleet.hparams import AttributeDict, HyperparametersMixin
 from torchfleet.module_export import ModuleExport
+from torchfleet.precision import CLIP_HOOKS
+from torchfleet.precision import user_overrides as precision_overrides
 from torchfleet.running import LoopDoor
+from torchfleet.utilities.enums import GradClipAlgorithmType
 
 if TYPE_CHECKING:
     from torchfleet.running import FleetRunner, ModuleRunner
@@ -478,6 +481,10 @@ class Module(nn.Module, HyperparametersMixin, ModuleExport, UserCollectives):
         if self._trainer is not None:
             gradient_clip_val, gradient_clip_algorithm = self._trainer.gradient_clip_arguments(
                 gradient_clip_val, gradient_clip_algorithm)
+            precision = self._strategy().precision
+            if CLIP_HOOKS & precision_overrides(precision):  # a Precision of yours clips (Lightning's hooks)
+                return precision.clip_gradients(optimizer, gradient_clip_val or 0.0,
+                                                GradClipAlgorithmType(gradient_clip_algorithm or "norm"))
         if gradient_clip_val is None or gradient_clip_val <= 0:
             return
         algorithm = gradient_clip_algorithm or "norm"

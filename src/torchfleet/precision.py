@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -126,21 +126,80 @@ class Precision:
 
     def module_init_context(self) -> contextlib.AbstractContextManager:
         """Inside, new modules get their parameters in this precision's dtype (Lightning's plugin method)."""
-        return self.tensor_init_context()
+        return _DefaultDtype(self.param_dtype)
 
-    def backward(self, tensor: Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
-        """Backpropagate ``tensor``."""
+    def convert_output(self, data: Any) -> Any:
+        """Cast a model's output back where the precision changed it (Lightning's hook). Identity here."""
+        return data
+
+    def pre_backward(self, tensor: Tensor, module: Any) -> Tensor:
+        """Called before ``backward`` with the loss and the Module; returns the tensor to backpropagate."""
+        return tensor
+
+    def backward(self, tensor: Tensor, model: Any, optimizer: Optimizer | None = None, *args: Any, **kwargs: Any) -> None:
+        """Backpropagate ``tensor``. ``model`` is the Module, ``optimizer`` the one that steps next (None in
+        manual optimisation and in Fleet); ``args``/``kwargs`` go to ``Tensor.backward``."""
         self._run_backward(tensor, *args, **kwargs)
 
-    def connect(self, module: Any, optimizers: list[Any], lr_schedulers: list[Any]) -> tuple[Any, list[Any], list[Any]]:
-        """Adapt the model, optimizers and LR schedulers a Trainer stage set up (Lightning's hook; unchanged here)."""
-        return module, optimizers, lr_schedulers
+    def post_backward(self, tensor: Tensor, module: Any) -> Tensor:
+        """Called after ``backward`` with the loss and the Module; returns the loss the loop keeps (detached)."""
+        return tensor.detach()
 
-    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
-        """Step ``optimizer`` (with ``closure`` when given) and return what the step returns."""
+    def connect(self, model: Any, optimizers: list[Any], lr_schedulers: list[Any]) -> tuple[Any, list[Any], list[Any]]:
+        """Adapt the model, optimizers and LR schedulers a Trainer stage set up (Lightning's hook; unchanged here)."""
+        return model, optimizers, lr_schedulers
+
+    def optimizer_step(self, optimizer: Optimizer, model: Any = None, closure: Callable[[], Any] | None = None,
+                       **kwargs: Any) -> Any:
+        """Step ``optimizer`` (with ``closure`` when given) and return what the step returns. ``model`` is the
+        Module being trained (Lightning's argument; None from Fleet)."""
         if closure is None:
             return optimizer.step(**kwargs)
         return optimizer.step(closure=closure, **kwargs)
+
+    def main_params(self, optimizer: Optimizer) -> Iterator[Tensor]:
+        """The parameters the optimizer updates, whose gradients clipping changes (a generator, as Lightning's)."""
+        return (p for group in optimizer.param_groups for p in group["params"])
+
+    def clip_gradients(self, optimizer: Optimizer, clip_val: float = 0.0, gradient_clip_algorithm: Any = "norm") -> None:
+        """Clip the gradients of ``optimizer``'s parameters by ``"norm"`` or ``"value"``; nothing when clip_val <= 0."""
+        if clip_val <= 0:
+            return
+        algorithm = str(getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm)).lower()
+        if algorithm == "value":
+            self.clip_grad_by_value(optimizer, clip_val)
+        elif algorithm == "norm":
+            self.clip_grad_by_norm(optimizer, clip_val)
+
+    def clip_grad_by_value(self, optimizer: Optimizer, clip_val: float) -> None:
+        """Clamp every gradient element of ``main_params(optimizer)`` to ``[-clip_val, clip_val]``."""
+        torch.nn.utils.clip_grad_value_(self.main_params(optimizer), clip_value=clip_val)
+
+    def clip_grad_by_norm(self, optimizer: Optimizer, clip_val: float) -> None:
+        """Scale the gradients of ``main_params(optimizer)`` to a total 2-norm of at most ``clip_val``."""
+        torch.nn.utils.clip_grad_norm_(self.main_params(optimizer), clip_val)
+
+    def train_step_context(self) -> contextlib.AbstractContextManager:
+        """The context the Trainer's training_step runs in (default: ``forward_context``)."""
+        return self.forward_context()
+
+    def val_step_context(self) -> contextlib.AbstractContextManager:
+        """The context the Trainer's validation_step runs in (default: ``forward_context``)."""
+        return self.forward_context()
+
+    def test_step_context(self) -> contextlib.AbstractContextManager:
+        """The context the Trainer's test_step runs in (default: ``forward_context``)."""
+        return self.forward_context()
+
+    def predict_step_context(self) -> contextlib.AbstractContextManager:
+        """The context the Trainer's predict_step runs in (default: ``forward_context``)."""
+        return self.forward_context()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Called with the checkpoint dictionary before it is written (Lightning's hook; nothing here)."""
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Called with a loaded checkpoint dictionary before the state is restored (Lightning's hook; nothing here)."""
 
     def unscale_gradients(self, optimizer: Optimizer) -> None:
         """Bring gradients to their true scale before clipping. Nothing to do without a scaler."""
@@ -154,7 +213,7 @@ class Precision:
         """State to save in a checkpoint (the loss scaler's, where there is one)."""
         return {}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore what ``state_dict`` returned."""
 
     def teardown(self) -> None:
@@ -162,6 +221,28 @@ class Precision:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
+
+
+#: Lightning's Precision hooks that torchfleet's own classes fold into faster paths: the Trainer calls them where a
+#: class outside torchfleet (yours) overrides them (``user_overrides``, decided once per stage)
+LIGHTNING_HOOKS = (
+    "pre_backward", "backward", "post_backward", "optimizer_step", "clip_gradients", "clip_grad_by_norm",
+    "clip_grad_by_value", "main_params", "train_step_context", "val_step_context", "test_step_context",
+    "predict_step_context",
+)
+#: overriding any of these makes the Trainer clip through ``Precision.clip_gradients``
+CLIP_HOOKS = frozenset({"clip_gradients", "clip_grad_by_norm", "clip_grad_by_value", "main_params"})
+
+
+def user_overrides(precision: Precision) -> frozenset[str]:
+    """The ``LIGHTNING_HOOKS`` that ``precision``'s class defines anew below torchfleet's own precision classes."""
+    return _class_overrides(type(precision))
+
+
+@functools.cache
+def _class_overrides(cls: type) -> frozenset[str]:
+    own = next(c for c in cls.__mro__ if c.__module__ == __name__)
+    return frozenset(n for n in LIGHTNING_HOOKS if getattr(cls, n, None) is not getattr(own, n, None))
 
 
 class _DefaultDtype:
@@ -285,7 +366,7 @@ class MixedPrecision(Precision):
         """``torch.autocast`` for the device type and dtype."""
         return torch.autocast(self.device_type, dtype=self._dtype)
 
-    def backward(self, tensor: Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
+    def backward(self, tensor: Tensor, model: Any, optimizer: Optimizer | None = None, *args: Any, **kwargs: Any) -> None:
         """Backpropagate ``tensor``, scaled by the gradient scaler when there is one."""
         if self.scaler is not None:
             tensor = self.scaler.scale(tensor)
@@ -297,15 +378,22 @@ class MixedPrecision(Precision):
             self.scaler.unscale_(optimizer)
             self._unscaled.add(id(optimizer))
 
+    def clip_gradients(self, optimizer: Optimizer, clip_val: float = 0.0, gradient_clip_algorithm: Any = "norm") -> None:
+        """Unscale the gradients first (with a scaler), then clip them."""
+        if clip_val > 0:
+            self.unscale_gradients(optimizer)
+        super().clip_gradients(optimizer, clip_val, gradient_clip_algorithm)
+
     @property
     def skips_nonfinite_steps(self) -> bool:
         """True with a gradient scaler: an overflowing step is skipped, not an error."""
         return self.scaler is not None
 
-    def optimizer_step(self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+    def optimizer_step(self, optimizer: Optimizer, model: Any = None, closure: Callable[[], Any] | None = None,
+                       **kwargs: Any) -> Any:
         """Step ``optimizer``; with a scaler, a step whose gradients hold inf/nan is skipped and the scale lowered."""
         if self.scaler is None:
-            return super().optimizer_step(optimizer, closure, **kwargs)
+            return super().optimizer_step(optimizer, model, closure, **kwargs)
         # GradScaler cannot step with a closure: evaluate it first, then step on the gradients it left
         result = closure() if closure is not None else None
         if not _has_grads(optimizer):
@@ -321,10 +409,10 @@ class MixedPrecision(Precision):
         """The gradient scaler's state (empty without a scaler)."""
         return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore the gradient scaler's state; state from a run without a scaler changes nothing."""
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
+        if self.scaler is not None and state_dict.get("scaler"):
+            self.scaler.load_state_dict(state_dict["scaler"])
 
     def teardown(self) -> None:
         """Forget which optimizers were unscaled."""

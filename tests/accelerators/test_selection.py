@@ -66,9 +66,17 @@ def test_names_are_case_and_space_tolerant(cuda_count):
 
 
 def test_instance_returned_as_is(cuda_count):
-    cuda_count(0)
-    acc = CUDAAccelerator()  # even where CUDA is missing: an object is the user's explicit choice
+    cuda_count(1)
+    acc = CUDAAccelerator()
     assert select_accelerator(acc) is acc
+
+
+def test_instance_whose_devices_are_missing_is_refused(cuda_count):
+    """As Lightning's Trainer: an Accelerator object is asked is_available() too."""
+    cuda_count(0)
+    with pytest.raises(ConfigurationError, match=r"CUDAAccelerator\(\) was given, but its is_available\(\) returned "
+                                                 r"False: cuda devices are not available here"):
+        select_accelerator(CUDAAccelerator())
 
 
 def test_class_instead_of_instance():

@@ -8,6 +8,21 @@ from typing import Any, ClassVar
 import torch
 
 
+class AcceleratorName(str):
+    """A registry name that is also Lightning's static ``name()``: ``CPUAccelerator.name == "cpu" == CPUAccelerator.name()``."""
+
+    __slots__ = ()
+
+    def __call__(self) -> str:
+        return str(self)
+
+
+def accelerator_name(accelerator: Any) -> str:
+    """The name of ``accelerator``: our classes' ``name`` string, or what a Lightning-style static ``name()`` returns."""
+    name = accelerator.name
+    return str(name() if callable(name) else name)
+
+
 class Accelerator(ABC):
     """One kind of device. Stateless apart from configuration; a Strategy holds exactly one.
 
@@ -17,8 +32,9 @@ class Accelerator(ABC):
     selectable by name.
     """
 
-    #: registry name, e.g. "cpu", "cuda", "mps"
-    name: ClassVar[str] = ""
+    #: registry name, e.g. "cpu", "cuda", "mps"; callable too, as Lightning's static ``name()``. Read it through
+    #: ``accelerator_name``: a subclass written for Lightning defines ``name()`` as a static method
+    name: ClassVar[str] = AcceleratorName("")
 
     def setup_device(self, device: torch.device) -> None:
         """Make ``device`` current for this process (e.g. ``torch.cuda.set_device``). Called once per rank."""

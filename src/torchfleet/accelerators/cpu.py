@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from torchfleet.accelerators.base import Accelerator
+from torchfleet.accelerators.base import Accelerator, AcceleratorName
 from torchfleet.accelerators.devices import parse_cpu_processes
 
 log = logging.getLogger("torchfleet")
@@ -28,7 +28,7 @@ def get_cpu_stats() -> dict[str, float]:
 class CPUAccelerator(Accelerator):
     """Train on the CPU; one process per requested device."""
 
-    name = "cpu"
+    name = AcceleratorName("cpu")
 
     @staticmethod
     def parse_devices(devices: Any) -> int:

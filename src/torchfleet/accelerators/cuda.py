@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from torchfleet.accelerators.base import Accelerator
+from torchfleet.accelerators.base import Accelerator, AcceleratorName
 from torchfleet.accelerators.devices import parse_gpu_ids
 from torchfleet.errors import ConfigurationError
 
@@ -39,7 +39,7 @@ def is_cuda_available() -> bool:
 class CUDAAccelerator(Accelerator):
     """Train on NVIDIA (or ROCm) GPUs through torch.cuda."""
 
-    name = "cuda"
+    name = AcceleratorName("cuda")
 
     def setup_device(self, device: torch.device) -> None:
         """Make ``device`` this process's current CUDA device."""

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from torchfleet.accelerators.base import Accelerator
+from torchfleet.accelerators.base import Accelerator, AcceleratorName
 from torchfleet.accelerators.devices import parse_gpu_ids
 
 
@@ -19,7 +19,7 @@ def _mps_available() -> bool:
 class MPSAccelerator(Accelerator):
     """Train on an Apple GPU through the Metal backend (a Mac has at most one, id 0)."""
 
-    name = "mps"
+    name = AcceleratorName("mps")
 
     @staticmethod
     def parse_devices(devices: Any) -> list[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchfleet._registry import Registry
-from torchfleet.accelerators.base import Accelerator
+from torchfleet.accelerators.base import Accelerator, accelerator_name
 from torchfleet.accelerators.cpu import CPUAccelerator
 from torchfleet.accelerators.cuda import CUDAAccelerator
 from torchfleet.accelerators.mps import MPSAccelerator
@@ -54,6 +54,12 @@ def select_accelerator(value: Any = "auto") -> Accelerator:
     valid name.
     """
     if isinstance(value, Accelerator):
+        if not value.is_available():  # as Lightning, the object is asked too (a subclass of yours may say no)
+            raise ConfigurationError(
+                f"accelerator={type(value).__name__}() was given, but its is_available() returned False: "
+                f"{accelerator_name(value) or type(value).__name__} devices are not available here. Pass an "
+                "accelerator this machine has (accelerator='cpu', or 'auto' for the best one found)."
+            )
         return value
     if isinstance(value, type) and issubclass(value, Accelerator):
         raise ConfigurationError(

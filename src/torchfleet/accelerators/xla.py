@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from torchfleet.accelerators.base import Accelerator
+from torchfleet.accelerators.base import Accelerator, AcceleratorName
 from torchfleet.errors import ConfigurationError
 
 #: what installs an XLA environment (torch_xla 2.9 is built for torch 2.9; on x86_64 that torch is a CUDA build)
@@ -99,7 +99,7 @@ def parse_xla_devices(devices: Any, count: int) -> int | list[int]:
 class XLAAccelerator(Accelerator):
     """XLA devices through torch_xla's PJRT runtime: TPUs, or XLA's CPU backend (``PJRT_DEVICE=CPU``)."""
 
-    name = "xla"
+    name = AcceleratorName("xla")
 
     def __init__(self) -> None:
         if not xla_installed():

@@ -330,9 +330,14 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
     def run_backward(self, tensor: Tensor, module: nn.Module | None, *args: Any, **kwargs: Any) -> None:
         """Compute gradients of ``tensor`` through ``module`` (the precision's scaler, the wrapper's synchronisation).
 
-        Fabric's ``backward(tensor, module)``: Fleet calls it, and the Trainer's ``backward`` runs it.
+        Fabric's ``backward(tensor, module)``: Fleet calls it, and the Trainer's ``backward`` runs it. The precision
+        gets Lightning's arguments: the Module (not its wrapper) under a Trainer, and the optimizer that steps next.
         """
-        self._precision.backward(tensor, module, *args, **kwargs)
+        owner = self._lightning_module
+        self._precision.backward(tensor, module if owner is None else owner, self._stepping, *args, **kwargs)
+
+    #: the optimizer the Trainer's ``backward`` backpropagates for (Lightning's argument to ``Precision.backward``)
+    _stepping: Optimizer | None = None
 
     def optimizer_step(
         self, optimizer: Optimizer, closure: Callable[[], Any] | None = None, model: nn.Module | None = None,
@@ -341,9 +346,10 @@ class Strategy(TrainerContract, CheckpointMethods, ABC):
         """Step ``optimizer``; ``closure`` (training_step and backward, from the Trainer) runs inside the step.
 
         Returns what the optimizer's step returns (torch's: the closure's loss). ``model`` is Lightning's argument
-        (the Module; the Trainer passes none). Fleet calls it without a closure, after its own backward.
+        (the Module; the Trainer passes none, and the precision then gets the Module). Fleet calls it without a closure, after its own backward.
         """
-        return self._precision.optimizer_step(optimizer, closure, **kwargs)
+        owner = self._lightning_module if model is None else model
+        return self._precision.optimizer_step(optimizer, model=owner, closure=closure, **kwargs)
 
     def _gradient_params(self, module: nn.Module | None, optimizer: Optimizer | None) -> list[Tensor]:
         if optimizer is not None:

@@ -33,6 +33,10 @@ PER_BATCH_HOOKS = (
 CLOSURE_HOOKS = ("optimizer_step", "training_step", "post_training_step", "backward", "pre_backward", "post_backward")
 
 
+_STEP_CONTEXTS = {"training_step": "train_step_context", "validation_step": "val_step_context",
+                  "test_step": "test_step_context", "predict_step": "predict_step_context"}
+
+
 def user_overrides(strategy: Any, names: Iterable[str] = PER_BATCH_HOOKS) -> frozenset[str]:
     """The ``names`` that ``strategy``'s class defines anew below torchfleet's own strategy classes.
 
@@ -187,8 +191,15 @@ class TrainerContract:
     # ------------------------------------------------------------------ steps
     def _run_step(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         assert self.model is not None
-        with self.forward_context():  # type: ignore[attr-defined]
+        with self._step_context(name):
             return self.step_function(self.model, name)(*args, **kwargs)  # type: ignore[attr-defined]
+
+    def _step_context(self, name: str) -> Any:
+        """The precision's ``<stage>_step_context`` (Lightning's), unless this strategy replaces ``forward_context``."""
+        owner = next(c for c in type(self).__mro__ if "forward_context" in vars(c))
+        if owner.__module__ != "torchfleet.strategies.strategy":
+            return self.forward_context()  # type: ignore[attr-defined]
+        return getattr(self.precision, _STEP_CONTEXTS[name])()  # type: ignore[attr-defined]
 
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         """Run the Module's ``training_step`` through the wrapper (inside DDP's forward), under the precision."""
@@ -212,18 +223,26 @@ class TrainerContract:
     def backward(self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> Tensor:
         """Backpropagate ``closure_loss`` (already divided for accumulation); returns it, as Lightning's does.
 
-        ``pre_backward``, the Module's and callbacks' ``on_before_backward``, the precision's backward (through the
-        wrapper: ``run_backward``), ``on_after_backward``, ``post_backward``. ``optimizer`` is the one that will
+        ``pre_backward`` (the strategy's, then the precision's, which may return another tensor), the Module's and
+        callbacks' ``on_before_backward``, the precision's backward (through the wrapper: ``run_backward``),
+        ``on_after_backward``, ``post_backward`` (the strategy's, then the precision's). ``optimizer`` is the one that will
         step (None in manual optimisation); extra arguments go to ``Tensor.backward``.
         """
         self.pre_backward(closure_loss)
+        precision = self.precision  # type: ignore[attr-defined]
+        closure_loss = precision.pre_backward(closure_loss, self.lightning_module)
         stage = self._stage
         if stage is not None and stage.before_backward is not None:
             stage.before_backward(closure_loss)
-        self.run_backward(closure_loss, self.model, *args, **kwargs)  # type: ignore[attr-defined]
+        self._stepping = optimizer
+        try:
+            self.run_backward(closure_loss, self.model, *args, **kwargs)  # type: ignore[attr-defined]
+        finally:
+            self._stepping = None
         if stage is not None and stage.after_backward is not None:
             stage.after_backward()
         self.post_backward(closure_loss)
+        precision.post_backward(closure_loss, self.lightning_module)
         return closure_loss
 
     def pre_backward(self, closure_loss: Tensor) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 def choose_at_fit(trainer: Any, model: Any, train_dataloaders: Any, datamodule: Any) -> None:
     """Replace ``trainer.strategy`` by the first strategy that fits, when ``strategy="auto"`` and ddp would not."""
+    from torchfleet.accelerators.base import accelerator_name
     from torchfleet.connector import resolve
     from torchfleet.planner.choose import choose_auto, device_memory
     from torchfleet.planner.estimate import first_batch
@@ -21,7 +22,7 @@ def choose_at_fit(trainer: Any, model: Any, train_dataloaders: Any, datamodule: 
     request, strategy = trainer._auto_request, trainer.strategy
     if request is None or trainer.num_devices * trainer.num_nodes == 1 or getattr(strategy, "start_method", None) != "popen":
         return  # one device, or a notebook's fork: today's choice
-    capacity = device_memory(strategy.accelerator.name, getattr(strategy.root_device, "index", None) or 0)
+    capacity = device_memory(accelerator_name(strategy.accelerator), getattr(strategy.root_device, "index", None) or 0)
     if capacity is None:
         return
     try:

@@ -51,6 +51,7 @@ def dump_checkpoint(trainer: LoopTrainer, weights_only: bool = False) -> dict[st
         state["loops"] = run["loops"]
         state["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks if cb.state_dict()}
         state["precision"] = trainer.strategy.precision.state_dict()
+        trainer.strategy.precision.on_save_checkpoint(state)
         state["rng"] = capture_rng()
         if trainer.datamodule is not None:
             state["datamodule"] = trainer.datamodule.state_dict()
@@ -272,5 +273,7 @@ def restore_training_state(trainer: LoopTrainer, checkpoint: dict[str, Any], pat
             )
         for config, sched_state in zip(trainer.lr_scheduler_configs, saved_scheds):
             config.scheduler.load_state_dict(sched_state)
-    strategy.precision.load_state_dict(checkpoint.get("precision", {}))
+    strategy.precision.on_load_checkpoint(checkpoint)
+    if checkpoint.get("precision"):  # as Lightning: a precision that saved no state is not asked to load one
+        strategy.precision.load_state_dict(checkpoint["precision"])
     trainer.state.load_state_dict(checkpoint)

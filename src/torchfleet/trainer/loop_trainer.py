@@ -36,6 +36,7 @@ class LoopTrainer(ModuleRunner, Protocol):
     _hooks: HookDispatcher
     #: the per-batch Lightning hooks the strategy's class overrides (Trainer.__init__)
     _strategy_overrides: frozenset[str]
+    _precision_clips: bool
     _manual_optimizers: list[Any] | None
     #: the running fit's preemption watch (trainer/preemption.py's FitPreemption), else None
     _preemption: Any

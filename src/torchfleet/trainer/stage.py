@@ -204,10 +204,12 @@ def _prepare(trainer: LoopTrainer, stage: str, model: Any) -> None:
 
 
 def _creation_contexts(strategy: Any) -> contextlib.ExitStack:
-    """Lightning's contexts around ``configure_model``: ``tensor_init_context()``, ``model_sharded_context()`` inside."""
+    """Lightning's contexts around ``configure_model``: ``tensor_init_context()``, ``model_sharded_context()`` inside,
+    then the precision's ``module_init_context()``."""
     stack = contextlib.ExitStack()
     stack.enter_context(strategy.tensor_init_context())
     stack.enter_context(strategy.model_sharded_context())
+    stack.enter_context(strategy.precision.module_init_context())
     return stack
 
 

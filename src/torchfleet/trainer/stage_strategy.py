@@ -13,6 +13,8 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from torchfleet.errors import MisconfiguredModuleError
+from torchfleet.precision import CLIP_HOOKS
+from torchfleet.precision import user_overrides as precision_overrides
 from torchfleet.samplers import shard_for_rank, shuffled_for_training
 from torchfleet.seed import add_worker_init_fn
 from torchfleet.settings import TrainerStage
@@ -77,7 +79,8 @@ def setup_strategy(trainer: LoopTrainer, model: Any, stage: str, micro_batch_siz
         before_backward if present("on_before_backward") else None,
         after_backward if present("on_after_backward") else None,
     ))
-    trainer._strategy_overrides = user_overrides(strategy)
+    trainer._strategy_overrides = user_overrides(strategy) | _precision_steps(strategy.precision)
+    trainer._precision_clips = bool(precision_overrides(strategy.precision) & CLIP_HOOKS)
     strategy.setup(trainer)
     trainer.state.wrapped = strategy.model
     trainer.optimizers = list(strategy.optimizers)
@@ -93,3 +96,16 @@ def teardown_strategy(trainer: LoopTrainer) -> None:
     strategy.configure_stage(None)
     if trainer.state.wrapped is not None:
         trainer.state.wrapped = strategy.model
+
+
+#: a Precision hook of Lightning's a user's class overrides -> the strategy step the Trainer then runs through
+#: (Lightning's path: training_step and backward inside optimizer_step's closure, each step in its step context)
+_PRECISION_STEPS = {"pre_backward": "training_step", "backward": "training_step", "post_backward": "training_step",
+                    "optimizer_step": "training_step", "train_step_context": "training_step",
+                    "val_step_context": "validation_step", "test_step_context": "test_step",
+                    "predict_step_context": "predict_step"}
+
+
+def _precision_steps(precision: Any) -> frozenset[str]:
+    """The strategy steps to take where ``precision``'s class overrides Lightning's per-step Precision hooks."""
+    return frozenset(_PRECISION_STEPS[name] for name in precision_overrides(precision) if name in _PRECISION_STEPS)

@@ -314,6 +314,8 @@ class Trainer(TrainerProperties, UserCollectives):
         self._manual_optimizers: list[Any] | None = None
         #: the per-batch Lightning hooks the strategy's class overrides: the loops call those (decided at each setup)
         self._strategy_overrides: frozenset[str] = frozenset()
+        #: the precision's class overrides Lightning's clipping hooks: the Module's clip_gradients calls them
+        self._precision_clips = False
 
     def _current_fx(self, name: str) -> None:
         # which hook is running decides where self.log records by default: the Module's door says it (a plain

@@ -185,7 +185,7 @@ class AutomaticStep:
         clip = self._custom_clipping
         if clip is not None:
             clip(opt, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
-        elif trainer.gradient_clip_val:
+        elif trainer.gradient_clip_val or trainer._precision_clips:
             self.model.clip_gradients(opt, trainer.gradient_clip_val, trainer.gradient_clip_algorithm)
 
     # ------------------------------------------------------------------ Lightning's order (a step hook overridden)
