@@ -169,7 +169,10 @@ def _safe_types() -> tuple[type, type, type]:
 
     class SafeReader(FileSystemReader):
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            path = self._get_metadata_path(kwargs.get("rank"))
+            if hasattr(self, "_get_metadata_path"):  # newer torch (per-rank metadata files); 2.8 has one file
+                path = self._get_metadata_path(kwargs.get("rank"))
+            else:
+                path = self.fs.concat_path(self.path, ".metadata")
             with self.fs.create_stream(path, "rb") as stream:
                 try:
                     metadata = _MetadataUnpickler(stream).load()

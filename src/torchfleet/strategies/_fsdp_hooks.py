@@ -311,6 +311,24 @@ def _gathered(param: Any) -> torch.Tensor:
     return param.full_tensor().detach().to("cpu", copy=True)
 
 
+def sum_gradients_on_gloo(module: nn.Module) -> None:
+    """Make every FSDP unit of ``module`` reduce its gradients with SUM and divide itself, where gloo's AVG is wrong.
+
+    Before torch 2.9, gloo's ``reduce_scatter_tensor(op=AVG)`` sums without dividing (on 2 ranks: gradients twice
+    the average, silently), and FSDP2 reduce-scatters fp32/bf16 gradients with AVG. Forcing SUM makes FSDP divide
+    by the world size itself after the reduction (before and after it for fp16).
+    """
+    import torch.distributed as dist
+
+    if torch.__version__ >= "2.9" or not dist.is_initialized() or dist.get_backend() != "gloo":
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.set_force_sum_reduction_for_comms(True)
+
+
 def _take_off(unit: nn.Module) -> None:
     """Remove fully_shard's hooks, state and class from one unit."""
     from torch.distributed import _composable_state
@@ -319,7 +337,9 @@ def _take_off(unit: nn.Module) -> None:
     state = unit._get_fsdp_state()
     state._pre_forward_hook_handle.remove()
     state._post_forward_hook_handle.remove()
-    for group in state._fsdp_param_groups or ():
+    # torch 2.8 keeps one parameter group per unit (or None), newer versions a list
+    groups = state._fsdp_param_groups if hasattr(state, "_fsdp_param_groups") else [state._fsdp_param_group]
+    for group in filter(None, groups or ()):
         for handles in (group._module_to_pre_save_state_dict_hook_handle,
                         group._module_to_pre_load_state_dict_hook_handle):
             for handle in handles.values():

@@ -292,13 +292,14 @@ class FSDPStrategy(ParallelStrategy):
         if self._checkpoint_policy is not None:
             _apply_activation_checkpointing(module, self._checkpoint_policy)
         self._mesh = self._build_mesh()
-        reshard = False if self.sharding_strategy == "SHARD_GRAD_OP" else None
-        kwargs = {"mesh": self._mesh, "reshard_after_forward": reshard, "mp_policy": self.mixed_precision_policy,
-                  "offload_policy": self._offload_policy()}
+        kwargs = {"mesh": self._mesh, "mp_policy": self.mixed_precision_policy, "offload_policy": self._offload_policy()}
         units = self._wrap_units(module)
+        # the root keeps its parameters after forward (backward gathers them at once): what torch >= 2.8 does for
+        # reshard_after_forward=None, written out because torch 2.6 and 2.7 refuse None
         for sub in units:
-            fully_shard(sub, **kwargs)
-        fully_shard(module, **kwargs)
+            fully_shard(sub, reshard_after_forward=self.sharding_strategy != "SHARD_GRAD_OP", **kwargs)
+        fully_shard(module, reshard_after_forward=False, **kwargs)
+        _fsdp_hooks.sum_gradients_on_gloo(module)
         for hook in _STEP_HOOKS:
             if callable(getattr(module, hook, None)):
                 _fsdp_hooks.register_forward_method(module, hook)

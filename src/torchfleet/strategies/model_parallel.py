@@ -357,6 +357,7 @@ class ModelParallelStrategy(ParallelStrategy):
             )
         if _on_meta(module):
             _materialize(module, self.root_device)
+        _fsdp_hooks.sum_gradients_on_gloo(module)
         check_even_shards(module, self.device_mesh)
         if self._pipeline is not None:
             self._pipeline.build(module, self.root_device)
