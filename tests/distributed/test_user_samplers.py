@@ -242,3 +242,16 @@ def test_fleet_spawn_loggers_agree_and_the_launching_process_names_rank_zeros_fo
         run_id = versions[0][names.index("WandbLogger")]
         (one,) = glob.glob(os.path.join(logs, "wandb", "wandb", "offline-run-*"))  # rank 1 started no run
         assert one.endswith(f"-{run_id}")
+
+
+def test_ranks_that_draw_different_orders_stop_with_one_clear_error(fleet_run):
+    """Seeded differently, the ranks' SubsetRandomSampler draws differ: Lightning would train on overlapping parts
+    silently; here every rank raises the same error at the pass's start, and the ranks stay in step."""
+    unequal = fleet_run["unequal_draws"]
+    first, second = unequal["messages"]
+    assert first == second and first is not None
+    assert first.startswith("The processes drew different orders from your SubsetRandomSampler (rank 0 drew order 1; "
+                            "rank 1 drew order 2).")
+    assert "seed_everything(seed)" in first
+    # seeded alike again, the next pass runs on both ranks: half the subset's batches each
+    assert unequal["batches_after"] == [-(-len(us.SUBSET) // 2 // 4)] * 2
