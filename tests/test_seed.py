@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader, Dataset
 
 import torchfleet
 from tests.helpers import LogRecords, Regressor, quiet
+from tests.lightning_reference import needs_lightning, start_in_lightning
 from torchfleet import Trainer
 from torchfleet.errors import ConfigurationError
 from torchfleet.seed import SEED_ENV, WORKERS_ENV
@@ -244,3 +245,30 @@ def test_seed_lines_reach_the_programs_handlers_as_lightnings_do():
     assert "Seed set to" not in unverbose
     assert "Seed set to" not in reset
     assert "Seed set to" not in quiet
+
+
+SEEDED_WITHOUT_LOGGING = """
+import os
+{imports}
+seed_everything(3)
+seed_everything(4, workers=True)
+seed_everything(5, verbose=False)
+os.environ.update(RANK="1", WORLD_SIZE="2")  # as torchrun starts rank 1
+seed_everything(6)
+"""
+
+
+def test_seed_lines_are_printed_without_logging_configured():
+    """A program that configured no logging sees the line on stderr at the call, as under Lightning (whose import
+    adds a handler); under torchrun with the rank first; nothing with verbose=False."""
+    (err,) = _stderr_of(SEEDED_WITHOUT_LOGGING.format(imports="from torchfleet import seed_everything"))
+    assert err.splitlines() == ["Seed set to 3", "Seed set to 4", "[rank: 1] Seed set to 6"]
+
+
+@needs_lightning
+def test_seed_lines_are_lightnings():
+    lightning = start_in_lightning(SEEDED_WITHOUT_LOGGING.format(imports="from lightning.pytorch import seed_everything"))
+    (ours,) = _stderr_of(SEEDED_WITHOUT_LOGGING.format(imports="from torchfleet import seed_everything"))
+    _, theirs = lightning.communicate(timeout=240)
+    assert lightning.returncode == 0, theirs[-3000:]
+    assert ours.splitlines() == theirs.splitlines()

@@ -1,5 +1,6 @@
 """A sampler or batch sampler the user set, dealt out to the ranks (ShardedSampler), checked in one process for
-every rank. The multi-process runs are in tests/distributed/test_user_samplers.py."""
+every rank. The multi-process runs (and the check that the ranks drew alike) are in
+tests/distributed/test_user_samplers.py."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
+    DistributedSampler,
     RandomSampler,
     Sampler,
     SequentialSampler,
@@ -22,7 +24,13 @@ from torch.utils.data import (
 from tests.test_distributed_sampler import Numbers
 from torchfleet import Fleet, Trainer
 from torchfleet.errors import ConfigurationError
-from torchfleet.samplers import ShardedSampler, even_shards, inject_distributed_sampler, set_sampler_epoch
+from torchfleet.samplers import (
+    ShardedSampler,
+    draws_differ,
+    even_shards,
+    inject_distributed_sampler,
+    set_sampler_epoch,
+)
 
 IDS = [3, 1, 4, 15, 9, 2, 6, 5, 35, 8, 7]  # 11: not divisible by 2 or 3 ranks
 
@@ -69,14 +77,14 @@ def batches(loader) -> list[list[int]]:
     return [torch.as_tensor(b).reshape(-1).tolist() for b in loader]
 
 
-def rank_reads(make, n_ranks: int, stage: str, epoch: int = 0, seeds=None) -> list[list[int]]:
-    """What each rank reads; before each rank draws, the global generators are put into that rank's own state
-    (different per rank unless ``seeds`` says otherwise), as in processes seeded differently."""
+def rank_reads(make, n_ranks: int, stage: str, epoch: int = 0) -> list[list[int]]:
+    """What each rank reads; before each rank draws, the global generators are seeded alike, as
+    ``seed_everything(100)`` seeds every process."""
     out = []
     for rank in range(n_ranks):
         loader = inject_distributed_sampler(make(), n_ranks, rank, stage, seed=7)
         set_sampler_epoch(loader, epoch)
-        seed = 100 + rank if seeds is None else seeds[rank]
+        seed = 100
         torch.manual_seed(seed)
         random.seed(seed)
         np.random.seed(seed)
@@ -102,7 +110,7 @@ def test_evaluation_ranks_read_disjoint_parts_that_make_one_epoch(case, n_ranks)
     parts = rank_reads(lambda: DataLoader(Numbers(40), sampler=make_sampler(), batch_size=2), n_ranks, "validate")
     everything = [i for part in parts for i in part]
     if want is not None:
-        assert Counter(everything) == want  # each sample of the epoch once, whatever each rank's generators held
+        assert Counter(everything) == want  # each sample of the epoch once
     else:  # 9 distinct draws out of 40: disjoint and 9 only if the ranks drew the same epoch
         assert len(everything) == len(set(everything)) == 9
     assert max(map(len, parts)) - min(map(len, parts)) <= 1
@@ -121,34 +129,44 @@ def test_training_ranks_get_equal_parts_padded_from_the_epochs_start(case):
     assert repeated == parts[0][0]  # the epoch's first item fills the last place, as DistributedSampler pads
 
 
-def test_drawing_leaves_the_global_generators_as_they_were():
-    loader = inject_distributed_sampler(DataLoader(Numbers(40), sampler=PythonShuffled(IDS), batch_size=3), 2, 0, "fit")
-    torch.manual_seed(5)
+def test_the_draw_is_the_users_sampler_drawn_from_the_global_generators_as_in_lightning():
+    # Lightning's DistributedSamplerWrapper: list(sampler) from the process's generators, then every n-th item
+    loader = inject_distributed_sampler(DataLoader(Numbers(40), sampler=PythonShuffled(IDS), batch_size=3), 2, 1, "fit")
     random.seed(5)
-    np.random.seed(5)
-    before = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
     drawn = list(loader.sampler)  # the sampler, not the loader: an iterator of any DataLoader draws its base seed
-    assert len(drawn) == 6 and set(drawn) <= set(IDS)
-    assert torch.equal(torch.get_rng_state(), before[0])
-    assert random.getstate() == before[1]
-    assert (np.random.get_state()[1] == before[2]).all()
+    after = random.getstate()
+    random.seed(5)
+    want = list(PythonShuffled(IDS))
+    assert drawn == want[1::2] + [want[0]]  # rank 1's positions of 12 (the last one pads with the epoch's first)
+    assert random.getstate() == after  # the generator moved on as it does when the user's sampler draws
 
 
-def test_each_epoch_draws_anew_and_an_epoch_again_draws_the_same():
-    make = lambda: DataLoader(Numbers(40), sampler=SubsetRandomSampler(list(range(20))), batch_size=4)  # noqa: E731
-    epoch0, epoch1 = rank_reads(make, 2, "fit", epoch=0), rank_reads(make, 2, "fit", epoch=1)
-    assert epoch0[0] != epoch1[0] and set(epoch0[0]) != set(epoch1[0])
-    for parts in (epoch0, epoch1):
-        assert sorted(parts[0] + parts[1]) == list(range(20))
-    # a resumed run draws the epoch it stopped in again, whatever its generators hold now
-    assert rank_reads(make, 2, "fit", epoch=1, seeds=[1, 2]) == epoch1
+def test_each_pass_draws_anew():
+    loader = inject_distributed_sampler(
+        DataLoader(Numbers(40), sampler=SubsetRandomSampler(list(range(20))), batch_size=4), 2, 0, "fit")
+    torch.manual_seed(3)
+    first, second = list(loader.sampler), list(loader.sampler)
+    assert first != second and set(first) != set(second)
 
 
-def test_the_seed_chooses_the_order():
-    sampler = SubsetRandomSampler(list(range(30)))
-    orders = {seed: list(ShardedSampler(sampler, 2, 0, even=True, seed=seed)) for seed in (0, 1)}
-    assert orders[0] != orders[1]
-    assert list(ShardedSampler(sampler, 2, 0, even=True, seed=0)) == orders[0]
+@pytest.mark.parametrize("seed, epoch", [(0, 0), (0, 1), (7, 2)])
+def test_trainer_shuffle_permutes_the_draw_as_distributed_sampler_permutes_a_dataset(seed, epoch):
+    # Lightning's Trainer wraps a user's training sampler in DistributedSamplerWrapper(shuffle=True, seed=seed)
+    sampler = SequentialSampler(range(30))
+    for rank in (0, 1):
+        ours = ShardedSampler(sampler, 2, rank, even=True, seed=seed, shuffle=True)
+        torchs = DistributedSampler(range(30), num_replicas=2, rank=rank, shuffle=True, seed=seed)
+        ours.set_epoch(epoch)
+        torchs.set_epoch(epoch)
+        assert list(ours) == list(torchs)
+
+
+def test_draws_differ_names_the_ranks_and_what_to_do():
+    error = draws_differ(SubsetRandomSampler([1, 2]), [b"a", b"b", b"a"])
+    text = str(error)
+    assert text.startswith("The processes drew different orders from your SubsetRandomSampler "
+                           "(ranks 0, 2 drew order 1; rank 1 drew order 2).")
+    assert "seed_everything(seed)" in text and "generator=torch.Generator().manual_seed(seed)" in text
 
 
 def test_set_epoch_reaches_the_users_sampler():
@@ -268,7 +286,10 @@ def test_even_shards_pads_a_dealt_out_evaluation_sampler():
     make = lambda: DataLoader(Numbers(20), sampler=SubsetRandomSampler(IDS), batch_size=2)  # noqa: E731
     loaders = [even_shards(inject_distributed_sampler(make(), 2, r, "validate"), 2, r) for r in (0, 1)]
     assert [(repeated, size) for _, repeated, size in loaders] == [(1, 11), (1, 11)]
-    parts = [[i for b in batches(loader) for i in b] for loader, _, _ in loaders]
+    parts = []
+    for loader, _, _ in loaders:
+        torch.manual_seed(0)  # as seed_everything(0) on every rank: the ranks draw alike
+        parts.append([i for b in batches(loader) for i in b])
     assert len(parts[0]) == len(parts[1]) == 6 and set(parts[0] + parts[1]) == set(IDS)
     even = inject_distributed_sampler(DataLoader(Numbers(20), sampler=SubsetRandomSampler(IDS[:10])), 2, 0, "test")
     assert even_shards(even, 2, 0) == (even, 0, 10)  # divides evenly: unchanged

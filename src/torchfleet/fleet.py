@@ -357,7 +357,8 @@ class Fleet(UserCollectives):
         for loader in dataloaders:
             if use_distributed_sampler:
                 if strategy.world_size > 1:
-                    loader = shard_for_rank(loader, strategy.distributed_sampler_kwargs, "fit")
+                    loader = shard_for_rank(loader, strategy.distributed_sampler_kwargs, "fit",
+                                            compare=strategy.all_gather_object)
                 loader = strategy.process_dataloader(loader)
             loader = add_worker_init_fn(loader, self.global_rank)  # seed_everything(workers=True)
             out.append(FleetDataLoader(loader, strategy.batch_to_device if move_to_device else None))

@@ -26,7 +26,7 @@ import inspect
 import logging
 import os
 import warnings
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import Any
 
 from torch.utils.data import (
@@ -95,26 +95,33 @@ class ShardedSampler(Sampler[Any]):
 
     ``sampler`` is anything sized and iterable whose items the DataLoader reads: a sampler (indices) or a
     batch sampler (lists of indices, dealt out whole, so the user's batches stay as they were drawn).
-    Each epoch, every rank draws the whole epoch from ``sampler`` and keeps its positions, so the ranks'
-    parts are disjoint and together are that epoch. Ranks draw the same epoch because the draw runs with
-    torch's, Python's and NumPy's global generators seeded from ``seed`` and the epoch (and put back
-    afterwards: the run's own random stream is untouched); a new epoch draws anew and a resumed run
-    draws again the epoch it stopped in. A sampler with a generator of its own draws from that generator,
-    which must then be seeded alike on every rank. ``set_epoch`` is passed on to the sampler when it has one, and
-    to a batch sampler's sampler.
+    Each pass, every rank draws the whole epoch from ``sampler`` with this process's own random generators, as
+    Lightning's ``DistributedSamplerWrapper`` does (so the orders are Lightning's and Fabric's, and the draw
+    advances the global generator), and keeps its positions. ``shuffle=True`` (the Trainer's training loader, as
+    in Lightning's Trainer) first permutes the drawn epoch as torch's DistributedSampler permutes a dataset: by a
+    generator seeded with ``seed + epoch``.
+
+    The ranks' parts are disjoint only when every rank drew the same epoch (the same seed on every rank, or a
+    sampler generator seeded alike). Lightning does not check it; here ``compare`` (the strategy's
+    ``all_gather_object``: one small collective each pass) gathers a digest of every rank's draw, and draws that
+    differ stop every rank with one ConfigurationError (``draws_differ``). ``set_epoch`` is passed on to the
+    sampler when it has one, and to a batch sampler's sampler.
 
     ``even=True`` (training): every rank gets ``ceil(n / num_replicas)`` items; the last positions repeat
     the epoch's first items, as torch's DistributedSampler pads, so no rank waits for a batch the others
     never start. ``even=False`` (evaluation): nothing is repeated; ranks differ in length by at most one.
     """
 
-    def __init__(self, sampler: Any, num_replicas: int, rank: int, *, even: bool, seed: int = 0) -> None:
+    def __init__(self, sampler: Any, num_replicas: int, rank: int, *, even: bool, seed: int = 0,
+                 shuffle: bool = False, compare: Callable[..., list[Any]] | None = None) -> None:
         _check_topology(num_replicas, rank)
         self.sampler = sampler
         self.num_replicas = num_replicas
         self.rank = rank
         self.even = even
         self.seed = seed
+        self.shuffle = shuffle
+        self.compare = compare
         self.epoch = 0
 
     def _positions(self, n: int) -> range:
@@ -123,12 +130,20 @@ class ShardedSampler(Sampler[Any]):
         return range(self.rank, n, self.num_replicas)
 
     def epoch_items(self) -> list[Any]:
-        """The whole epoch of the wrapped sampler, as every rank draws it for the current epoch."""
-        from torchfleet.seed import isolate_rng
+        """The whole epoch of the wrapped sampler, drawn now (checked against the other ranks' draws when
+        ``compare`` is set), in the order its items are dealt out."""
+        items = list(self.sampler)
+        if self.compare is not None:
+            digests = self.compare(_digest(items), name="sampler draw check")
+            if any(d != digests[0] for d in digests):
+                raise draws_differ(self.sampler, digests)
+        if self.shuffle:
+            import torch
 
-        with isolate_rng(include_cuda=False):
-            _seed_generators(f"torchfleet-sampler:{self.seed}:{self.epoch}")
-            return list(self.sampler)
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            items = [items[i] for i in torch.randperm(len(items), generator=generator).tolist()]
+        return items
 
     def __iter__(self) -> Iterator[Any]:
         items = self.epoch_items()
@@ -139,7 +154,7 @@ class ShardedSampler(Sampler[Any]):
         return len(self._positions(len(self.sampler)))
 
     def set_epoch(self, epoch: int) -> None:
-        """Draw epoch ``epoch`` next (and tell the wrapped sampler, when it takes ``set_epoch``)."""
+        """Record the epoch (the shuffle's seed) and tell the wrapped sampler, when it takes ``set_epoch``."""
         self.epoch = epoch
         for inner in self._told():
             inner.set_epoch(epoch)
@@ -152,25 +167,40 @@ class ShardedSampler(Sampler[Any]):
             del inner[1]
         return [s for s in inner if s is not None and callable(getattr(s, "set_epoch", None))]
 
+    def copy(self, *, even: bool) -> ShardedSampler:
+        """A ShardedSampler over the same sampler with the same settings but ``even``."""
+        return ShardedSampler(self.sampler, self.num_replicas, self.rank, even=even, seed=self.seed,
+                              shuffle=self.shuffle, compare=self.compare)
+
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.sampler!r}, num_replicas={self.num_replicas}, rank={self.rank}, "
-                f"even={self.even})")
+                f"even={self.even}, shuffle={self.shuffle})")
 
 
-def _seed_generators(label: str) -> None:
-    """Seed torch's CPU, Python's and NumPy's global generators from ``label`` (the same on every rank)."""
+def _digest(items: list[Any]) -> bytes:
+    """16 bytes that differ when two ranks' draws differ (indices, or a batch sampler's lists of indices)."""
     import hashlib
-    import random
-    import sys
 
-    import torch
+    return hashlib.blake2b(repr(items).encode(), digest_size=16).digest()
 
-    digest = hashlib.blake2b(label.encode(), digest_size=16).digest()
-    torch.default_generator.manual_seed(int.from_bytes(digest[:8], "little"))
-    random.seed(int.from_bytes(digest, "little"))
-    numpy = sys.modules.get("numpy")  # a sampler drawing from NumPy has imported it
-    if numpy is not None:
-        numpy.random.seed([int.from_bytes(digest[i:i + 4], "little") for i in range(0, 16, 4)])
+
+def draws_differ(sampler: Any, digests: list[Any]) -> ConfigurationError:
+    """The error every rank raises when the ranks drew different epochs from a sampler of the user's."""
+    groups: dict[Any, list[int]] = {}
+    for rank, digest in enumerate(digests):
+        groups.setdefault(digest, []).append(rank)
+    described = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))} drew order {k + 1}"
+                          for k, r in enumerate(groups.values()))
+    name, world = type(sampler).__name__, len(digests)
+    return ConfigurationError(
+        f"The processes drew different orders from your {name} ({described}). Each of the {world} processes draws "
+        f"the whole epoch from the {name} with its own random generator and keeps every {world}th item of it, so "
+        "with different draws their parts overlap and some samples are never trained on. Seed the sampler's "
+        "randomness alike on every process: call torchfleet.seed_everything(seed) with the same seed on every "
+        f"process before the {name} draws, or give it a generator seeded the same on every process (for example "
+        "generator=torch.Generator().manual_seed(seed)); or pass use_distributed_sampler=False and give each "
+        "process its own part yourself."
+    )
 
 
 def set_sampler_epoch(dataloader: Any, epoch: int) -> None:
@@ -192,7 +222,8 @@ def set_sampler_epoch(dataloader: Any, epoch: int) -> None:
 
 
 def inject_distributed_sampler(
-    dataloader: Any, num_replicas: int, rank: int, stage: str, seed: int = 0
+    dataloader: Any, num_replicas: int, rank: int, stage: str, seed: int = 0, *, shuffle_user_sampler: bool = False,
+    compare: Callable[..., list[Any]] | None = None,
 ) -> Any:
     """Return ``dataloader`` rebuilt so that process ``rank`` of ``num_replicas`` reads only its shard.
 
@@ -200,7 +231,8 @@ def inject_distributed_sampler(
     other setting read from the original. With the default sampler (``shuffle=False`` or ``True``) and
     BatchSampler, the sampler is replaced: a ``DistributedSampler`` (shuffled iff the original was, with
     ``seed``) for stage "fit", an ``ExactDistributedSampler`` for "validate", "test" and "predict". A
-    sampler or batch sampler the user set is wrapped in a ``ShardedSampler`` (``even`` for "fit" only).
+    sampler or batch sampler the user set is wrapped in a ``ShardedSampler`` (``even`` for "fit" only; a sampler's
+    draw permuted by ``seed`` and the epoch with ``shuffle_user_sampler``; the ranks' draws checked by ``compare``).
     Returned as they are: one process (``num_replicas == 1``), an object that is no DataLoader, a sampler
     that already reads one rank's part, and an IterableDataset (with a warning from rank 0, once per class).
 
@@ -218,7 +250,7 @@ def inject_distributed_sampler(
             _warn_iterable_once(dataloader.dataset, num_replicas, stage)
         return dataloader
     if not _has_default_sampler(dataloader):
-        return _shard_user_sampler(dataloader, num_replicas, rank, stage, seed)
+        return _shard_user_sampler(dataloader, num_replicas, rank, stage, seed, shuffle_user_sampler, compare)
     dataset = dataloader.dataset
     try:
         len(dataset)
@@ -242,16 +274,20 @@ def inject_distributed_sampler(
     return _rebuild(dataloader, sampler)
 
 
-def shard_for_rank(dataloader: Any, sampler_kwargs: dict[str, int], stage: str, even: str | None = None) -> Any:
+def shard_for_rank(dataloader: Any, sampler_kwargs: dict[str, int], stage: str, even: str | None = None, *,
+                   shuffle_user_sampler: bool = False, compare: Callable[..., list[Any]] | None = None) -> Any:
     """``dataloader`` reading this rank's share: what both clients do before ``Strategy.process_dataloader``.
 
     ``sampler_kwargs``: the strategy's ``distributed_sampler_kwargs`` (``num_replicas``, ``rank``); the shuffle seed
     is ``seed_everything``'s (``TF_GLOBAL_SEED``, else 0). ``even``: the strategy's ``even_evaluation_shards``
-    (every rank then gets the same number of evaluation batches; ``pad_evaluation_shards``).
+    (every rank then gets the same number of evaluation batches; ``pad_evaluation_shards``). ``shuffle_user_sampler``
+    and ``compare``: as ``inject_distributed_sampler``'s (the Trainer's training loader shuffles, as Lightning's;
+    ``compare`` is the strategy's ``all_gather_object``).
     """
     num_replicas, rank = sampler_kwargs["num_replicas"], sampler_kwargs["rank"]
     seed = int(os.environ.get("TF_GLOBAL_SEED", "0"))
-    loader = inject_distributed_sampler(dataloader, num_replicas, rank, stage, seed=seed)
+    loader = inject_distributed_sampler(dataloader, num_replicas, rank, stage, seed=seed,
+                                        shuffle_user_sampler=shuffle_user_sampler, compare=compare)
     if even is not None:
         loader = pad_evaluation_shards(loader, num_replicas, rank, stage, even)
     return loader
@@ -271,7 +307,8 @@ def shuffled_for_training(dataloader: Any) -> Any:
     return _rebuild(dataloader, RandomSampler(dataloader.dataset))
 
 
-def _shard_user_sampler(dataloader: DataLoader, num_replicas: int, rank: int, stage: str, seed: int) -> DataLoader:
+def _shard_user_sampler(dataloader: DataLoader, num_replicas: int, rank: int, stage: str, seed: int, shuffle: bool,
+                        compare: Callable[..., list[Any]] | None) -> DataLoader:
     """``dataloader`` with the sampler, or batch sampler, the user set wrapped in a ShardedSampler."""
     # sampler=... (with the loader's own BatchSampler, or none): deal out indices, each rank batches its own;
     # batch_sampler=...: deal out the user's batches whole
@@ -289,7 +326,9 @@ def _shard_user_sampler(dataloader: DataLoader, num_replicas: int, rank: int, st
             "batches each. Define __len__ on it, or pass use_distributed_sampler=False and give each process its "
             "own part yourself."
         ) from None
-    shard = ShardedSampler(user, num_replicas, rank, even=stage == "fit", seed=seed)
+    # a batch sampler's batches are dealt out in the order it drew them
+    shard = ShardedSampler(user, num_replicas, rank, even=stage == "fit", seed=seed,
+                           shuffle=shuffle and not own_batches, compare=compare)
     if own_batches:
         return _rebuild(dataloader, batch_sampler=shard)
     return _rebuild(dataloader, shard)
@@ -347,7 +386,7 @@ def even_shards(dataloader: Any, num_replicas: int, rank: int) -> tuple[Any, int
         size = len(shard.sampler)
         if size % num_replicas == 0:
             return dataloader, 0, size
-        even = ShardedSampler(shard.sampler, num_replicas, rank, even=True, seed=shard.seed)
+        even = shard.copy(even=True)
         rebuilt = _rebuild(dataloader, even) if attr == "sampler" else _rebuild(dataloader, batch_sampler=even)
         return rebuilt, -size % num_replicas, size
     return dataloader, 0, 0

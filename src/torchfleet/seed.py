@@ -34,7 +34,8 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
     With no ``seed``, the one in ``TF_GLOBAL_SEED`` (set by an earlier call, inherited by launched
     processes) is used, else 0 with a warning (as Lightning). ``workers=True`` makes the Trainer give its
     DataLoaders ``worker_init_function`` where they have no ``worker_init_fn`` of their own. ``verbose`` logs
-    "Seed set to N" (and allows the warning).
+    "Seed set to N" (``[rank: R] Seed set to N`` on rank R > 0), printed on stderr as Lightning does unless the
+    program configured logging itself (``show_info_lines``), and allows the warning.
     """
     if seed is None:
         env = os.environ.get(SEED_ENV)
@@ -60,8 +61,11 @@ def seed_everything(seed: int | None = None, workers: bool = False, verbose: boo
         raise ConfigurationError(f"seed={seed!r} is not in bounds: give an int in [0, {_MAX_SEED}] (2**32 - 1).")
     seed = int(seed)  # a whole float (1e3) is that int, as Lightning takes it
     if verbose:
-        from torchfleet.rank_zero import rank_prefixed_message
+        from torchfleet.rank_zero import rank_prefixed_message, show_info_lines
 
+        # Lightning prints the line here on every rank, from a handler its import adds; ours is added now (importing
+        # torchfleet configures no logging), and not where the program configured logging itself
+        show_info_lines()
         log.info(rank_prefixed_message(f"Seed set to {seed}"))
     random.seed(seed)
     try:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import csv
 import glob
+import json
 import os
+import subprocess
+import sys
 from collections import Counter
 
 import pytest
@@ -19,7 +22,8 @@ from torch.utils.data import DataLoader, SubsetRandomSampler, WeightedRandomSamp
 
 import torchfleet as tf
 from tests.distributed.scripts import user_samplers as us
-from tests.distributed.sharded_helpers import assert_close, load_results, run_script
+from tests.distributed.sharded_helpers import assert_close, child_env, load_results, run_script
+from tests.lightning_reference import LIGHTNING_PYTHON, needs_lightning
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -242,3 +246,36 @@ def test_fleet_spawn_loggers_agree_and_the_launching_process_names_rank_zeros_fo
         run_id = versions[0][names.index("WandbLogger")]
         (one,) = glob.glob(os.path.join(logs, "wandb", "wandb", "offline-run-*"))  # rank 1 started no run
         assert one.endswith(f"-{run_id}")
+
+
+def test_ranks_that_draw_different_orders_stop_with_one_clear_error(fleet_run):
+    """Seeded differently, the ranks' SubsetRandomSampler draws differ: Lightning would train on overlapping parts
+    silently; here every rank raises the same error at the pass's start, and the ranks stay in step."""
+    unequal = fleet_run["unequal_draws"]
+    first, second = unequal["messages"]
+    assert first == second and first is not None
+    assert first.startswith("The processes drew different orders from your SubsetRandomSampler (rank 0 drew order 1; "
+                            "rank 1 drew order 2).")
+    assert "seed_everything(seed)" in first
+    # seeded alike again, the next pass runs on both ranks: half the subset's batches each
+    assert unequal["batches_after"] == [-(-len(us.SUBSET) // 2 // 4)] * 2
+
+
+@needs_lightning
+def test_trainer_deals_a_user_sampler_out_as_lightnings_trainer(tmp_path):
+    """Lightning's Trainer wraps the sampler in DistributedSamplerWrapper(shuffle=True, seed): each rank reads the
+    same batches in both libraries, every epoch, and the weights end the same."""
+    script = os.path.join(os.path.dirname(SCRIPT), "trainer_user_sampler.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_GLOBAL_SEED", "PL_GLOBAL_SEED")}
+    lightning = subprocess.Popen([LIGHTNING_PYTHON, script, "lightning", str(tmp_path / "lightning")], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ours = subprocess.run([sys.executable, script, "torchfleet", str(tmp_path / "torchfleet")], capture_output=True,
+                          text=True, timeout=240, env=child_env())
+    _, err = lightning.communicate(timeout=240)
+    assert lightning.returncode == 0, err[-4000:]
+    assert ours.returncode == 0, ours.stderr[-4000:]
+    for rank in (0, 1):
+        with open(tmp_path / f"lightning.{rank}.json") as f, open(tmp_path / f"torchfleet.{rank}.json") as g:
+            want, got = json.load(f), json.load(g)
+        assert len(want["seen"]) == 3 * 4  # 30 samples, 15 a rank, 4 batches an epoch, 3 epochs
+        assert got == want

@@ -28,6 +28,7 @@ from torch.utils.data import (
 )
 
 import torchfleet as tf
+from torchfleet.errors import ConfigurationError
 
 N = 64
 #: k-fold: 4 folds of 16 validation and 48 training samples (24 per rank: training with the whole fold per step)
@@ -286,8 +287,23 @@ def run_fleet(fleet: tf.Fleet, out_dir: str) -> dict:
         fleet.setup_dataloaders(DataLoader(Stream(), batch_size=4), DataLoader(Stream(), batch_size=4))
     res["iterable_warnings"] = gather(sum("IterableDataset" in str(w.message) for w in caught))
 
+    res["unequal_draws"] = unequal_draws(fleet)
     res["log_dirs"] = log_from_every_rank(fleet)
     return res
+
+
+def unequal_draws(fleet: tf.Fleet) -> dict:
+    """The ranks' generators differ when the sampler draws: what each rank's first pass raises, then whether a pass
+    after seeding alike again runs (the error left the ranks in step)."""
+    loader = fleet.setup_dataloaders(DataLoader(make_data(), batch_size=4, sampler=SubsetRandomSampler(SUBSET)))
+    torch.manual_seed(10 + fleet.global_rank)
+    try:
+        next(iter(loader))
+        message = None
+    except ConfigurationError as exc:
+        message = str(exc)
+    torch.manual_seed(10)
+    return {"messages": gather(message), "batches_after": gather(len(list(loader)))}
 
 
 def log_from_every_rank(fleet: tf.Fleet) -> list:
