@@ -127,3 +127,16 @@ class EpochSampler(Sampler):
 
     def __len__(self):
         return self.n
+
+
+class FailsAt(Regressor):
+    """A Regressor whose training_step raises RuntimeError("bad batch") at global step ``step``."""
+
+    def __init__(self, step):
+        super().__init__()
+        self.fail_step = step
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step == self.fail_step:
+            raise RuntimeError("bad batch")
+        return super().training_step(batch, batch_idx)

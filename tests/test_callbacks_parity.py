@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.helpers import LogRecords, RegressionData, Regressor, make_data, quiet
+from tests.helpers import FailsAt, LogRecords, RegressionData, Regressor, make_data, quiet
 from torchfleet import Trainer
 from torchfleet.callbacks import (
     EarlyStopping,
@@ -23,17 +23,6 @@ from torchfleet.callbacks import (
     TQDMProgressBar,
 )
 from torchfleet.errors import ConfigurationError
-
-
-class _FailsAt(Regressor):
-    def __init__(self, step):
-        super().__init__()
-        self.fail_step = step
-
-    def training_step(self, batch, batch_idx):
-        if self.global_step == self.fail_step:
-            raise RuntimeError("bad batch")
-        return super().training_step(batch, batch_idx)
 
 
 def _raw_sgd(model, steps):
@@ -50,8 +39,8 @@ def _raw_sgd(model, steps):
 
 def test_save_on_exception_saves_the_reached_state_then_reraises(tmp_path):
     torch.manual_seed(0)
-    model = _FailsAt(step=3)
-    reference = _FailsAt(step=3)
+    model = FailsAt(step=3)
+    reference = FailsAt(step=3)
     reference.load_state_dict(model.state_dict())
     ck = ModelCheckpoint(dirpath=tmp_path / "ck", save_on_exception=True, save_last=True)
     trainer = Trainer(max_epochs=2, callbacks=[ck], **quiet(enable_checkpointing=True))
@@ -69,7 +58,7 @@ def test_without_save_on_exception_nothing_is_saved(tmp_path):
     ck = ModelCheckpoint(dirpath=tmp_path / "ck")
     with pytest.raises(RuntimeError, match="bad batch"):
         Trainer(max_epochs=1, callbacks=[ck], **quiet(enable_checkpointing=True)).fit(
-            _FailsAt(step=2), datamodule=RegressionData())
+            FailsAt(step=2), datamodule=RegressionData())
     assert not os.path.exists(tmp_path / "ck") or os.listdir(tmp_path / "ck") == []
 
 

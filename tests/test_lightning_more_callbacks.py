@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from tests.helpers import Regressor, make_data, quiet
+from tests.helpers import FailsAt, Regressor, make_data, quiet
 from tests.lightning_more_programs import source
 from tests.lightning_reference import finish, needs_lightning, run_here, start_in_lightning
 from torchfleet import Trainer
@@ -84,20 +84,9 @@ def test_the_schedule_and_the_trainers_own_accumulation_are_refused_together():
         trainer.fit(Regressor(), DataLoader(make_data(16), batch_size=8))
 
 
-class _FailsAt(Regressor):
-    def __init__(self, step):
-        super().__init__()
-        self.fail_step = step
-
-    def training_step(self, batch, batch_idx):
-        if self.global_step == self.fail_step:
-            raise RuntimeError("bad batch")
-        return super().training_step(batch, batch_idx)
-
-
 def test_the_exception_checkpoint_resumes_to_the_uninterrupted_run(tmp_path):
     torch.manual_seed(0)
-    failing, whole = _FailsAt(step=5), Regressor()
+    failing, whole = FailsAt(step=5), Regressor()
     whole.load_state_dict(failing.state_dict())
     data = DataLoader(make_data(64), batch_size=8)
     callback = OnExceptionCheckpoint(tmp_path)
