@@ -31,7 +31,8 @@ Metrics, taken in global rank 0 (bench/_ddp_common.py):
                       the run in BENCH_T0) until rank 0's first training step begins: interpreter start,
                       imports, starting the other processes, rendezvous, DDP and optimizer setup.
 Variants run interleaved (raw, ddp, spawn, fork, raw, ...); the table shows the median over repeats, its
-ratio to raw and the targets (steps/s >= 0.95x raw; launch->first step <= raw + 1 s). Below it: the launch
+ratio to raw and the targets (steps/s >= 0.95x raw; launch->first step <= raw + 1 s), and beside steps/s rank
+0's CPU time (user + system, every thread) per steady step and its ratio to raw. Below it: the launch
 split into the marks each run records (imports done, process group up, DDP ready, first step, process
 exit), the best launch, the spread of steps/s, rank 0's CPU time per steady step (whole process and
 main thread: less sensitive to a noisy machine than wall time) and the median of the per-repeat ratios.
@@ -145,18 +146,21 @@ def report(size: str, cfg: dict, repeats: int, results: dict[str, list[dict]]) -
 
     base = results.get("raw") or []
     print(f"{'variant':<30} {'steps/s':>9} {'x raw':>6} {'':>4}  {'windowed':>9} {'x raw':>6} {'':>4}  "
-          f"{'launch->1st step s':>18} {'vs raw':>7} {'':>4}")
+          f"{'CPU µs/step':>11} {'x raw':>6}  {'launch->1st step s':>18} {'vs raw':>7} {'':>4}")
     for variant, runs in results.items():
         cells = []
         for key in ("steps_per_s", "steps_per_s_windowed"):
             value, ref = med(runs, key), med(base, key) if base else math.nan
             ok = "" if variant == "raw" else verdict(value / ref >= TARGET_RATIO)
             cells.append(f"{value:>9.{2 if value < 100 else 1}f} {value / ref:>6.3f} {ok:>4}")
+        cpu, ref = med(runs, "cpu_us_per_step"), med(base, "cpu_us_per_step") if base else math.nan
+        cells.append(f"{cpu:>11.0f} {cpu / ref:>6.3f}")
         launch, ref = med(runs, "first_step"), med(base, "first_step") if base else math.nan
         ok = "" if variant == "raw" else verdict(launch - ref <= TARGET_LAUNCH_S)
         cells.append(f"{launch:>18.2f} {launch - ref:>+7.2f} {ok:>4}")
         print(f"{VARIANTS[variant]:<30} " + "  ".join(cells))
-    print("  windowed = the median of ~50 windows of the steady steps (robust to the machine stalling a process)")
+    print("  windowed = the median of ~50 windows of the steady steps (robust to the machine stalling a process); "
+          "CPU µs/step = rank 0's CPU time (user + system, every thread) per steady step")
     print(f"  per run: launch marks (median s after launch: {', '.join(MARKS)}), best launch->first step, "
           "steps/s min..max, rank 0's CPU time per steady step (process, main thread), median of per-repeat ratios "
           "to raw (steps/s, windowed)")

@@ -15,8 +15,9 @@ when), and the launchers stop the others.
 The ranks of a run receive the signal at different times, or only one of them does, so they agree
 before they stop: ``StopAgreement`` reduces each rank's flag with MAX over gloo (the default group,
 or a gloo group of its own under nccl), asynchronously (started at one check, read at the next), so
-every rank reads the same value at the same check and stops after the same step, at the cost of one
-small non-blocking message per step.
+every rank reads the same value at the same check and stops after the same step. The ranks exchange their
+flags only every few steps, as many as take ``POLL_INTERVAL_S`` (agreed in the exchange itself), so a step
+in between costs nothing but a clock reading.
 
 The run then writes one checkpoint and raises ``Preempted``, a ``SystemExit`` with the exit code
 ``EXIT_CODE`` (75, ``EX_TEMPFAIL``: "try again later"); the launchers pass that code on instead of
@@ -135,17 +136,31 @@ def _agreement_group() -> Any:
     return group
 
 
+#: the wall time aimed for between two exchanges of the ranks' flags: each rank proposes as many steps as take this
+#: long (measured), the ranks take the fewest proposed; a stop then comes within this time plus one step of a signal
+POLL_INTERVAL_S = 0.25
+
+#: the most steps between two exchanges, however short a step is
+MAX_STEPS_BETWEEN_POLLS = 1000
+
+
 class StopAgreement:
     """Whether any rank received a preemption signal, known by every rank at the same check.
 
     ``poll()`` is called by every rank at the same points (the end of each optimizer step). With one
-    process it reads the flag. With several, it waits for the reduction started at the previous poll
-    and starts the next one with this rank's flag: all ranks read the same MAX, one step after the
-    earliest signal, and no rank blocks on a slow one in between. ``last_poll`` and ``interval`` tell the
-    signal thread whether the steps still come.
+    process it reads the flag. With several, the ranks exchange their flags only every ``every`` steps
+    (one small asynchronous all_reduce: started at a polling step, read at the next poll), so a step in
+    between costs a clock reading. The buffer carries [signal, -proposed steps]; MAX over the ranks gives
+    the signal of any rank and the fewest steps any rank proposed (``POLL_INTERVAL_S`` of its own measured
+    steps, at most ``MAX_STEPS_BETWEEN_POLLS``), so every rank reads the same values after the same step
+    and polls at the same step numbers. A signal is therefore acted on at most ``every`` + 1 steps after it
+    arrived (one ``POLL_INTERVAL_S`` plus a step). ``poll(force=True)`` (the epoch's last step) exchanges
+    and reads at once. ``last_poll`` and ``interval`` tell the signal thread whether the steps still come;
+    ``reductions`` counts the exchanges started.
     """
 
-    __slots__ = ("flag", "_group", "_work", "_buf", "_distributed", "last_poll", "_previous", "_before")
+    __slots__ = ("flag", "_group", "_work", "_buf", "_distributed", "last_poll", "_previous", "_before", "every",
+                 "reductions", "_steps", "_next", "_started", "_started_at")
 
     def __init__(self, flag: SignalRecord, world_size: int) -> None:
         self.flag = flag
@@ -157,6 +172,15 @@ class StopAgreement:
         self.last_poll: float | None = None
         self._previous: float | None = None
         self._before: float | None = None
+        #: the agreed number of steps between two exchanges (1 until the ranks agreed on a measured one)
+        self.every = 1
+        #: how many exchanges (all_reduces) this agreement started
+        self.reductions = 0
+        #: polls so far; the poll at which the next exchange starts; the poll and the time of the last one started
+        self._steps = 0
+        self._next = 1
+        self._started = 0
+        self._started_at: float | None = None
 
     @property
     def interval(self) -> float:
@@ -167,36 +191,55 @@ class StopAgreement:
             return 0.0
         return last - previous if before is None else min(last - previous, previous - before)
 
-    def poll(self) -> int | None:
-        """The agreed signal number when the ranks are to stop now; None to go on."""
+    def poll(self, force: bool = False) -> int | None:
+        """The agreed signal number when the ranks are to stop now; None to go on.
+
+        ``force``: exchange the flags now and wait for the result (every rank passes the same value)."""
         # the times of the last three polls (the signal thread reads the step time from them)
-        self._before, self._previous, self.last_poll = self._previous, self.last_poll, _monotonic()
+        now = _monotonic()
+        self._before, self._previous, self.last_poll = self._previous, self.last_poll, now
         if not self._distributed:
             return self.flag.signum
+        self._steps += 1
+        if self._work is not None and (agreed := self._read()):
+            return agreed
+        if self._steps < self._next and not force:
+            return None
+        self._start(now)
+        return self._read() if force else None
+
+    def _start(self, now: float) -> None:
+        """Start the exchange: this rank's flag and the steps it proposes until the next one."""
         import torch
         import torch.distributed as dist
 
-        work = self._work
-        if work is not None:
-            work.wait()
-            self._work = None
-            agreed = int(self._buf.item())
-            if agreed:
-                return agreed
-        elif self._group is None:
+        if self._group is None:
             self._group = _agreement_group()
-            self._buf = torch.zeros(1, dtype=torch.int32)
-        self._buf.fill_(self.flag.signum or 0)
+            self._buf = torch.zeros(2, dtype=torch.int32)
+        steps, since = self._steps - self._started, self._started_at
+        propose = 1
+        if since is not None and steps > 0:
+            per_step = (now - since) / steps
+            propose = MAX_STEPS_BETWEEN_POLLS if per_step * MAX_STEPS_BETWEEN_POLLS <= POLL_INTERVAL_S else max(
+                1, int(POLL_INTERVAL_S / per_step))
+        self._buf[0] = self.flag.signum or 0
+        self._buf[1] = -propose
+        self._started, self._started_at, self._next = self._steps, now, 1 << 62  # the next is known once read
+        self.reductions += 1
         self._work = dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
-        return None
+
+    def _read(self) -> int | None:
+        """Wait for the exchange in flight; the agreed signal, else None (and the agreed schedule is set)."""
+        work, self._work = self._work, None
+        work.wait()
+        agreed = int(self._buf[0].item())
+        self.every = -int(self._buf[1].item())
+        self._next = self._started + self.every
+        return agreed or None
 
     def finish(self) -> int | None:
         """At the end of the loop on every rank: wait for the reduction in flight; the signal it agreed on, if any."""
-        work, self._work = self._work, None
-        if work is None:
-            return None
-        work.wait()
-        return int(self._buf.item()) or None
+        return self._read() if self._work is not None else None
 
     def abandon(self) -> None:
         """After an error: a reduction may be left unmatched; the next run makes a new group."""
@@ -211,8 +254,9 @@ _monotonic = time.monotonic
 def steps_overdue(flag: SignalRecord, agreement: StopAgreement | None, now: float, stepping: bool = True) -> float | None:
     """How long past its grace a rank with a signal is (None: not yet), judged by whether its steps still come.
 
-    ``stepping``: the rank is in the training steps, where the agreed stop comes within two polls; it then
-    has ``SIGNAL_GRACE_S`` plus one step's time since the later of the signal and its last poll. Elsewhere
+    ``stepping``: the rank is in the training steps, where the agreed stop comes within ``POLL_INTERVAL_S`` plus
+    a step (the polls between two exchanges still record their times); it then has ``SIGNAL_GRACE_S`` plus one
+    step's time since the later of the signal and its last poll: the grace runs only once the steps stop coming. Elsewhere
     (before the first step, in validation) it has ``SIGNAL_GRACE_S`` from the signal.
     """
     last = agreement.last_poll if agreement is not None else None

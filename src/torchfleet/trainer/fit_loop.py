@@ -271,8 +271,9 @@ class FitLoop:
             if trainer.max_steps != -1 and state.global_step >= trainer.max_steps:
                 stopped = True
                 break
-            # after a whole step: the ranks agree on a preemption signal, save here and raise Preempted
-            if agreement is not None and boundary and (signum := agreement.poll()):
+            # after a whole step: the ranks agree on a preemption signal, save here and raise Preempted (every few
+            # steps; at once on the epoch's last step, before the epoch-end work)
+            if agreement is not None and boundary and (signum := agreement.poll(is_last)):
                 preemption.stop(signum)
         del iterator
         if isinstance(ahead, LookAhead):

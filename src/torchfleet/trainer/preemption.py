@@ -1,8 +1,8 @@
 """Preemption in the Trainer: the signal flag for the duration of fit, the agreed stop, the preemption checkpoint.
 
 ``FitPreemption`` is entered by each rank around its fit stage. The fit loop polls its
-``StopAgreement`` after every optimizer step; when the ranks agree that a SIGTERM/SIGUSR1 arrived,
-``stop`` writes ``preempted.ckpt`` (every rank takes part in the strategy's atomic save, as for any
+``StopAgreement`` after every optimizer step (the ranks exchange their flags every few steps and on an
+epoch's last step); when they agree that a SIGTERM/SIGUSR1 arrived, ``stop`` writes ``preempted.ckpt`` (every rank takes part in the strategy's atomic save, as for any
 checkpoint) at that step, exactly where an uninterrupted run would continue, asks the cluster
 environment to requeue the job (SLURM), and raises ``Preempted`` (exit code 75). The epoch-end hooks
 do not run: the epoch is not over, and callbacks such as EarlyStopping must not count it. Which
