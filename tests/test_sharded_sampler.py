@@ -149,18 +149,6 @@ def test_each_pass_draws_anew():
     assert first != second and set(first) != set(second)
 
 
-@pytest.mark.parametrize("seed, epoch", [(0, 0), (0, 1), (7, 2)])
-def test_trainer_shuffle_permutes_the_draw_as_distributed_sampler_permutes_a_dataset(seed, epoch):
-    # Lightning's Trainer wraps a user's training sampler in DistributedSamplerWrapper(shuffle=True, seed=seed)
-    sampler = SequentialSampler(range(30))
-    for rank in (0, 1):
-        ours = ShardedSampler(sampler, 2, rank, even=True, seed=seed, shuffle=True)
-        torchs = DistributedSampler(range(30), num_replicas=2, rank=rank, shuffle=True, seed=seed)
-        ours.set_epoch(epoch)
-        torchs.set_epoch(epoch)
-        assert list(ours) == list(torchs)
-
-
 def test_draws_differ_names_the_ranks_and_what_to_do():
     error = draws_differ(SubsetRandomSampler([1, 2]), [b"a", b"b", b"a"])
     text = str(error)

@@ -97,9 +97,9 @@ class ShardedSampler(Sampler[Any]):
     batch sampler (lists of indices, dealt out whole, so the user's batches stay as they were drawn).
     Each pass, every rank draws the whole epoch from ``sampler`` with this process's own random generators, as
     Lightning's ``DistributedSamplerWrapper`` does (so the orders are Lightning's and Fabric's, and the draw
-    advances the global generator), and keeps its positions. ``shuffle=True`` (the Trainer's training loader, as
-    in Lightning's Trainer) first permutes the drawn epoch as torch's DistributedSampler permutes a dataset: by a
-    generator seeded with ``seed + epoch``.
+    advances the global generator), and keeps its positions, in the order drawn (Lightning's Trainer also permutes
+    the drawn epoch by the seed and epoch; torchfleet's Trainer does not: a sampler of one's own says the order,
+    docs/porting.md).
 
     The ranks' parts are disjoint only when every rank drew the same epoch (the same seed on every rank, or a
     sampler generator seeded alike). Lightning does not check it; here ``compare`` (the strategy's
@@ -113,14 +113,13 @@ class ShardedSampler(Sampler[Any]):
     """
 
     def __init__(self, sampler: Any, num_replicas: int, rank: int, *, even: bool, seed: int = 0,
-                 shuffle: bool = False, compare: Callable[..., list[Any]] | None = None) -> None:
+                 compare: Callable[..., list[Any]] | None = None) -> None:
         _check_topology(num_replicas, rank)
         self.sampler = sampler
         self.num_replicas = num_replicas
         self.rank = rank
         self.even = even
         self.seed = seed
-        self.shuffle = shuffle
         self.compare = compare
         self.epoch = 0
 
@@ -137,12 +136,6 @@ class ShardedSampler(Sampler[Any]):
             digests = self.compare(_digest(items), name="sampler draw check")
             if any(d != digests[0] for d in digests):
                 raise draws_differ(self.sampler, digests)
-        if self.shuffle:
-            import torch
-
-            generator = torch.Generator()
-            generator.manual_seed(self.seed + self.epoch)
-            items = [items[i] for i in torch.randperm(len(items), generator=generator).tolist()]
         return items
 
     def __iter__(self) -> Iterator[Any]:
@@ -170,11 +163,11 @@ class ShardedSampler(Sampler[Any]):
     def copy(self, *, even: bool) -> ShardedSampler:
         """A ShardedSampler over the same sampler with the same settings but ``even``."""
         return ShardedSampler(self.sampler, self.num_replicas, self.rank, even=even, seed=self.seed,
-                              shuffle=self.shuffle, compare=self.compare)
+                              compare=self.compare)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.sampler!r}, num_replicas={self.num_replicas}, rank={self.rank}, "
-                f"even={self.even}, shuffle={self.shuffle})")
+                f"even={self.even})")
 
 
 def _digest(items: list[Any]) -> bytes:
@@ -222,7 +215,7 @@ def set_sampler_epoch(dataloader: Any, epoch: int) -> None:
 
 
 def inject_distributed_sampler(
-    dataloader: Any, num_replicas: int, rank: int, stage: str, seed: int = 0, *, shuffle_user_sampler: bool = False,
+    dataloader: Any, num_replicas: int, rank: int, stage: str, seed: int = 0, *,
     compare: Callable[..., list[Any]] | None = None,
 ) -> Any:
     """Return ``dataloader`` rebuilt so that process ``rank`` of ``num_replicas`` reads only its shard.
@@ -231,8 +224,8 @@ def inject_distributed_sampler(
     other setting read from the original. With the default sampler (``shuffle=False`` or ``True``) and
     BatchSampler, the sampler is replaced: a ``DistributedSampler`` (shuffled iff the original was, with
     ``seed``) for stage "fit", an ``ExactDistributedSampler`` for "validate", "test" and "predict". A
-    sampler or batch sampler the user set is wrapped in a ``ShardedSampler`` (``even`` for "fit" only; a sampler's
-    draw permuted by ``seed`` and the epoch with ``shuffle_user_sampler``; the ranks' draws checked by ``compare``).
+    sampler or batch sampler the user set is wrapped in a ``ShardedSampler`` (``even`` for "fit" only; the ranks'
+    draws checked by ``compare``).
     Returned as they are: one process (``num_replicas == 1``), an object that is no DataLoader, a sampler
     that already reads one rank's part, and an IterableDataset (with a warning from rank 0, once per class).
 
@@ -250,7 +243,7 @@ def inject_distributed_sampler(
             _warn_iterable_once(dataloader.dataset, num_replicas, stage)
         return dataloader
     if not _has_default_sampler(dataloader):
-        return _shard_user_sampler(dataloader, num_replicas, rank, stage, seed, shuffle_user_sampler, compare)
+        return _shard_user_sampler(dataloader, num_replicas, rank, stage, seed, compare)
     dataset = dataloader.dataset
     try:
         len(dataset)
@@ -275,19 +268,17 @@ def inject_distributed_sampler(
 
 
 def shard_for_rank(dataloader: Any, sampler_kwargs: dict[str, int], stage: str, even: str | None = None, *,
-                   shuffle_user_sampler: bool = False, compare: Callable[..., list[Any]] | None = None) -> Any:
+                   compare: Callable[..., list[Any]] | None = None) -> Any:
     """``dataloader`` reading this rank's share: what both clients do before ``Strategy.process_dataloader``.
 
     ``sampler_kwargs``: the strategy's ``distributed_sampler_kwargs`` (``num_replicas``, ``rank``); the shuffle seed
     is ``seed_everything``'s (``TF_GLOBAL_SEED``, else 0). ``even``: the strategy's ``even_evaluation_shards``
-    (every rank then gets the same number of evaluation batches; ``pad_evaluation_shards``). ``shuffle_user_sampler``
-    and ``compare``: as ``inject_distributed_sampler``'s (the Trainer's training loader shuffles, as Lightning's;
-    ``compare`` is the strategy's ``all_gather_object``).
+    (every rank then gets the same number of evaluation batches; ``pad_evaluation_shards``). ``compare``: as
+    ``inject_distributed_sampler``'s (the strategy's ``all_gather_object``).
     """
     num_replicas, rank = sampler_kwargs["num_replicas"], sampler_kwargs["rank"]
     seed = int(os.environ.get("TF_GLOBAL_SEED", "0"))
-    loader = inject_distributed_sampler(dataloader, num_replicas, rank, stage, seed=seed,
-                                        shuffle_user_sampler=shuffle_user_sampler, compare=compare)
+    loader = inject_distributed_sampler(dataloader, num_replicas, rank, stage, seed=seed, compare=compare)
     if even is not None:
         loader = pad_evaluation_shards(loader, num_replicas, rank, stage, even)
     return loader
@@ -307,7 +298,7 @@ def shuffled_for_training(dataloader: Any) -> Any:
     return _rebuild(dataloader, RandomSampler(dataloader.dataset))
 
 
-def _shard_user_sampler(dataloader: DataLoader, num_replicas: int, rank: int, stage: str, seed: int, shuffle: bool,
+def _shard_user_sampler(dataloader: DataLoader, num_replicas: int, rank: int, stage: str, seed: int,
                         compare: Callable[..., list[Any]] | None) -> DataLoader:
     """``dataloader`` with the sampler, or batch sampler, the user set wrapped in a ShardedSampler."""
     # sampler=... (with the loader's own BatchSampler, or none): deal out indices, each rank batches its own;
@@ -327,8 +318,7 @@ def _shard_user_sampler(dataloader: DataLoader, num_replicas: int, rank: int, st
             "own part yourself."
         ) from None
     # a batch sampler's batches are dealt out in the order it drew them
-    shard = ShardedSampler(user, num_replicas, rank, even=stage == "fit", seed=seed,
-                           shuffle=shuffle and not own_batches, compare=compare)
+    shard = ShardedSampler(user, num_replicas, rank, even=stage == "fit", seed=seed, compare=compare)
     if own_batches:
         return _rebuild(dataloader, batch_sampler=shard)
     return _rebuild(dataloader, shard)

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import csv
 import glob
-import json
 import os
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
@@ -22,8 +19,7 @@ from torch.utils.data import DataLoader, SubsetRandomSampler, WeightedRandomSamp
 
 import torchfleet as tf
 from tests.distributed.scripts import user_samplers as us
-from tests.distributed.sharded_helpers import assert_close, child_env, load_results, run_script
-from tests.lightning_reference import LIGHTNING_PYTHON, needs_lightning
+from tests.distributed.sharded_helpers import assert_close, load_results, run_script
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -259,23 +255,3 @@ def test_ranks_that_draw_different_orders_stop_with_one_clear_error(fleet_run):
     assert "seed_everything(seed)" in first
     # seeded alike again, the next pass runs on both ranks: half the subset's batches each
     assert unequal["batches_after"] == [-(-len(us.SUBSET) // 2 // 4)] * 2
-
-
-@needs_lightning
-def test_trainer_deals_a_user_sampler_out_as_lightnings_trainer(tmp_path):
-    """Lightning's Trainer wraps the sampler in DistributedSamplerWrapper(shuffle=True, seed): each rank reads the
-    same batches in both libraries, every epoch, and the weights end the same."""
-    script = os.path.join(os.path.dirname(SCRIPT), "trainer_user_sampler.py")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TF_GLOBAL_SEED", "PL_GLOBAL_SEED")}
-    lightning = subprocess.Popen([LIGHTNING_PYTHON, script, "lightning", str(tmp_path / "lightning")], env=env,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    ours = subprocess.run([sys.executable, script, "torchfleet", str(tmp_path / "torchfleet")], capture_output=True,
-                          text=True, timeout=240, env=child_env())
-    _, err = lightning.communicate(timeout=240)
-    assert lightning.returncode == 0, err[-4000:]
-    assert ours.returncode == 0, ours.stderr[-4000:]
-    for rank in (0, 1):
-        with open(tmp_path / f"lightning.{rank}.json") as f, open(tmp_path / f"torchfleet.{rank}.json") as g:
-            want, got = json.load(f), json.load(g)
-        assert len(want["seen"]) == 3 * 4  # 30 samples, 15 a rank, 4 batches an epoch, 3 epochs
-        assert got == want

@@ -31,11 +31,10 @@ def prepare_loader(trainer: LoopTrainer, loader: Any, stage: str) -> Any:
     ``use_distributed_sampler=False``: the user shards the data themselves), then ``Strategy.process_dataloader``."""
     strategy = trainer.strategy
     if trainer.use_distributed_sampler and strategy.world_size > 1:
-        shuffle = stage == "fit" and not trainer.overfit_batches
-        if shuffle:
+        if stage == "fit" and not trainer.overfit_batches:
             loader = shuffled_for_training(loader)  # as Lightning's Trainer: a distributed training loader shuffles
         loader = shard_for_rank(loader, strategy.distributed_sampler_kwargs, stage, strategy.even_evaluation_shards,
-                                shuffle_user_sampler=shuffle, compare=strategy.all_gather_object)
+                                compare=strategy.all_gather_object)
     loader = strategy.process_dataloader(loader)
     return add_worker_init_fn(loader, trainer.global_rank)  # seed_everything(workers=True)
 
