@@ -52,7 +52,7 @@ from torchfleet.launchers.supervise import (
     report_when_uncaught,
     set_own_error_dir,
 )
-from torchfleet.launchers.script_child import run_as_child
+from torchfleet.launchers.script_child import lost_peer, run_as_child
 from torchfleet.preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
 from torchfleet.preemption import RESTART_COUNT_VAR, Preempted, describe_signal
 from torchfleet.signals import SignalFlag, end_own_children, interrupt_main, set_unagreed_stop
@@ -427,9 +427,6 @@ def _run_watched(children: _Children, fn: Callable[..., Any], args: tuple, kwarg
         children.in_launch -= 1
 
 
-_LOST_PEER = ("connection closed by peer", "connection reset by peer", "broken pipe", "socket closed")
-
-
 def _cause_wait(exc: BaseException, interrupted: bool) -> float:
     """How long rank 0 waits, after its own error, for a child that caused it to be seen exiting.
 
@@ -439,8 +436,7 @@ def _cause_wait(exc: BaseException, interrupted: bool) -> float:
     """
     if interrupted:
         return 0.0
-    text = str(exc).lower()
-    return 5.0 if any(s in text for s in _LOST_PEER) else 1.0
+    return 5.0 if lost_peer(str(exc)) else 1.0
 
 
 def _clean_exit(exc: BaseException) -> bool:

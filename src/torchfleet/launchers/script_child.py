@@ -93,6 +93,16 @@ def _launcher_gone(exc: BaseException | None) -> None:
     os._exit(1)
 
 
+#: what a rank's error says when a peer's connection went away: the echo of another process's death, not news
+LOST_PEER = ("connection closed by peer", "connection reset by peer", "broken pipe", "socket closed")
+
+
+def lost_peer(text: str) -> bool:
+    """Whether an error's text says that a peer's connection went away."""
+    text = text.lower()
+    return any(s in text for s in LOST_PEER)
+
+
 def _launcher_gone_report(exc: BaseException | None) -> str:
     error_dir = os.environ.get(ERROR_DIR_VAR, "")
     try:
@@ -113,7 +123,7 @@ def _launcher_gone_report(exc: BaseException | None) -> str:
     line = (f"torchfleet: {who}, the launching process (pid {os.environ.get(LAUNCHER_PID_VAR)}), ended without "
             "reporting: it was killed (SIGKILL, the out-of-memory killer) or aborted inside C++, so every rank stops. "
             "The last complete checkpoint stays.")
-    if exc is not None and not kind:
+    if exc is not None and not kind and not lost_peer(str(exc)):  # losing rank 0's connections is the echo
         first = str(exc).strip().splitlines()
         line += f" The other ranks then failed: {type(exc).__name__}: {first[0][:200] if first else ''}"
     return f"{line}\n{text}" if kind else line
