@@ -16,7 +16,11 @@ from tests.lightning_more_programs import source
 from tests.lightning_reference import finish, needs_lightning, run_here, start_in_lightning
 from torchfleet import Trainer
 from torchfleet.errors import ConfigurationError
-from torchfleet.trainer.callbacks import BasePredictionWriter, GradientAccumulationScheduler, OnExceptionCheckpoint
+from torchfleet.trainer.callbacks import (
+    BasePredictionWriter,
+    GradientAccumulationScheduler,
+    OnExceptionCheckpoint,
+)
 
 
 def _results(out: str) -> dict:

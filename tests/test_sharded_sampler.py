@@ -232,7 +232,6 @@ def test_a_sampler_without_length_is_refused_clearly():
 
 
 def test_set_sampler_epoch_calls_each_sampler_once():
-    from torch.utils.data import DistributedSampler
 
     default = inject_distributed_sampler(DataLoader(Numbers(8), batch_size=2, shuffle=True), 2, 0, "fit")
     set_sampler_epoch(default, 4)

@@ -45,7 +45,6 @@ from strategy_hooks_recording import (  # noqa: E402
     build_model_class,
     build_recorder_class,
     derive,
-    describe,
     trainer_options,
     with_recorded_hooks,
 )

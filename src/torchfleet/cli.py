@@ -20,8 +20,8 @@ from torchfleet.cli_input import (
     check_config_files,
     explain_build_error,
     help_formatter,
-    prepare_argv,
     listing_mode,
+    prepare_argv,
     print_error,
     usage_error,
 )

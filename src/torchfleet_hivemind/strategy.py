@@ -28,7 +28,13 @@ from torch.optim import Optimizer
 from torchfleet.errors import ConfigurationError, check_flag, check_int, not_valid
 from torchfleet.rank_zero import rank_zero_info, rank_zero_warn
 from torchfleet.strategies import SingleDeviceStrategy
-from torchfleet_hivemind.network import check_host_maddrs, check_initial_peers, dht_options, is_loopback, where_it_listens
+from torchfleet_hivemind.network import (
+    check_host_maddrs,
+    check_initial_peers,
+    dht_options,
+    is_loopback,
+    where_it_listens,
+)
 from torchfleet_hivemind.scheduler import CollaborativeEpochScheduler
 
 log = logging.getLogger(__name__)

@@ -46,7 +46,7 @@ def make_block(d_in: int, hidden: int, act=nn.Tanh, mode: Mode = Mode.FAST, opti
 class Built(Regressor):
     """A model whose layers come from callables in its hyperparameters."""
 
-    def __init__(self, block=functools.partial(make_block), head=nn.Linear, init=nn.init.zeros_, cfg=None,
+    def __init__(self, block=functools.partial(make_block), head=nn.Linear, init=nn.init.zeros_, cfg=None,  # noqa: B008 - a partial default is the point
                  extra=None, pool=math.sqrt, dtype=float, **regressor):
         super().__init__(**regressor)  # Regressor's save_hyperparameters() records these arguments too
         self.net = nn.Sequential(block(8, 16), head(16, 1))

@@ -17,12 +17,10 @@ import subprocess
 import sys
 
 import pytest
-import torch
-from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler, TensorDataset
+from torch.utils.data import DistributedSampler
 
 import torchfleet
 from tests.distributed.scripts.shuffle_order import BATCH, EPOCHS, SAMPLES, SEED
-from torchfleet.samplers import shuffled_for_training
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

@@ -43,6 +43,7 @@ from torchfleet.launchers.base import (
     rank_env,
     say_restart,
 )
+from torchfleet.launchers.script_child import lost_peer, run_as_child
 from torchfleet.launchers.supervise import (
     POLL_S,
     Supervisor,
@@ -52,7 +53,6 @@ from torchfleet.launchers.supervise import (
     report_when_uncaught,
     set_own_error_dir,
 )
-from torchfleet.launchers.script_child import lost_peer, run_as_child
 from torchfleet.preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
 from torchfleet.preemption import RESTART_COUNT_VAR, Preempted, describe_signal
 from torchfleet.signals import SignalFlag, end_own_children, interrupt_main, set_unagreed_stop

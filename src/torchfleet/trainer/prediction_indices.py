@@ -8,7 +8,8 @@ loader is rebuilt around the wrapper, as Lightning's predict loop does.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from torch.utils.data import DataLoader
 

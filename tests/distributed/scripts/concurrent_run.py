@@ -24,9 +24,8 @@ if "LOCAL_RANK" not in os.environ:  # the run's first process: wait until the ot
     store.wait(["go"])
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
-from tests.helpers import RegressionData, Regressor  # noqa: E402
-
 import torchfleet as tf  # noqa: E402
+from tests.helpers import RegressionData, Regressor  # noqa: E402
 from torchfleet.callbacks import Callback  # noqa: E402
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler

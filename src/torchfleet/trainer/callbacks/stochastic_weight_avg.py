@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -34,7 +35,7 @@ class StochasticWeightAveraging(Callback):
 
     def __init__(self, swa_lrs: float | list[float], swa_epoch_start: int | float = 0.8, annealing_epochs: int = 10,
                  annealing_strategy: str = "cos", avg_fn: AvgFn | None = None,
-                 device: torch.device | str | None = torch.device("cpu")) -> None:
+                 device: torch.device | str | None = torch.device("cpu")) -> None:  # noqa: B008 - Lightning's default, an immutable device
         if (isinstance(swa_epoch_start, int) and swa_epoch_start < 1) or (
                 isinstance(swa_epoch_start, float) and not 0 <= swa_epoch_start <= 1):
             raise ConfigurationError(
