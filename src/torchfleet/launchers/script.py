@@ -51,6 +51,7 @@ from torchfleet.launchers.supervise import (
     rank_traceback,
     remove_run_folder,
     report_when_uncaught,
+    say_report,
     set_own_error_dir,
 )
 from torchfleet.preemption import EXIT_CODE as PREEMPTED_EXIT_CODE
@@ -147,8 +148,7 @@ class _Children:
             sup.failure = failure
         self.restart_if_left(failure)  # does not return when restarts are left (the report is the restart line)
         self.reported = True
-        sys.stderr.write(f"torchfleet: {failure}\n")
-        sys.stderr.flush()
+        say_report(failure)
         for p in sup.procs:  # at once: the main thread would report again when its collective fails
             _signal_kill(p)
         remove_run_folder(sup.error_dir)
@@ -234,8 +234,7 @@ class _Children:
             self.restart_if_left(failure)
         if not self.reported:
             self.reported = True
-            sys.stderr.write(f"torchfleet: {failure}\n")
-            sys.stderr.flush()
+            say_report(failure)
         remove_run_folder(self.supervisor.error_dir)
         hung = failure is not None and failure.diagnosis in ("hang", "desync")
         os._exit(watchdog.HANG_EXIT_CODE if hung else 1)

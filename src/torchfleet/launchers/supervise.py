@@ -226,13 +226,25 @@ def _format_chain(te: traceback.TracebackException, roots: list[tuple[str | None
     return lines
 
 
+def report_stream() -> Any:
+    """Where the launching process writes its one report: its own stderr, not the buffer torch's excepthook swaps
+    in (for every thread) while it prefixes "[rankN]:" to what the main thread's excepthook prints, which a report
+    written from another thread meanwhile would never leave once the process ends with ``os._exit``."""
+    return sys.__stderr__ if isinstance(sys.stderr, io.StringIO) and sys.__stderr__ else sys.stderr
+
+
+def say_report(failure: Any) -> Any:
+    """Write ``torchfleet: <failure>`` to :func:`report_stream` and flush it; returns the stream."""
+    stream = report_stream()
+    stream.write(f"torchfleet: {failure}\n")
+    stream.flush()
+    return stream
+
+
 def end_with_report(failure: ProcessFailedError) -> None:
     """From an excepthook of the launching process, as the program ends on ``failure``: say it once, and for a hang
     or a desync end with the watchdog's exit code (76; Python would exit with 1) after what Python runs at exit."""
-    # the process's own stderr, not the buffer torch's excepthook swaps in to prefix "[rankN]:" to what it holds
-    stream = sys.__stderr__ if isinstance(sys.stderr, io.StringIO) and sys.__stderr__ else sys.stderr
-    stream.write(f"torchfleet: {failure}\n")
-    stream.flush()
+    stream = say_report(failure)
     if failure.diagnosis in ("hang", "desync"):
         import atexit
 
